@@ -1,0 +1,1 @@
+"""Cost models: device catalog, roofline, communication, memory. Pure Python; no TensorFlow."""

@@ -1,0 +1,53 @@
+"""The one error family of `partitioner`.
+
+Every error a user can cause is a :class:`PartitionError`; the CLI prints its message on one line
+and exits non-zero. Messages carry the offending value and the next step.
+"""
+
+from __future__ import annotations
+
+
+class PartitionError(Exception):
+    """Base class of every error `partitioner` raises on purpose."""
+
+    exit_code: int = 2
+
+
+class InvalidGraphError(PartitionError):
+    """The IR is malformed (a cycle, a duplicate id, an edge to an unknown op)."""
+
+
+class ModelLoadError(PartitionError):
+    """The model file could not be imported or holds no usable model."""
+
+
+class TraceError(PartitionError):
+    """The model could not be traced (unknown shapes, unsupported inputs)."""
+
+
+class UnknownDeviceError(PartitionError):
+    """A device type that the catalog does not know."""
+
+
+class CatalogError(PartitionError):
+    """The device catalog or a topology description is malformed."""
+
+
+class InfeasibleError(PartitionError):
+    """No placement satisfies the constraints (memory, device count)."""
+
+
+class SolverError(PartitionError):
+    """A solver failed or was asked for with bad options."""
+
+
+class PlanError(PartitionError):
+    """A plan file is corrupt, of another schema version, or made for another model."""
+
+
+class RewriteError(PartitionError):
+    """A plan could not be applied to a model."""
+
+
+class OutputError(PartitionError):
+    """An output file could not be written."""

@@ -1,0 +1,1 @@
+"""Passes over models: trace (Keras -> IR) and the device-placement rewrite. These touch TensorFlow."""
