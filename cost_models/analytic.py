@@ -1,0 +1,167 @@
+"""The analytic (roofline) cost model: an op's time from its FLOPs, its bytes, and the datasheet.
+
+For an op on a device::
+
+    time_s = kernel_overhead_s + max(flops / (peak_flops(dtype) * compute_eff),
+                                     bytes_moved / (memory_bandwidth * memory_eff))
+
+where ``bytes_moved`` is the op's input bytes (its in-edges) plus its output bytes. Ops in
+:data:`ZERO_WORK_OPS` (metadata, handles, graph plumbing) cost 0 s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from cost_models.catalog import DeviceType
+from partitioner.errors import CatalogError
+from partitioner.ir import Graph
+
+__all__ = [
+    "DEFAULT_ROOFLINE",
+    "MATMUL_LIKE_OPS",
+    "ZERO_WORK_OPS",
+    "RooflineModel",
+    "estimate_op_times_s",
+]
+
+logger = logging.getLogger(__name__)
+
+ZERO_WORK_OPS: frozenset[str] = frozenset(
+    {
+        "Placeholder",
+        "PlaceholderWithDefault",
+        "Const",
+        "HostConst",
+        "NoOp",
+        "Identity",
+        "IdentityN",
+        "ReadVariableOp",
+        "VarHandleOp",
+        "VariableV2",
+        "Shape",
+        "ShapeN",
+        "Size",
+        "Rank",
+        "StopGradient",
+        "PreventGradient",
+        "Reshape",
+        "Squeeze",
+        "ExpandDims",
+        "EnsureShape",
+        "_Arg",
+        "_Retval",
+        "Switch",
+        "Merge",
+        "Enter",
+        "Exit",
+        "NextIteration",
+    }
+)
+"""Op types that do no device work: they read metadata (shape, size, rank), hand out a resource
+handle or constant, or forward a tensor without copying it (identity, reshape-like views, control
+flow plumbing). The roofline gives them 0 s and no launch overhead. Ops that write memory
+(``ZerosLike``, ``Fill``, ``Snapshot``, ``Transpose``) are *not* here."""
+
+MATMUL_LIKE_OPS: frozenset[str] = frozenset(
+    {
+        "MatMul",
+        "BatchMatMul",
+        "BatchMatMulV2",
+        "BatchMatMulV3",
+        "Einsum",
+        "Conv1D",
+        "Conv2D",
+        "Conv3D",
+        "Conv2DBackpropInput",
+        "Conv2DBackpropFilter",
+        "Conv3DBackpropInputV2",
+        "Conv3DBackpropFilterV2",
+        "DepthwiseConv2dNative",
+        "DepthwiseConv2dNativeBackpropInput",
+        "DepthwiseConv2dNativeBackpropFilter",
+        "_FusedMatMul",
+        "_FusedConv2D",
+    }
+)
+"""Op types that run on the dense-math units (tensor cores) and reach a good fraction of peak."""
+
+_MATMUL_EFFICIENCY = 0.6
+
+
+def _default_efficiency() -> Mapping[str, float]:
+    return MappingProxyType({op: _MATMUL_EFFICIENCY for op in sorted(MATMUL_LIKE_OPS)})
+
+
+@dataclass(frozen=True)
+class RooflineModel:
+    """Achieved fractions of the datasheet peaks.
+
+    ``efficiency`` maps an op type to the fraction of peak FLOP/s it achieves; other op types get
+    ``default_compute_efficiency``. ``memory_efficiency`` is the achieved fraction of peak memory
+    bandwidth (all op types). Every fraction must lie in (0, 1].
+    """
+
+    efficiency: Mapping[str, float] = field(default_factory=_default_efficiency, compare=False)
+    default_compute_efficiency: float = 0.3
+    memory_efficiency: float = 0.7
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("default_compute_efficiency", self.default_compute_efficiency),
+            ("memory_efficiency", self.memory_efficiency),
+            *((f"efficiency[{k!r}]", v) for k, v in self.efficiency.items()),
+        ]
+        for what, value in checks:
+            if not (0.0 < value <= 1.0):
+                raise CatalogError(f"roofline {what}={value!r} must lie in (0, 1]")
+
+    def compute_efficiency(self, op_type: str) -> float:
+        """Fraction of peak FLOP/s that ``op_type`` achieves."""
+        return self.efficiency.get(op_type, self.default_compute_efficiency)
+
+
+DEFAULT_ROOFLINE = RooflineModel()
+"""Matmul-like ops at 60% of peak, other compute at 30%, memory traffic at 70% of bandwidth."""
+
+
+def estimate_op_times_s(
+    graph: Graph, device: DeviceType, model: RooflineModel | None = None
+) -> tuple[float, ...]:
+    """Roofline time in seconds of every op of ``graph`` on ``device``, aligned with ``graph.ops``.
+
+    An op's dtype is its first output dtype (``'float32'`` when it has no outputs).
+    """
+    m = DEFAULT_ROOFLINE if model is None else model
+    index = graph.op_index
+    input_bytes = [0] * len(graph.ops)
+    for e in graph.edges:
+        input_bytes[index[e.dst]] += e.bytes
+
+    overhead_s = device.kernel_overhead_s
+    inv_bandwidth = 1.0 / (device.memory_bandwidth_bytes_per_s * m.memory_efficiency)
+    # Peak FLOP/s * efficiency, memoised per (op type, dtype): few distinct pairs in practice.
+    rate_cache: dict[tuple[str, str], float] = {}
+    times: list[float] = []
+    append = times.append
+    for op, in_bytes in zip(graph.ops, input_bytes, strict=True):
+        op_type = op.op_type
+        if op_type in ZERO_WORK_OPS:
+            append(0.0)
+            continue
+        memory_s = (in_bytes + op.output_bytes) * inv_bandwidth
+        if op.flops:
+            dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
+            key = (op_type, dtype)
+            rate = rate_cache.get(key)
+            if rate is None:
+                rate = device.peak_flops(dtype) * m.compute_efficiency(op_type)
+                rate_cache[key] = rate
+            compute_s = op.flops / rate
+            append(overhead_s + (compute_s if compute_s > memory_s else memory_s))
+        else:
+            append(overhead_s + memory_s)
+    return tuple(times)
