@@ -1,1 +1,76 @@
-"""Placement solvers."""
+"""Placement solvers and their registry.
+
+Every solver is a frozen dataclass implementing :class:`~partitioner.solvers.base.Solver`; its
+fields are its options. :data:`SOLVERS` maps each solver's ``name`` to its class and is read-only;
+:func:`get_solver` builds one from a name and options (strings from the command line are
+converted to the option's type).
+
+* ``metis``: METIS k-way partitioning of the layer graph + memory repair (the default);
+* ``even``, ``round-robin``, ``single``: baselines.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from dataclasses import fields
+from types import MappingProxyType
+from typing import Any
+
+from partitioner.errors import SolverError
+from partitioner.solvers.base import Solver
+from partitioner.solvers.baselines import EvenSolver, RoundRobinSolver, SingleSolver
+from partitioner.solvers.metis import MetisSolver
+
+__all__ = ["SOLVERS", "Solver", "get_solver", "solver_names"]
+
+_CLASSES: tuple[type[Solver], ...] = (MetisSolver, EvenSolver, RoundRobinSolver, SingleSolver)
+
+SOLVERS: Mapping[str, type[Solver]] = MappingProxyType({cls.name: cls for cls in _CLASSES})
+
+
+def solver_names() -> tuple[str, ...]:
+    """The registered solver names, sorted."""
+    return tuple(sorted(SOLVERS))
+
+
+def _coerce(name: str, option: str, value: Any, hint: Any) -> Any:
+    if not isinstance(value, str) or hint is str:
+        return value
+    try:
+        if hint is bool:
+            lowered = value.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if hint is int:
+            return int(value)
+        if hint is float:
+            return float(value)
+    except ValueError:
+        hint_name = getattr(hint, "__name__", str(hint))
+        raise SolverError(
+            f"solver {name!r} option {option}={value!r} is not a valid {hint_name}"
+        ) from None
+    return value
+
+
+def get_solver(name: str, **options: Any) -> Solver:
+    """Build the solver called ``name`` with ``options``; raise SolverError if either is unknown."""
+    cls = SOLVERS.get(name)
+    if cls is None:
+        raise SolverError(f"unknown solver {name!r}; known: {', '.join(solver_names())}")
+    known = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise SolverError(
+            f"solver {name!r} has no option {', '.join(unknown)}; its options: {', '.join(known)}"
+        )
+    hints = typing.get_type_hints(cls)
+    converted = {k: _coerce(name, k, v, hints.get(k)) for k, v in options.items()}
+    try:
+        return cls(**converted)
+    except TypeError as exc:
+        raise SolverError(f"solver {name!r}: bad options {options}: {exc}") from exc

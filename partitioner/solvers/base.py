@@ -1,0 +1,303 @@
+"""The solver interface and the helpers every solver shares.
+
+A solver maps a :class:`~partitioner.ir.PartitionProblem` (layers in order, per-device layer
+times, per-layer memory, layer traffic, devices) to an assignment ``layer index -> device index``.
+Every solver is a frozen dataclass whose fields are its options (``seed``, ``time_limit_s`` and
+any of its own); ``name`` and ``description`` are class constants.
+
+Shared vocabulary:
+
+* the *load* of device ``d`` is ``sum(compute_time_s[d][k] for k on d)``; the *max load* of an
+  assignment is the largest load over devices (the step time of a perfectly overlapped pipeline,
+  and the quantity the balancing helpers minimise);
+* an assignment *fits* when, on every device ``d``, the summed ``memory_bytes`` of its layers is
+  at most ``topology.devices[d].memory_bytes``.
+
+Helpers:
+
+* :func:`validate_problem_for` rejects more devices than layers;
+* :func:`fill_empty_devices` gives every empty device one layer, greedily choosing the move that
+  most reduces (least increases) the max load;
+* :func:`repair_memory` moves layers off over-full devices until the assignment fits, or raises
+  :class:`~partitioner.errors.InfeasibleError` naming the memory the model needs;
+* :func:`check_memory` raises the same error without repairing (for baselines).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from partitioner.errors import InfeasibleError, SolverError
+from partitioner.ir import PartitionProblem, SolverResult
+
+__all__ = [
+    "Solver",
+    "SolverOptions",
+    "check_memory",
+    "device_loads_s",
+    "device_memory_bytes",
+    "fill_empty_devices",
+    "format_bytes",
+    "max_load_s",
+    "memory_infeasible_message",
+    "repair_memory",
+    "validate_problem_for",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Solver(Protocol):
+    """A placement solver: a frozen dataclass whose fields are its options."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def time_limit_s(self) -> float: ...
+
+    def solve(self, problem: PartitionProblem) -> SolverResult:
+        """Place every layer of ``problem`` on a device."""
+        ...
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """The options every solver has; concrete solvers subclass this frozen dataclass."""
+
+    seed: int = 0
+    time_limit_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise SolverError(f"solver option seed={self.seed!r} must be an integer")
+        t = self.time_limit_s
+        if (
+            isinstance(t, bool)
+            or not isinstance(t, (int, float))
+            or not (t > 0 and math.isfinite(t))
+        ):
+            raise SolverError(
+                f"solver option time_limit_s={t!r} must be a positive number of seconds"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Loads and memory
+# --------------------------------------------------------------------------------------------
+
+
+def device_loads_s(assignment: Sequence[int], problem: PartitionProblem) -> list[float]:
+    """Compute seconds on each device under ``assignment``."""
+    loads = [0.0] * problem.num_devices
+    for k, d in enumerate(assignment):
+        loads[d] += problem.compute_time_s[d][k]
+    return loads
+
+
+def max_load_s(assignment: Sequence[int], problem: PartitionProblem) -> float:
+    """The largest device load of ``assignment``."""
+    return max(device_loads_s(assignment, problem))
+
+
+def device_memory_bytes(assignment: Sequence[int], problem: PartitionProblem) -> list[int]:
+    """Bytes of memory used on each device under ``assignment``."""
+    used = [0] * problem.num_devices
+    for k, d in enumerate(assignment):
+        used[d] += problem.memory_bytes[k]
+    return used
+
+
+def format_bytes(num_bytes: int) -> str:
+    """``num_bytes`` in binary units with the exact count, e.g. ``'1.50 GiB (1610612736 B)'``."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{num_bytes} B"
+            return f"{value:.2f} {unit} ({num_bytes} B)"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def memory_infeasible_message(
+    problem: PartitionProblem, prefix: str = "", *, baseline: bool = False
+) -> str:
+    """One line: the memory the model needs, the largest device limit, the fewest devices."""
+    total = sum(problem.memory_bytes)
+    limit = max(d.memory_bytes for d in problem.topology.devices)
+    head = f"{prefix}: " if prefix else ""
+    biggest = max(range(problem.num_layers), key=lambda k: problem.memory_bytes[k])
+    if problem.memory_bytes[biggest] > limit:
+        return (
+            f"{head}layer {problem.layers[biggest]!r} alone needs "
+            f"{format_bytes(problem.memory_bytes[biggest])}, more than the largest device memory "
+            f"{format_bytes(limit)}; no layer-level placement fits (use larger devices, a smaller "
+            "batch, or split the layer)"
+        )
+    fewest = math.ceil(total / limit) if limit > 0 else problem.num_layers
+    n_dev = problem.num_devices
+    if fewest > n_dev:
+        advice = f"use --gpus {fewest} or more, or larger devices"
+    elif baseline:
+        advice = "use a solver that balances memory (--solver metis)"
+    else:
+        advice = f"the layers do not pack into {n_dev} devices: use more or larger devices"
+    return (
+        f"{head}the model needs {format_bytes(total)} of memory in total, the largest device "
+        f"holds {format_bytes(limit)}, so it needs at least {fewest} devices "
+        f"(have {n_dev}); {advice}"
+    )
+
+
+def check_memory(assignment: Sequence[int], problem: PartitionProblem, solver: str) -> None:
+    """Raise :class:`InfeasibleError` if ``assignment`` does not fit in device memory."""
+    used = device_memory_bytes(assignment, problem)
+    for d, (u, dev) in enumerate(zip(used, problem.topology.devices, strict=True)):
+        if u > dev.memory_bytes:
+            raise InfeasibleError(
+                memory_infeasible_message(
+                    problem,
+                    f"solver {solver!r} puts {format_bytes(u)} on device {d}, over its "
+                    f"{format_bytes(dev.memory_bytes)}",
+                    baseline=True,
+                )
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Shared steps
+# --------------------------------------------------------------------------------------------
+
+
+def validate_problem_for(problem: PartitionProblem) -> None:
+    """Reject a problem with more devices than layers (a device would have nothing to run)."""
+    n_dev, n_layers = problem.num_devices, problem.num_layers
+    if n_dev > n_layers:
+        raise InfeasibleError(
+            f"--gpus {n_dev} is more than the {n_layers} layers of the model; "
+            f"use at most {n_layers} devices"
+        )
+
+
+def _check_assignment(assignment: Sequence[int], problem: PartitionProblem) -> None:
+    if len(assignment) != problem.num_layers:
+        raise SolverError(
+            f"assignment has {len(assignment)} entries for {problem.num_layers} layers"
+        )
+    for k, d in enumerate(assignment):
+        if not 0 <= d < problem.num_devices:
+            raise SolverError(
+                f"layer {problem.layers[k]!r} assigned to device {d}, not in "
+                f"0..{problem.num_devices - 1}"
+            )
+
+
+def fill_empty_devices(
+    assignment: Sequence[int], problem: PartitionProblem, *, strict_memory: bool = False
+) -> tuple[int, ...]:
+    """Give every empty device one layer, while there are at least as many layers as devices.
+
+    For each empty device ``e`` (in index order) consider every layer on a device holding two or
+    more layers and move the one that gives the smallest max load afterwards (ties: smaller sum of
+    the two affected loads, then lower layer index). Layers whose memory fits on ``e`` are
+    preferred; with ``strict_memory`` the others are never moved (a device may then stay empty).
+    """
+    _check_assignment(assignment, problem)
+    result = list(assignment)
+    n_dev = problem.num_devices
+    if problem.num_layers < n_dev:
+        return tuple(result)
+    times = problem.compute_time_s
+    counts = [0] * n_dev
+    for d in result:
+        counts[d] += 1
+    loads = device_loads_s(result, problem)
+    for e in range(n_dev):
+        if counts[e]:
+            continue
+        limit = problem.topology.devices[e].memory_bytes
+        best: tuple[bool, float, float, int] | None = None
+        for k, src in enumerate(result):
+            if counts[src] < 2:
+                continue
+            fits = problem.memory_bytes[k] <= limit
+            if strict_memory and not fits:
+                continue
+            new_src = loads[src] - times[src][k]
+            new_e = times[e][k]
+            others = max((loads[d] for d in range(n_dev) if d not in (src, e)), default=0.0)
+            key = (not fits, max(others, new_src, new_e), new_src + new_e, k)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            continue
+        k = best[3]
+        src = result[k]
+        loads[src] -= times[src][k]
+        loads[e] += times[e][k]
+        counts[src] -= 1
+        counts[e] += 1
+        result[k] = e
+        logger.debug(
+            "fill_empty_devices: moved layer %s from device %d to empty device %d",
+            problem.layers[k],
+            src,
+            e,
+        )
+    return tuple(result)
+
+
+def repair_memory(assignment: Sequence[int], problem: PartitionProblem) -> tuple[int, ...]:
+    """Move layers until every device's memory holds its layers, or raise InfeasibleError.
+
+    Repeatedly take the most over-full device (largest excess over its limit) and move its
+    cheapest layer (smallest compute time there) that fits somewhere else onto the device with
+    the most free memory that can hold it. Each move lowers the total excess by the layer's
+    (positive) memory and never over-fills the target, so the loop ends.
+    """
+    _check_assignment(assignment, problem)
+    result = list(assignment)
+    devices = problem.topology.devices
+    used = device_memory_bytes(result, problem)
+    while True:
+        excess = [u - dev.memory_bytes for u, dev in zip(used, devices, strict=True)]
+        worst = max(range(len(excess)), key=lambda d: (excess[d], -d))
+        if excess[worst] <= 0:
+            return tuple(result)
+        candidates = sorted(
+            (k for k, d in enumerate(result) if d == worst and problem.memory_bytes[k] > 0),
+            key=lambda k: (problem.compute_time_s[worst][k], k),
+        )
+        moved = False
+        for k in candidates:
+            need = problem.memory_bytes[k]
+            targets = [
+                d
+                for d in range(len(devices))
+                if d != worst and devices[d].memory_bytes - used[d] >= need
+            ]
+            if not targets:
+                continue
+            target = max(targets, key=lambda d: (devices[d].memory_bytes - used[d], -d))
+            result[k] = target
+            used[worst] -= need
+            used[target] += need
+            logger.debug(
+                "repair_memory: moved layer %s from device %d to device %d",
+                problem.layers[k],
+                worst,
+                target,
+            )
+            moved = True
+            break
+        if not moved:
+            raise InfeasibleError(memory_infeasible_message(problem))
