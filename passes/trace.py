@@ -1,0 +1,385 @@
+"""Trace a Keras 3 model into the IR: the forward and backward ops of one training step.
+
+How the op-to-layer map is made exact
+-------------------------------------
+Name scopes do not identify layers (a shared layer's second call, or a layer built under another
+name, gets irregular suffixes such as ``dense_1_2``). Instead, while the training step is traced
+into a ``tf.function`` graph, :class:`_CallRecorder` wraps ``keras.Operation.__call__`` (which
+every Keras layer and functional-API op goes through) and records, for every op the graph
+creates, which *placement unit* was innermost on the call stack at the time. Backward ops are built
+with ``tf.gradients``, which colocates every gradient op with its forward op (its ``_class``
+attribute reads ``loc:@<forward op>``), so a backward op's owner is its forward op's owner.
+
+Placement units are the leaves of the model's container structure: the layers (and functional-API
+ops) of Sequential and Functional models, recursing into nested models, and the tracked sublayers
+of subclassed models. A unit's own sublayers (say, the projections inside MultiHeadAttention) stay
+inside the unit. Ops created outside every unit (inputs, the loss, ops in a subclassed model's own
+``call``) are glue: the IR leaves their ``layer`` empty and the layer view merges them into a
+neighbour.
+
+FLOPs come from TensorFlow's own profiler (``tf.compat.v1.profiler``) run over the traced graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from partitioner.errors import TraceError
+from partitioner.ir import Edge, Graph, LayerInfo, Op, Phase
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TraceResult", "Unit", "placement_units", "trace_model", "input_specs"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A placement unit: a name unique within the model and the Keras object behind it."""
+
+    name: str
+    operation: Any
+    path: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """The IR of a training step and the facts about the trace."""
+
+    graph: Graph
+    units: tuple[Unit, ...]
+    trace_time_s: float
+    flops_time_s: float
+
+
+def _is_container(obj: Any) -> bool:
+    return isinstance(obj, keras.Model)
+
+
+def _children(model: keras.Model) -> list[Any]:
+    """The direct children of a container, in call order where Keras knows it."""
+    if isinstance(model, keras.Sequential):
+        return list(model.layers)
+    operations = getattr(model, "operations", None)
+    if getattr(model, "_is_graph_network", False) or hasattr(model, "_operations_by_depth"):
+        if operations is not None:
+            return [op for op in operations if not isinstance(op, keras.layers.InputLayer)]
+    return list(model.layers)
+
+
+def placement_units(model: keras.Model) -> tuple[Unit, ...]:
+    """The placement units of ``model`` in a deterministic order (see the module docstring).
+
+    Names are the Keras names; where two units share a name (layers of two nested models named
+    alike), the later one is qualified with its container path (``inner/dense``).
+    """
+    units: list[Unit] = []
+    seen: set[int] = set()
+    names: set[str] = set()
+
+    def visit(container: keras.Model, path: tuple[str, ...]) -> None:
+        for child in _children(container):
+            if id(child) in seen or isinstance(child, keras.layers.InputLayer):
+                continue
+            seen.add(id(child))
+            if _is_container(child):
+                visit(child, (*path, child.name))
+                continue
+            name = child.name
+            if name in names:
+                name = "/".join((*path, child.name))
+                k = 2
+                while name in names:
+                    name = "/".join((*path, f"{child.name}#{k}"))
+                    k += 1
+            names.add(name)
+            units.append(Unit(name=name, operation=child, path=path))
+
+    visit(model, (model.name,))
+    return tuple(units)
+
+
+class _CallRecorder:
+    """Records which unit is innermost while each graph op is created."""
+
+    def __init__(self, units: Sequence[Unit]) -> None:
+        self._unit_by_id = {id(u.operation): u.name for u in units}
+        self._stack: list[str | None] = [None]
+        # (number of ops in the graph when the segment starts, owner of the segment)
+        self.segments: list[tuple[int, str | None]] = [(0, None)]
+        self._graph: Any = None
+
+    def _mark(self) -> None:
+        n = len(self._graph.get_operations())
+        owner = self._stack[-1]
+        if self.segments[-1][0] == n:
+            self.segments[-1] = (n, owner)
+        else:
+            self.segments.append((n, owner))
+
+    @contextlib.contextmanager
+    def recording(self, graph: Any) -> Iterator[None]:
+        """Wrap ``Layer.__call__`` and ``Operation.__call__`` while the model is called.
+
+        Both are wrapped: ``Layer.__call__`` creates ops (casts, masks) before it reaches
+        ``Operation.__call__``, and functional-API ops that are not layers only pass the latter.
+        """
+        from keras.src.layers.layer import Layer
+        from keras.src.ops.operation import Operation
+
+        recorder = self
+        self._graph = graph
+        originals = {cls: cls.__dict__["__call__"] for cls in (Layer, Operation)}
+
+        def wrap(original: Any) -> Any:
+            def recording_call(op_self: Any, *args: Any, **kwargs: Any) -> Any:
+                unit = recorder._unit_by_id.get(id(op_self))
+                if unit is None or tf.compat.v1.get_default_graph() is not recorder._graph:
+                    return original(op_self, *args, **kwargs)
+                recorder._stack.append(unit)
+                recorder._mark()
+                try:
+                    return original(op_self, *args, **kwargs)
+                finally:
+                    recorder._stack.pop()
+                    recorder._mark()
+
+            return recording_call
+
+        for cls, original in originals.items():
+            cls.__call__ = wrap(original)
+        try:
+            yield
+        finally:
+            for cls, original in originals.items():
+                cls.__call__ = original
+
+    def owner_of(self, op_position: int) -> str | None:
+        lo, hi = 0, len(self.segments) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.segments[mid][0] <= op_position:
+                lo = mid
+            else:
+                hi = mid - 1
+        return self.segments[lo][1]
+
+
+def input_specs(
+    model: keras.Model, batch_size: int, input_shape: Sequence[int] | None = None
+) -> list[tf.TensorSpec]:
+    """Concrete input specs for tracing: batch size first, other dims from the model.
+
+    ``input_shape`` (without the batch dimension) overrides the model's shape for a single-input
+    model, and is required where the model leaves a non-batch dimension unknown.
+    """
+    if batch_size < 1:
+        raise TraceError(f"--batch-size must be >= 1, got {batch_size}")
+    shapes: list[tuple[Any, ...]]
+    dtypes: list[str]
+    inputs = getattr(model, "inputs", None)
+    try:
+        has_inputs = bool(inputs)
+    except Exception:  # noqa: BLE001 - Keras raises on unbuilt subclassed models
+        has_inputs = False
+    if has_inputs:
+        shapes = [tuple(t.shape) for t in inputs]
+        dtypes = [str(t.dtype) for t in inputs]
+    else:
+        build_config = model.get_build_config() if model.built else None
+        shape = (build_config or {}).get("input_shape")
+        if shape is None and input_shape is None:
+            raise TraceError(
+                f"model {model.name!r} has no known input shape (a subclassed model that was never "
+                "built); pass --input-shape, e.g. --input-shape 784 or --input-shape 32,32,3"
+            )
+        if shape is not None and isinstance(shape, (list, tuple)) and shape and isinstance(
+            shape[0], (list, tuple)
+        ):
+            shapes = [tuple(s) for s in shape]
+        else:
+            shapes = [tuple(shape) if shape is not None else (None,)]
+        dtypes = ["float32"] * len(shapes)
+    if input_shape is not None:
+        if len(shapes) != 1:
+            raise TraceError(
+                f"--input-shape gives one shape but model {model.name!r} has {len(shapes)} inputs"
+            )
+        if any(int(d) < 1 for d in input_shape):
+            raise TraceError(f"--input-shape dims must be >= 1, got {tuple(input_shape)}")
+        shapes = [(None, *(int(d) for d in input_shape))]
+    specs = []
+    for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+        rest = shape[1:]
+        if any(d is None for d in rest):
+            raise TraceError(
+                f"input {k} of model {model.name!r} has unknown dimensions {shape}; pass "
+                "--input-shape with every dimension after the batch, e.g. --input-shape 128,64"
+            )
+        specs.append(tf.TensorSpec((batch_size, *rest), dtype=dtype, name=f"input_{k}"))
+    return specs
+
+
+def _synthetic_loss(outputs: Any) -> tf.Tensor:
+    """A scalar that depends on every float output, so the backward pass covers the model."""
+    terms = [
+        tf.reduce_mean(tf.square(tf.cast(t, tf.float32)))
+        for t in tf.nest.flatten(outputs)
+        if tf.is_tensor(t) and t.dtype.is_floating
+    ]
+    if not terms:
+        raise TraceError("the model has no floating-point output to train on")
+    return tf.add_n(terms) if len(terms) > 1 else terms[0]
+
+
+def _tensor_bytes(t: Any) -> tuple[tuple[int, ...], str, int]:
+    dtype = t.dtype
+    shape = t.shape
+    if shape.rank is None:
+        return ((), dtype.name, 0)
+    dims = tuple(-1 if d is None else int(d) for d in shape.as_list())
+    if any(d < 0 for d in dims) or dtype in (tf.resource, tf.variant, tf.string):
+        return (dims, dtype.name, 0)
+    return (dims, dtype.name, math.prod(dims) * dtype.size)
+
+
+def _count_flops(graph: Any) -> dict[str, int]:
+    from tensorflow.python.profiler import option_builder
+
+    opts = (
+        option_builder.ProfileOptionBuilder(option_builder.ProfileOptionBuilder.float_operation())
+        .with_empty_output()
+        .build()
+    )
+    root = tf.compat.v1.profiler.profile(graph=graph, options=opts)
+    flops: dict[str, int] = {}
+    stack = list(root.children)
+    while stack:
+        node = stack.pop()
+        if node.float_ops:
+            flops[node.name] = int(node.float_ops)
+        stack.extend(node.children)
+    return flops
+
+
+def _layer_info(unit: Unit) -> LayerInfo:
+    weights = list(getattr(unit.operation, "weights", []) or [])
+    trainable_ids = {id(w) for w in getattr(unit.operation, "trainable_weights", []) or []}
+    num = trainable = nbytes = tbytes = 0
+    for w in weights:
+        count = math.prod(int(d) for d in w.shape)
+        size = count * tf.as_dtype(w.dtype).size
+        num += count
+        nbytes += size
+        if id(w) in trainable_ids:
+            trainable += count
+            tbytes += size
+    return LayerInfo(
+        name=unit.name,
+        class_name=type(unit.operation).__name__,
+        num_params=num,
+        trainable_params=trainable,
+        param_bytes=nbytes,
+        trainable_param_bytes=tbytes,
+    )
+
+
+def trace_model(
+    model: keras.Model, *, batch_size: int, input_shape: Sequence[int] | None = None
+) -> TraceResult:
+    """Trace one training step of ``model`` (forward, synthetic loss, backward) into a Graph."""
+    t0 = time.perf_counter()
+    specs = input_specs(model, batch_size, input_shape)
+    units = placement_units(model)
+    if not units:
+        raise TraceError(f"model {model.name!r} has no layers to place")
+    recorder = _CallRecorder(units)
+    boundary: list[int] = []
+
+    def step(*inputs: tf.Tensor) -> Any:
+        graph = tf.compat.v1.get_default_graph()
+        with recorder.recording(graph):
+            outputs = model(inputs[0] if len(inputs) == 1 else list(inputs), training=True)
+        loss = _synthetic_loss(outputs)
+        boundary.append(len(graph.get_operations()))
+        variables = [v.value for v in model.trainable_variables]
+        grads = tf.gradients(loss, variables) if variables else []
+        return loss, [g for g in grads if g is not None]
+
+    try:
+        concrete = tf.function(step, autograph=False).get_concrete_function(*specs)
+    except TraceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any model failure becomes one clear line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TraceError(
+            f"tracing model {model.name!r} at input {[tuple(s.shape) for s in specs]} failed: "
+            f"{type(exc).__name__}: {first}"
+        ) from exc
+    trace_time_s = time.perf_counter() - t0
+    tf_graph = concrete.graph
+    tf_ops = tf_graph.get_operations()
+    forward_end = boundary[0] if boundary else len(tf_ops)
+
+    t1 = time.perf_counter()
+    flops = _count_flops(tf_graph)
+    flops_time_s = time.perf_counter() - t1
+
+    owner: dict[str, str | None] = {}
+    ops: list[Op] = []
+    edges: list[Edge] = []
+    for pos, op in enumerate(tf_ops):
+        if pos < forward_end:
+            phase = Phase.FORWARD
+            layer = recorder.owner_of(pos)
+        else:
+            phase = Phase.BACKWARD
+            layer = None
+            for group in op.colocation_groups():
+                target = group.decode()[len("loc:@") :] if group.startswith(b"loc:@") else ""
+                if target and target != op.name and target in owner:
+                    layer = owner[target]
+                    break
+        owner[op.name] = layer
+        shapes, dtypes, out_bytes = [], [], 0
+        for out in op.outputs:
+            dims, dtype, size = _tensor_bytes(out)
+            shapes.append(dims)
+            dtypes.append(dtype)
+            out_bytes += size
+        ops.append(
+            Op(
+                id=op.name,
+                op_type=op.type,
+                layer=layer,
+                phase=phase,
+                output_shapes=tuple(shapes),
+                output_dtypes=tuple(dtypes),
+                output_bytes=out_bytes,
+                flops=flops.get(op.name, 0),
+            )
+        )
+        for t in op.inputs:
+            edges.append(
+                Edge(src=t.op.name, dst=op.name, bytes=_tensor_bytes(t)[2], output_index=t.value_index)
+            )
+    graph = Graph(
+        name=model.name,
+        ops=tuple(ops),
+        edges=tuple(edges),
+        layers=tuple(_layer_info(u) for u in units),
+        batch_size=batch_size,
+    )
+    logger.debug(
+        "traced %s: %d ops, %d edges, %d layers in %.2fs (+%.2fs FLOPs)",
+        model.name, len(ops), len(edges), len(units), trace_time_s, flops_time_s,
+    )
+    return TraceResult(graph=graph, units=units, trace_time_s=trace_time_s, flops_time_s=flops_time_s)
