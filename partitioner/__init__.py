@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from partitioner.api import load_plan, partition
     from partitioner.plan import Plan
 
-__all__ = ["Plan", "PartitionError", "__version__", "load_plan", "partition"]
+__all__ = ["PartitionError", "Plan", "__version__", "load_plan", "partition"]
 
 
 def __getattr__(name: str) -> Any:

@@ -51,3 +51,7 @@ class RewriteError(PartitionError):
 
 class OutputError(PartitionError):
     """An output file could not be written."""
+
+
+class UsageError(PartitionError):
+    """An option has a bad value (``--gpus 0``, an unknown name)."""

@@ -21,22 +21,22 @@ from types import MappingProxyType
 from partitioner.errors import InvalidGraphError
 
 __all__ = [
-    "Phase",
-    "Op",
+    "CostedGraph",
+    "Device",
     "Edge",
-    "LayerInfo",
     "Graph",
-    "LayerNode",
     "LayerEdge",
     "LayerGraph",
-    "Link",
-    "Device",
-    "Topology",
+    "LayerInfo",
     "LayerMemory",
-    "CostedGraph",
+    "LayerNode",
+    "Link",
+    "Op",
     "PartitionProblem",
+    "Phase",
     "SolveStatus",
     "SolverResult",
+    "Topology",
 ]
 
 

@@ -23,6 +23,7 @@ FLOPs come from TensorFlow's own profiler (``tf.compat.v1.profiler``) run over t
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import math
 import time
@@ -38,7 +39,7 @@ from partitioner.ir import Edge, Graph, LayerInfo, Op, Phase
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TraceResult", "Unit", "placement_units", "trace_model", "input_specs"]
+__all__ = ["TraceResult", "Unit", "input_specs", "placement_units", "trace_model"]
 
 
 @dataclass(frozen=True)
@@ -185,12 +186,11 @@ def input_specs(
         raise TraceError(f"--batch-size must be >= 1, got {batch_size}")
     shapes: list[tuple[Any, ...]]
     dtypes: list[str]
-    inputs = getattr(model, "inputs", None)
     try:
-        has_inputs = bool(inputs)
-    except Exception:  # noqa: BLE001 - Keras raises on unbuilt subclassed models
-        has_inputs = False
-    if has_inputs:
+        inputs = list(model.inputs or [])
+    except Exception:  # Keras raises on models that were never called on an input
+        inputs = []
+    if inputs:
         shapes = [tuple(t.shape) for t in inputs]
         dtypes = [str(t.dtype) for t in inputs]
     else:
@@ -292,6 +292,35 @@ def _layer_info(unit: Unit) -> LayerInfo:
     )
 
 
+def _topological(ops: list[Op], edges: list[Edge]) -> tuple[Op, ...]:
+    """``ops`` in a topological order, as close to creation order as the edges allow.
+
+    Creation order is usually topological, but not always: the gradient of a ``while_v2`` loop
+    (an LSTM) adds accumulator inputs, created during the backward pass, to the forward ``While``.
+    """
+    position = {op.id: i for i, op in enumerate(ops)}
+    consumers: list[list[int]] = [[] for _ in ops]
+    pending = [0] * len(ops)
+    for e in edges:
+        consumers[position[e.src]].append(position[e.dst])
+        pending[position[e.dst]] += 1
+    if all(position[e.src] < position[e.dst] for e in edges):
+        return tuple(ops)
+    ready = [i for i, n in enumerate(pending) if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in consumers[i]:
+            pending[j] -= 1
+            if pending[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) != len(ops):  # a cycle: leave it to Graph's validation to report
+        return tuple(ops)
+    return tuple(ops[i] for i in order)
+
+
 def trace_model(
     model: keras.Model, *, batch_size: int, input_shape: Sequence[int] | None = None
 ) -> TraceResult:
@@ -318,7 +347,7 @@ def trace_model(
         concrete = tf.function(step, autograph=False).get_concrete_function(*specs)
     except TraceError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any model failure becomes one clear line
+    except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TraceError(
             f"tracing model {model.name!r} at input {[tuple(s.shape) for s in specs]} failed: "
@@ -373,7 +402,7 @@ def trace_model(
             )
     graph = Graph(
         name=model.name,
-        ops=tuple(ops),
+        ops=_topological(ops, edges),
         edges=tuple(edges),
         layers=tuple(_layer_info(u) for u in units),
         batch_size=batch_size,

@@ -33,6 +33,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from partitioner.errors import InfeasibleError, SolverError
 from partitioner.ir import PartitionProblem, SolverResult
+from partitioner.units import format_bytes
 
 __all__ = [
     "Solver",
@@ -41,7 +42,6 @@ __all__ = [
     "device_loads_s",
     "device_memory_bytes",
     "fill_empty_devices",
-    "format_bytes",
     "max_load_s",
     "memory_infeasible_message",
     "repair_memory",
@@ -116,18 +116,6 @@ def device_memory_bytes(assignment: Sequence[int], problem: PartitionProblem) ->
     return used
 
 
-def format_bytes(num_bytes: int) -> str:
-    """``num_bytes`` in binary units with the exact count, e.g. ``'1.50 GiB (1610612736 B)'``."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{num_bytes} B"
-            return f"{value:.2f} {unit} ({num_bytes} B)"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def memory_infeasible_message(
     problem: PartitionProblem, prefix: str = "", *, baseline: bool = False
 ) -> str:
@@ -139,8 +127,8 @@ def memory_infeasible_message(
     if problem.memory_bytes[biggest] > limit:
         return (
             f"{head}layer {problem.layers[biggest]!r} alone needs "
-            f"{format_bytes(problem.memory_bytes[biggest])}, more than the largest device memory "
-            f"{format_bytes(limit)}; no layer-level placement fits (use larger devices, a smaller "
+            f"{format_bytes(problem.memory_bytes[biggest], exact=True)}, more than the largest device memory "
+            f"{format_bytes(limit, exact=True)}; no layer-level placement fits (use larger devices, a smaller "
             "batch, or split the layer)"
         )
     fewest = math.ceil(total / limit) if limit > 0 else problem.num_layers
@@ -152,8 +140,8 @@ def memory_infeasible_message(
     else:
         advice = f"the layers do not pack into {n_dev} devices: use more or larger devices"
     return (
-        f"{head}the model needs {format_bytes(total)} of memory in total, the largest device "
-        f"holds {format_bytes(limit)}, so it needs at least {fewest} devices "
+        f"{head}the model needs {format_bytes(total, exact=True)} of memory in total, the largest device "
+        f"holds {format_bytes(limit, exact=True)}, so it needs at least {fewest} devices "
         f"(have {n_dev}); {advice}"
     )
 
@@ -166,8 +154,8 @@ def check_memory(assignment: Sequence[int], problem: PartitionProblem, solver: s
             raise InfeasibleError(
                 memory_infeasible_message(
                     problem,
-                    f"solver {solver!r} puts {format_bytes(u)} on device {d}, over its "
-                    f"{format_bytes(dev.memory_bytes)}",
+                    f"solver {solver!r} puts {format_bytes(u, exact=True)} on device {d}, over its "
+                    f"{format_bytes(dev.memory_bytes, exact=True)}",
                     baseline=True,
                 )
             )

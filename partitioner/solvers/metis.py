@@ -68,7 +68,7 @@ class MetisSolver(SolverOptions):
             raw = self._part_graph(problem)
         filled = fill_empty_devices(raw, problem)
         repaired = repair_memory(filled, problem)
-        final = fill_empty_devices(repaired, problem, strict_memory=True)
+        final = _first_seen_order(fill_empty_devices(repaired, problem, strict_memory=True), problem)
         notes: list[str] = []
         moved_fill = sum(a != b for a, b in zip(raw, filled, strict=True))
         moved_mem = sum(a != b for a, b in zip(filled, repaired, strict=True))
@@ -132,3 +132,21 @@ class MetisSolver(SolverOptions):
         assignment = tuple(int(p) for p in part.vertex_part)
         logger.debug("metis: edge cut %s, parts %s", part.edge_cuts, assignment)
         return assignment
+
+
+def _first_seen_order(assignment: tuple[int, ...], problem: PartitionProblem) -> tuple[int, ...]:
+    """Renumber the parts of identical devices in the order the layers reach them.
+
+    METIS's part numbers are arbitrary; numbering them by first use puts the input layers on
+    device 0 and reads naturally. Only done when every device is the same, so that no layer
+    moves to a device of another type or memory size.
+    """
+    kinds = {(d.device_type, d.memory_bytes) for d in problem.topology.devices}
+    if len(kinds) > 1 or len(set(problem.compute_time_s)) > 1:
+        return assignment
+    order: dict[int, int] = {}
+    for d in assignment:
+        order.setdefault(d, len(order))
+    for d in range(problem.num_devices):
+        order.setdefault(d, len(order))
+    return tuple(order[d] for d in assignment)

@@ -1,0 +1,1 @@
+"""The benchmark suite: commands that print tables of measured figures."""

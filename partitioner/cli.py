@@ -1,0 +1,208 @@
+"""``partition PATH[:ATTR] --gpus N``: trace, cost, place and report a Keras model.
+
+Every error a user can cause is printed as one line on stderr with a non-zero exit; nothing is
+written unless the whole plan is. TensorFlow's start-up noise is kept off the terminal unless
+``--verbose``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from rich.console import Console
+
+from partitioner.errors import OutputError, PartitionError, UsageError
+
+__all__ = ["build_parser", "main"]
+
+PROG = "partition"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line on one line."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cost_models.catalog import device_type_names
+    from partitioner.solvers import solver_names
+
+    parser = _Parser(
+        prog=PROG,
+        description="Place a Keras model's layers on devices: trace, cost, solve, report.",
+    )
+    parser.add_argument("model", metavar="PATH[:ATTR]", help="Python file with the model")
+    parser.add_argument("--gpus", type=int, required=True, help="number of devices to place on")
+    parser.add_argument(
+        "--device-type",
+        default="h100",
+        help=f"device type from the catalog ({', '.join(device_type_names())}); default h100",
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
+    parser.add_argument(
+        "--solver",
+        default="metis",
+        help=f"placement solver ({', '.join(solver_names())}); default metis",
+    )
+    parser.add_argument("--link", default="pcie", help="link between devices: pcie or nvlink")
+    parser.add_argument("--optimizer", default="adam", help="optimizer, for memory (default adam)")
+    parser.add_argument(
+        "--input-shape",
+        default=None,
+        help="input shape without the batch dimension, e.g. 32,32,3 (needed for unknown dims)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="solver seed (default 0)")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="solver time limit, s")
+    parser.add_argument("--out", default=None, help="write the plan as JSON to this file")
+    parser.add_argument("--verbose", "-v", action="store_true", help="phase timings and logs")
+    return parser
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        raise UsageError(f"--input-shape {text!r} is not a list of integers like 32,32,3") from None
+    if not dims or any(d < 1 for d in dims):
+        raise UsageError(f"--input-shape {text!r} needs positive integers like 32,32,3")
+    return dims
+
+
+def _check_out(path: str | None) -> None:
+    if path is None:
+        return
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise OutputError(f"--out {path} is a directory; give a file path")
+    if not parent.is_dir():
+        raise OutputError(f"--out {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise OutputError(f"--out {path} is not writable; choose another path")
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr(enabled: bool) -> Iterator[None]:
+    """Silence C++ start-up logging (absl, oneDNN, CUDA probes) written straight to fd 2."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _configure_logging(verbose: bool) -> None:
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("tensorflow", "absl", "h5py"):
+        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.ERROR)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose)
+    out = Console()
+    # Progress goes to a copy of stderr, so it still shows while TensorFlow's native start-up
+    # logging (written straight to file descriptor 2) is silenced.
+    err = Console(file=os.fdopen(os.dup(2), "w"), stderr=True)
+    try:
+        return _run(args, out, err)
+    except PartitionError as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted; nothing was written\n")
+        return 130
+    except Exception as exc:
+        if args.verbose:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        sys.stderr.write(
+            f"{PROG}: internal error: {type(exc).__name__}: {first} (run with --verbose for "
+            "the traceback and report it)\n"
+        )
+        return 1
+
+
+def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from cost_models.catalog import get_device_type
+    from cost_models.communication import resolve_link
+    from cost_models.memory import parse_optimizer
+    from partitioner.solvers import get_solver
+
+    # 1. Validate every option before any slow work.
+    if args.gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {args.gpus}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    device = get_device_type(args.device_type)
+    resolve_link(args.link, device)
+    parse_optimizer(args.optimizer)
+    get_solver(args.solver, seed=args.seed, time_limit_s=args.time_limit)
+    input_shape = _parse_shape(args.input_shape)
+    _check_out(args.out)
+
+    # 2. Load, plan, report.
+    started = time.perf_counter()
+    with err.status("importing TensorFlow") as status, _quiet_native_stderr(not args.verbose):
+        import tensorflow  # noqa: F401  (import cost shown as its own phase)
+
+        t0 = time.perf_counter()
+        from partitioner.api import partition
+        from partitioner.loader import load_model
+
+        status.update(f"loading {args.model}")
+        model = load_model(args.model)
+        load_s = time.perf_counter() - t0
+        plan = partition(
+            model,
+            gpus=args.gpus,
+            device_type=device.name,
+            batch_size=args.batch_size,
+            solver=args.solver,
+            link=args.link,
+            optimizer=args.optimizer,
+            input_shape=input_shape,
+            seed=args.seed,
+            time_limit_s=args.time_limit,
+            progress=lambda msg: status.update(msg),
+        )
+    from dataclasses import replace
+
+    plan = replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s))
+    if args.out is not None:
+        plan.save(args.out)
+    from partitioner.report import render_plan
+
+    render_plan(plan, out, verbose=args.verbose)
+    if args.out is not None:
+        out.print(f"Plan written to {args.out}")
+    if args.verbose:
+        out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
+    return 0

@@ -1,0 +1,388 @@
+"""A placement plan: what was decided, what it is predicted to cost, and how to apply it.
+
+A :class:`Plan` is a frozen record: the devices, the layer -> device assignment, the predicted
+step time and per-device loads, the solver's status and objective, the baselines it was compared
+with, and the advice for the user. It saves to and loads from a versioned JSON file (data only:
+never pickled, never evaluated) and applies itself to a Keras model with
+:func:`passes.device_placement.place_model`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from partitioner.errors import OutputError, PlanError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BaselineResult",
+    "DevicePrediction",
+    "Plan",
+    "PlanDevice",
+    "SolverInfo",
+    "load_plan",
+    "write_atomic",
+]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanDevice:
+    """A device of the plan: its index, catalog type and memory limit."""
+
+    index: int
+    device_type: str
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class DevicePrediction:
+    """The predicted load of one device."""
+
+    device: int
+    layers: tuple[str, ...]
+    compute_s: float
+    memory_bytes: int
+    memory_limit_bytes: int
+    bytes_sent: int
+    bytes_received: int
+
+    @property
+    def transfer_bytes(self) -> int:
+        return self.bytes_sent + self.bytes_received
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """Which solver made the plan and how its answer stands."""
+
+    name: str
+    status: str
+    objective: float | None
+    solve_time_s: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """A plan the chosen one was compared with (``step_time_s`` is None when it did not fit)."""
+
+    solver: str
+    step_time_s: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement plan. ``assignment`` maps layer name -> device index."""
+
+    model_name: str
+    devices: tuple[PlanDevice, ...]
+    layer_order: tuple[str, ...]
+    device_of_layer: tuple[int, ...]
+    step_time_s: float
+    lower_bound_s: float
+    per_device: tuple[DevicePrediction, ...]
+    solver: SolverInfo
+    link: str
+    batch_size: int
+    input_shape: tuple[int, ...] | None = None
+    baselines: tuple[BaselineResult, ...] = ()
+    advice: tuple[str, ...] = ()
+    phase_times_s: tuple[tuple[str, float], ...] = ()
+    schema_version: int = SCHEMA_VERSION
+    _assignment: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.layer_order) != len(self.device_of_layer):
+            raise PlanError(
+                f"plan for {self.model_name!r}: {len(self.layer_order)} layers but "
+                f"{len(self.device_of_layer)} device indices"
+            )
+        if len(set(self.layer_order)) != len(self.layer_order):
+            raise PlanError(f"plan for {self.model_name!r} names a layer twice")
+        n = len(self.devices)
+        bad = [(k, d) for k, d in zip(self.layer_order, self.device_of_layer) if not 0 <= d < n]
+        if bad:
+            raise PlanError(
+                f"plan for {self.model_name!r}: layer {bad[0][0]!r} is on device {bad[0][1]}, "
+                f"but the plan has devices 0..{n - 1}"
+            )
+        object.__setattr__(
+            self, "_assignment", MappingProxyType(dict(zip(self.layer_order, self.device_of_layer)))
+        )
+
+    @property
+    def assignment(self) -> Mapping[str, int]:
+        """Layer name -> device index."""
+        return self._assignment
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def device_type(self) -> str:
+        return self.devices[0].device_type
+
+    # -- applying ---------------------------------------------------------------------------
+
+    def apply(self, model: Any, devices: Sequence[str] | None = None) -> Any:
+        """A copy of ``model`` placed by this plan (a :class:`passes.device_placement.PlacedModel`).
+
+        ``devices`` maps the plan's device indices to TensorFlow device strings (``devices[i]``
+        for plan device ``i``), so a plan for two GPUs can run on two logical CPU devices;
+        by default the first N GPUs TensorFlow sees.
+        """
+        import numpy as np
+
+        from passes.device_placement import default_device_strings, place_model
+        from passes.trace import input_specs
+
+        if devices is None:
+            device_strings = default_device_strings(self.num_devices)
+        else:
+            device_strings = tuple(devices)
+            if len(device_strings) != self.num_devices:
+                raise PlanError(
+                    f"the plan has {self.num_devices} devices but devices= names "
+                    f"{len(device_strings)}: {list(device_strings)}"
+                )
+        specs = input_specs(model, 1, self.input_shape)
+        sample = [np.zeros(s.shape, dtype=s.dtype.as_numpy_dtype) for s in specs]
+        layer_devices = {name: device_strings[d] for name, d in self.assignment.items()}
+        return place_model(model, layer_devices, sample)
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The plan as JSON data (see the module docstring for the schema)."""
+        return {
+            "schema_version": self.schema_version,
+            "model": self.model_name,
+            "batch_size": self.batch_size,
+            "input_shape": list(self.input_shape) if self.input_shape is not None else None,
+            "link": self.link,
+            "devices": [asdict(d) for d in self.devices],
+            "assignment": dict(zip(self.layer_order, self.device_of_layer)),
+            "predicted": {
+                "step_time_s": self.step_time_s,
+                "lower_bound_s": self.lower_bound_s,
+                "compute_s": [d.compute_s for d in self.per_device],
+                "memory_bytes": [d.memory_bytes for d in self.per_device],
+                "memory_limit_bytes": [d.memory_limit_bytes for d in self.per_device],
+                "transfer_bytes": [d.transfer_bytes for d in self.per_device],
+                "bytes_sent": [d.bytes_sent for d in self.per_device],
+                "bytes_received": [d.bytes_received for d in self.per_device],
+            },
+            "solver": {
+                "name": self.solver.name,
+                "status": self.solver.status,
+                "objective": self.solver.objective,
+                "solve_time_s": self.solver.solve_time_s,
+                "notes": list(self.solver.notes),
+            },
+            "baselines": [asdict(b) for b in self.baselines],
+            "advice": list(self.advice),
+            "phase_times_s": dict(self.phase_times_s),
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: Any, origin: str = "plan") -> Plan:
+        """Rebuild a plan from :meth:`to_json_dict` data, validating every field."""
+        reader = _Reader(origin)
+        obj = reader.obj(data, "")
+        version = reader.integer(obj, "schema_version")
+        if version != SCHEMA_VERSION:
+            raise PlanError(
+                f"{origin}: schema_version {version} is not supported (this partitioner reads "
+                f"{SCHEMA_VERSION}); make the plan again with this version"
+            )
+        devices = tuple(
+            PlanDevice(
+                index=reader.integer(d, "index"),
+                device_type=reader.text(d, "device_type"),
+                memory_bytes=reader.integer(d, "memory_bytes"),
+            )
+            for d in (reader.obj(x, "devices[]") for x in reader.items(obj, "devices"))
+        )
+        if not devices:
+            raise PlanError(f"{origin}: 'devices' is empty")
+        assignment = reader.obj(obj.get("assignment"), "assignment")
+        order = tuple(assignment)
+        device_of = tuple(reader.integer(assignment, k) for k in order)
+        predicted = reader.obj(obj.get("predicted"), "predicted")
+        per = {
+            key: reader.items(predicted, key)
+            for key in ("compute_s", "memory_bytes", "memory_limit_bytes", "bytes_sent", "bytes_received")
+        }
+        for key, values in per.items():
+            if len(values) != len(devices):
+                raise PlanError(
+                    f"{origin}: predicted.{key} has {len(values)} entries for {len(devices)} devices"
+                )
+        per_device = tuple(
+            DevicePrediction(
+                device=i,
+                layers=tuple(k for k, d in zip(order, device_of) if d == i),
+                compute_s=reader.num_value(per["compute_s"][i], f"predicted.compute_s[{i}]"),
+                memory_bytes=reader.int_value(per["memory_bytes"][i], f"predicted.memory_bytes[{i}]"),
+                memory_limit_bytes=reader.int_value(
+                    per["memory_limit_bytes"][i], f"predicted.memory_limit_bytes[{i}]"
+                ),
+                bytes_sent=reader.int_value(per["bytes_sent"][i], f"predicted.bytes_sent[{i}]"),
+                bytes_received=reader.int_value(
+                    per["bytes_received"][i], f"predicted.bytes_received[{i}]"
+                ),
+            )
+            for i in range(len(devices))
+        )
+        solver = reader.obj(obj.get("solver"), "solver")
+        objective = solver.get("objective")
+        shape = obj.get("input_shape")
+        baselines = tuple(
+            BaselineResult(
+                solver=reader.text(b, "solver"),
+                step_time_s=None if b.get("step_time_s") is None else reader.number(b, "step_time_s"),
+                note=str(b.get("note", "")),
+            )
+            for b in (reader.obj(x, "baselines[]") for x in obj.get("baselines", []))
+        )
+        phases = reader.obj(obj.get("phase_times_s", {}), "phase_times_s")
+        return cls(
+            model_name=reader.text(obj, "model"),
+            devices=devices,
+            layer_order=order,
+            device_of_layer=device_of,
+            step_time_s=reader.number(predicted, "step_time_s"),
+            lower_bound_s=reader.number(predicted, "lower_bound_s"),
+            per_device=per_device,
+            solver=SolverInfo(
+                name=reader.text(solver, "name"),
+                status=reader.text(solver, "status"),
+                objective=None if objective is None else reader.number(solver, "objective"),
+                solve_time_s=reader.number(solver, "solve_time_s"),
+                notes=tuple(str(n) for n in solver.get("notes", [])),
+            ),
+            link=reader.text(obj, "link"),
+            batch_size=reader.integer(obj, "batch_size"),
+            input_shape=None
+            if shape is None
+            else tuple(reader.int_value(v, "input_shape[]") for v in reader.items(obj, "input_shape")),
+            baselines=baselines,
+            advice=tuple(str(a) for a in obj.get("advice", [])),
+            phase_times_s=tuple((str(k), reader.number(phases, k)) for k in phases),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), indent=2, sort_keys=False) + "\n"
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the plan as JSON, atomically: the file is whole or untouched."""
+        return write_atomic(path, self.to_json())
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read a plan file written by :meth:`Plan.save`; errors name the file and the field."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"no such plan file: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"cannot read plan file {p}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError(
+            f"{p} is not a valid plan file (JSON error at line {exc.lineno} column {exc.colno}: "
+            f"{exc.msg}); it may be truncated: make the plan again"
+        ) from None
+    return Plan.from_json_dict(data, origin=str(p))
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise OutputError(f"cannot write {target}: it is a directory; give a file path")
+    if not directory.is_dir():
+        raise OutputError(f"cannot write {target}: directory {directory} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+class _Reader:
+    """Typed access to untrusted JSON with errors that name the file and the field."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def _fail(self, where: str, what: str) -> PlanError:
+        return PlanError(f"{self.origin}: field {where!r} {what}")
+
+    def obj(self, value: Any, where: str) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self._fail(where or "(top level)", f"must be an object, got {type(value).__name__}")
+        return value
+
+    def items(self, obj: Mapping[str, Any], key: str) -> list[Any]:
+        if key not in obj:
+            raise self._fail(key, "is missing")
+        value = obj[key]
+        if not isinstance(value, list):
+            raise self._fail(key, f"must be a list, got {type(value).__name__}")
+        return value
+
+    def text(self, obj: Mapping[str, Any], key: str) -> str:
+        if key not in obj:
+            raise self._fail(key, "is missing")
+        value = obj[key]
+        if not isinstance(value, str):
+            raise self._fail(key, f"must be a string, got {type(value).__name__}")
+        return value
+
+    def integer(self, obj: Mapping[str, Any], key: str) -> int:
+        if key not in obj:
+            raise self._fail(key, "is missing")
+        return self.int_value(obj[key], key)
+
+    def int_value(self, value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._fail(where, f"must be an integer, got {type(value).__name__}")
+        return value
+
+    def number(self, obj: Mapping[str, Any], key: str) -> float:
+        if key not in obj:
+            raise self._fail(key, "is missing")
+        return self.num_value(obj[key], key)
+
+    def num_value(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self._fail(where, f"must be a finite number, got {value!r}")
+        return float(value)
