@@ -28,7 +28,7 @@ from partitioner.plan import (
     load_plan,
 )
 from partitioner.solvers import get_solver
-from partitioner.units import format_bytes
+from partitioner.units import format_bytes, format_seconds
 
 __all__ = ["BASELINES", "load_plan", "partition"]
 
@@ -183,14 +183,28 @@ def _advice(
     single = next((b for b in baselines if b.solver == "single"), None)
     dtype = costed.topology.devices[0].device_type
     if n > 1 and total <= limit:
-        single_time = f"{single.step_time_s:.4g} s" if single and single.step_time_s else "?"
-        advice.append(
-            f"The model fits one {dtype} ({format_bytes(total)} of {format_bytes(limit)}): a "
-            f"plain split over {n} devices runs one device at a time, so it cannot beat a "
-            f"single device (predicted {evaluation.step_time_s:.4g} s vs {single_time} per "
-            "step). Use --pipeline to overlap stages with micro-batches, or data parallelism "
+        fits = f"The model fits one {dtype} ({format_bytes(total)} of {format_bytes(limit)})"
+        pointer = (
+            "To use the devices at once, pipeline the stages with micro-batches (--pipeline, "
+            "planned; not in this version yet) or use data parallelism "
             "(tf.distribute.MirroredStrategy)."
         )
+        if single is None or single.step_time_s is None:
+            advice.append(f"{fits}. {pointer}")
+        elif evaluation.step_time_s >= single.step_time_s:
+            advice.append(
+                f"{fits}, and a plain split over {n} devices cannot beat it: the layers run one "
+                f"device at a time (predicted {format_seconds(evaluation.step_time_s)} split vs "
+                f"{format_seconds(single.step_time_s)} on one device). {pointer}"
+            )
+        else:
+            gain = 1 - evaluation.step_time_s / single.step_time_s
+            advice.append(
+                f"{fits}: a plain split over {n} devices gains only {gain:.0%} over one device "
+                f"({format_seconds(evaluation.step_time_s)} vs "
+                f"{format_seconds(single.step_time_s)}), from backward ops that overlap; the "
+                f"layers still run one device at a time. {pointer}"
+            )
     elif n > 1:
         advice.append(
             f"The model needs {format_bytes(total)}, more than one {dtype} holds "
