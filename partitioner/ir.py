@@ -429,9 +429,14 @@ class PartitionProblem:
     memory_bytes: tuple[int, ...]
     edges: tuple[tuple[int, int, int], ...]
     topology: Topology
+    colocate: tuple[tuple[int, ...], ...] = ()
+    """Groups of layers (by index) that must share a device."""
 
     def __post_init__(self) -> None:
         n = len(self.layers)
+        for group in self.colocate:
+            if any(not 0 <= k < n for k in group):
+                raise InvalidGraphError(f"colocation group {group} names a layer outside 0..{n - 1}")
         if n == 0:
             raise InvalidGraphError("a partition problem needs at least one layer")
         if len(self.memory_bytes) != n or any(len(r) != n for r in self.compute_time_s):
@@ -471,3 +476,12 @@ class SolverResult:
     objective: float | None = None
     solve_time_s: float = 0.0
     notes: tuple[str, ...] = ()
+    best_bound: float | None = None
+    """A proven lower bound on the objective (from an exact solver), when one is known."""
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap between the objective and the best bound (0 when proven optimal)."""
+        if self.objective is None or self.best_bound is None or self.objective <= 0:
+            return None
+        return max(0.0, (self.objective - self.best_bound) / self.objective)
