@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -92,6 +93,14 @@ def _check_out(path: str | None) -> None:
         raise OutputError(f"--out {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise OutputError(f"--out {path} is not writable; choose another path")
+    try:
+        # os.access says yes to root everywhere; a real (invisible, unnamed) file says truly.
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            f"--out {path} is not writable ({exc.strerror or exc}); choose another path"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -154,6 +163,7 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from cost_models.catalog import get_device_type
     from cost_models.communication import resolve_link
     from cost_models.memory import parse_optimizer
+    from partitioner.loader import check_model_path
     from partitioner.solvers import get_solver
 
     # 1. Validate every option before any slow work.
@@ -167,6 +177,7 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     get_solver(args.solver, seed=args.seed, time_limit_s=args.time_limit)
     input_shape = _parse_shape(args.input_shape)
     _check_out(args.out)
+    check_model_path(args.model)
 
     # 2. Load, plan, report.
     started = time.perf_counter()

@@ -20,7 +20,7 @@ from typing import Any
 
 from partitioner.errors import ModelLoadError
 
-__all__ = ["BUILDER_NAMES", "load_model", "split_spec"]
+__all__ = ["BUILDER_NAMES", "check_model_path", "load_model", "split_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,24 @@ def split_spec(spec: str) -> tuple[Path, str | None]:
     return Path(spec), None
 
 
-def _import_file(path: Path) -> ModuleType:
+def check_model_path(spec: str) -> Path:
+    """The file of ``PATH[:ATTR]``, checked without importing anything (fails fast)."""
+    path, _ = split_spec(spec)
+    _check_path(path)
+    return path
+
+
+def _check_path(path: Path) -> None:
+    if path.suffix != ".py":
+        raise ModelLoadError(f"{path} is not a .py file; give a Python file that builds a Keras model")
     if not path.exists():
         raise ModelLoadError(f"no such file: {path}")
     if not path.is_file():
         raise ModelLoadError(f"{path} is not a file; give a Python file that builds a Keras model")
+
+
+def _import_file(path: Path) -> ModuleType:
+    _check_path(path)
     module_name = f"_partitioner_model_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -110,8 +123,6 @@ def load_model(spec: str) -> Any:
     import keras
 
     path, attr = split_spec(spec)
-    if path.suffix != ".py":
-        raise ModelLoadError(f"{path} is not a .py file; give a Python file that builds a Keras model")
     module = _import_file(path)
     if attr is not None:
         if not hasattr(module, attr):

@@ -220,6 +220,12 @@ class Plan:
         assignment = reader.obj(obj.get("assignment"), "assignment")
         order = tuple(assignment)
         device_of = tuple(reader.integer(assignment, k) for k in order)
+        off = [(k, d) for k, d in zip(order, device_of) if not 0 <= d < len(devices)]
+        if off:
+            raise PlanError(
+                f"{origin}: field 'assignment' puts layer {off[0][0]!r} on device {off[0][1]}, "
+                f"but the plan has devices 0..{len(devices) - 1}"
+            )
         predicted = reader.obj(obj.get("predicted"), "predicted")
         per = {
             key: reader.items(predicted, key)

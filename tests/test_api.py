@@ -1,0 +1,147 @@
+"""The library API: ``partitioner.partition(model, gpus=N) -> Plan`` and ``plan.apply(model)``."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import partitioner
+from partitioner.errors import (
+    PartitionError,
+    PlanError,
+    RewriteError,
+    SolverError,
+    UnknownDeviceError,
+    UsageError,
+)
+from partitioner.loader import load_model
+from partitioner.plan import Plan
+from passes.trace import placement_units
+
+REPO = Path(__file__).resolve().parents[1]
+CPUS = ["/device:CPU:0", "/device:CPU:1"]
+
+
+@pytest.fixture(scope="module")
+def mlp() -> keras.Model:
+    """The MNIST MLP of examples/mnist_mlp.py (compiled, with dropout)."""
+    return load_model(str(REPO / "examples" / "mnist_mlp.py"))
+
+
+@pytest.fixture(scope="module")
+def plan(mlp: keras.Model) -> Plan:
+    return partitioner.partition(mlp, gpus=2, device_type="h100", batch_size=16, solver="metis")
+
+
+def test_partition_returns_a_plan(plan: Plan, mlp: keras.Model) -> None:
+    assert isinstance(plan, Plan)
+    assert plan.num_devices == 2 and plan.device_type == "h100"
+    assert plan.batch_size == 16
+    assert plan.solver.name == "metis" and plan.solver.status
+    assert sorted(plan.assignment) == sorted(u.name for u in placement_units(mlp))
+    assert set(plan.assignment.values()) == {0, 1}
+    assert plan.step_time_s > 0 and 0 < plan.lower_bound_s <= plan.step_time_s
+    assert [d.device for d in plan.per_device] == [0, 1]
+    assert {b.solver for b in plan.baselines} >= {"single", "even"}
+
+
+@pytest.mark.parametrize("solver", ["even", "single"])
+def test_baseline_solvers(mlp: keras.Model, solver: str) -> None:
+    plan = partitioner.partition(mlp, gpus=2, batch_size=16, solver=solver)
+    assert plan.solver.name == solver
+    used = set(plan.assignment.values())
+    assert used == ({0} if solver == "single" else {0, 1})
+    assert solver not in {b.solver for b in plan.baselines}
+
+
+@pytest.mark.parametrize("gpus", [0, -1, True, 2.0, "2"])
+def test_bad_gpus(mlp: keras.Model, gpus: object) -> None:
+    with pytest.raises(UsageError, match="--gpus must be a positive integer"):
+        partitioner.partition(mlp, gpus=gpus)  # type: ignore[arg-type]
+
+
+def test_unknown_device_type(mlp: keras.Model) -> None:
+    with pytest.raises(UnknownDeviceError, match="'nope'") as info:
+        partitioner.partition(mlp, gpus=2, device_type="nope")
+    assert "h100" in str(info.value) and "v100" in str(info.value)
+    assert isinstance(info.value, PartitionError)
+
+
+def test_unknown_solver(mlp: keras.Model) -> None:
+    with pytest.raises(SolverError, match="'nope'") as info:
+        partitioner.partition(mlp, gpus=2, solver="nope")
+    assert "metis" in str(info.value) and "even" in str(info.value)
+
+
+def test_slower_device_predicts_slower_step(mlp: keras.Model, plan: Plan) -> None:
+    v100 = partitioner.partition(mlp, gpus=2, device_type="v100", batch_size=16)
+    assert v100.device_type == "v100"
+    assert v100.step_time_s > plan.step_time_s
+
+
+def test_advice_for_a_model_that_fits_one_device(plan: Plan) -> None:
+    assert any("--pipeline" in line for line in plan.advice), plan.advice
+
+
+def test_apply_on_cpu_devices_matches_and_trains(mlp: keras.Model, plan: Plan) -> None:
+    placed = plan.apply(mlp, devices=CPUS)
+    assert set(placed.layer_devices.values()) == set(CPUS)
+    assert {n: CPUS[d] for n, d in plan.assignment.items()} == placed.layer_devices
+
+    x = np.random.default_rng(0).random((8, 784), dtype=np.float32)
+    expected = mlp(x, training=False).numpy()
+    got = np.asarray(placed(x, training=False))
+    assert got.shape == expected.shape
+    assert float(np.max(np.abs(got - expected))) <= 1e-5
+
+    y = np.eye(10, dtype=np.float32)[np.arange(32) % 10]
+    xs = np.random.default_rng(1).random((32, 784), dtype=np.float32)
+    history = placed.fit(xs, y, batch_size=16, epochs=1, verbose=0)
+    loss = history.history["loss"][0]
+    assert math.isfinite(loss)
+
+
+def test_apply_without_devices_needs_gpus(mlp: keras.Model, plan: Plan) -> None:
+    with pytest.raises(RewriteError, match="devices="):
+        plan.apply(mlp)
+
+
+def test_apply_with_wrong_number_of_devices(mlp: keras.Model, plan: Plan) -> None:
+    with pytest.raises(PlanError, match="2 devices but devices= names 3"):
+        plan.apply(mlp, devices=[*CPUS, "/device:CPU:2"])
+
+
+def test_apply_to_another_model(plan: Plan) -> None:
+    other = keras.Sequential(
+        [
+            keras.Input((784,)),
+            keras.layers.Dense(512, name="dense_in"),
+            keras.layers.Dense(10, name="other_out"),
+        ],
+        name="other",
+    )
+    with pytest.raises(RewriteError, match="does not match model 'other'") as info:
+        plan.apply(other, devices=CPUS)
+    message = str(info.value)
+    assert "other_out" in message  # in the model, not the plan
+    assert "dense_out" in message and "dense_hidden" in message  # in the plan, not the model
+
+
+def test_pure_parts_import_without_tensorflow() -> None:
+    code = (
+        "import partitioner, partitioner.ir, partitioner.solvers, partitioner.placement, "
+        "cost_models.costs\n"
+        "import sys\n"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
+        "assert 'keras' not in sys.modules, 'keras was imported'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,154 @@
+"""``PATH[:ATTR]``: finding the model in a user's Python file, and one-line errors when there is none."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import keras
+import pytest
+
+from partitioner.errors import ModelLoadError
+from partitioner.loader import check_model_path, load_model, split_spec
+
+MODEL = """
+import keras
+
+def _mlp(name):
+    return keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)], name=name
+    )
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("models/net.py:build", (Path("models/net.py"), "build")),
+        ("models/net.py", (Path("models/net.py"), None)),
+        ("/abs/net.py:MODEL", (Path("/abs/net.py"), "MODEL")),
+        ("dir:with/colon/net.py", (Path("dir:with/colon/net.py"), None)),
+        ("net.txt:build", (Path("net.txt:build"), None)),
+    ],
+)
+def test_split_spec(spec: str, expected: tuple[Path, str | None]) -> None:
+    assert split_spec(spec) == expected
+
+
+@pytest.mark.parametrize("builder", ["build_model", "create_model", "get_model", "make_model"])
+def test_builder_function_is_found(tmp_path: Path, builder: str) -> None:
+    path = write(tmp_path, "net.py", MODEL + f"\ndef {builder}():\n    return _mlp('{builder}')\n")
+    model = load_model(str(path))
+    assert isinstance(model, keras.Model)
+    assert model.name == builder
+
+
+def test_builder_is_preferred_to_module_level_model(tmp_path: Path) -> None:
+    text = (
+        MODEL + "\nMODEL = _mlp('module_level')\n\ndef build_model():\n    return _mlp('built')\n"
+    )
+    assert load_model(str(write(tmp_path, "net.py", text))).name == "built"
+
+
+def test_single_module_level_model(tmp_path: Path) -> None:
+    path = write(tmp_path, "net.py", MODEL + "\nnet = _mlp('only')\n_private = _mlp('hidden')\n")
+    assert load_model(str(path)).name == "only"
+
+
+def test_attr_names_a_model_or_a_function(tmp_path: Path) -> None:
+    text = MODEL + "\nA = _mlp('a')\nB = _mlp('b')\n\ndef other():\n    return _mlp('other')\n"
+    path = write(tmp_path, "net.py", text)
+    assert load_model(f"{path}:B").name == "b"
+    assert load_model(f"{path}:other").name == "other"
+
+
+def test_several_models_need_a_choice(tmp_path: Path) -> None:
+    path = write(tmp_path, "net.py", MODEL + "\nA = _mlp('a')\nB = _mlp('b')\n")
+    with pytest.raises(ModelLoadError, match=r"several models \(A, B\)") as info:
+        load_model(str(path))
+    assert f"{path}:NAME" in str(info.value)
+
+
+def test_main_block_does_not_run(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    text = (
+        MODEL
+        + "\ndef build_model():\n    return _mlp('m')\n"
+        + f"\nif __name__ == '__main__':\n    open({str(marker)!r}, 'w').close()\n"
+    )
+    load_model(str(write(tmp_path, "net.py", text)))
+    assert not marker.exists()
+
+
+def test_sibling_module_imports_and_sys_path_is_restored(tmp_path: Path) -> None:
+    write(tmp_path, "helper_for_loader_test.py", MODEL)
+    text = "from helper_for_loader_test import _mlp\n\ndef build_model():\n    return _mlp('sib')\n"
+    before = list(sys.path)
+    assert load_model(str(write(tmp_path, "net.py", text))).name == "sib"
+    assert sys.path == before
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "suffix", "message"),
+    [
+        ("net.py", "X = 1\n", "", r"no model found in .*net\.py.*build_model\(\)"),
+        ("net.py", "CONSTANT = 3\n", ":CONSTANT", r"CONSTANT is a int, not a keras\.Model"),
+        ("net.py", "X = 1\n", ":missing", r"has no attribute 'missing'"),
+        ("net.py", "class Net:\n    pass\n", ":Net", r"Net is a type, not a keras\.Model"),
+        (
+            "net.py",
+            "def build(units):\n    pass\n",
+            ":build",
+            r"build needs arguments \(units\)",
+        ),
+        ("net.py", "def build_model():\n    return 3\n", "", r"returned a int, not a keras\.Model"),
+        (
+            "net.py",
+            "def build_model():\n    x = 1\n    raise ValueError('boom')\n",
+            "",
+            r"build_model\(\) failed: ValueError: boom \(line 3\)",
+        ),
+        (
+            "net.py",
+            "import os\nraise RuntimeError('at import')\n",
+            "",
+            r"importing .*net\.py failed: RuntimeError: at import \(line 2\)",
+        ),
+        ("net.py", "import sys\nsys.exit(3)\n", "", r"called sys\.exit\(3\)"),
+        ("net.py", "x = 1\ndef f(:\n", "", r"net\.py:2: syntax error"),
+        (
+            "net.py",
+            "import no_such_module_for_partitioner_tests\n",
+            "",
+            r"ModuleNotFoundError: .*no_such_module_for_partitioner_tests",
+        ),
+    ],
+)
+def test_load_errors(tmp_path: Path, name: str, text: str, suffix: str, message: str) -> None:
+    path = write(tmp_path, name, text)
+    with pytest.raises(ModelLoadError, match=message) as info:
+        load_model(f"{path}{suffix}")
+    assert "\n" not in str(info.value)
+
+
+def test_path_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="no such file"):
+        load_model(str(tmp_path / "missing.py"))
+    with pytest.raises(ModelLoadError, match=r"not a \.py file"):
+        load_model(str(write(tmp_path, "net.txt", "X = 1\n")))
+    (tmp_path / "pkg.py").mkdir()
+    with pytest.raises(ModelLoadError, match="is not a file"):
+        load_model(str(tmp_path / "pkg.py"))
+
+
+def test_check_model_path(tmp_path: Path) -> None:
+    path = write(tmp_path, "net.py", "raise RuntimeError('must not be imported')\n")
+    assert check_model_path(f"{path}:build") == path
+    with pytest.raises(ModelLoadError, match="no such file"):
+        check_model_path(str(tmp_path / "missing.py:build"))
