@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog=PROG,
-        description="Place a Keras model's layers on devices: trace, cost, solve, report.",
+        description="Place a Keras model's layers on devices: trace, cost, solve, report. "
+        f"Also: '{PROG} show PLAN.json' re-renders a saved plan; '{PROG} devices' lists the "
+        "device catalog.",
     )
     parser.add_argument("model", metavar="PATH[:ATTR]", help="Python file with the model")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices to place on")
@@ -132,7 +134,62 @@ def _configure_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.ERROR)
 
 
+def _show_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=f"{PROG} show", description="Re-render a saved plan's tables.")
+    parser.add_argument("plan", help="a plan JSON file written by partition --out")
+    parser.add_argument("--verbose", "-v", action="store_true", help="phase timings")
+    return parser
+
+
+def _devices_parser() -> argparse.ArgumentParser:
+    return _Parser(prog=f"{PROG} devices", description="List the device catalog.")
+
+
+def _show(argv: Sequence[str], out: Console) -> int:
+    from partitioner.plan import load_plan
+    from partitioner.report import render_plan
+
+    args = _show_parser().parse_args(argv)
+    try:
+        render_plan(load_plan(args.plan), out, verbose=args.verbose)
+    except PartitionError as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return exc.exit_code
+    return 0
+
+
+def _devices(argv: Sequence[str], out: Console) -> int:
+    from rich.table import Table
+
+    from cost_models.catalog import catalog
+    from partitioner.units import format_bytes
+
+    _devices_parser().parse_args(argv)
+    table = Table(title="Device catalog (cost_models/data/devices.json)", title_justify="left")
+    for column in ("type", "fp32 TFLOP/s", "bf16 TFLOP/s", "memory", "bandwidth", "link", "source"):
+        table.add_column(column, justify="left" if column in ("type", "link", "source") else "right")
+    cat = catalog()
+    for name in cat:
+        d = cat[name]
+        table.add_row(
+            name,
+            f"{d.peak_flops('float32') / 1e12:.1f}",
+            f"{d.peak_flops('bfloat16') / 1e12:.1f}",
+            format_bytes(d.memory_bytes),
+            f"{d.memory_bandwidth_bytes_per_s / 1e9:.0f} GB/s",
+            d.default_link,
+            d.source,
+        )
+    out.print(table)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "show":
+        return _show(argv[1:], Console())
+    if argv and argv[0] == "devices":
+        return _devices(argv[1:], Console())
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)

@@ -114,7 +114,8 @@ def _as_model(value: Any, what: str, path: Path) -> Any:
             f"{path}:{what}() returned a {type(built).__name__}, not a keras.Model"
         )
     raise ModelLoadError(
-        f"{path}:{what} is a {type(value).__name__}, not a keras.Model or a function returning one"
+        f"{path}:{what} is of type {type(value).__name__}, not a keras.Model or a function "
+        "returning one"
     )
 
 

@@ -267,3 +267,25 @@ def test_bad_input_is_one_line_error(case: str, bad_runs: dict[str, BadRun]) -> 
     # Nothing was written: no plan, no temporary file.
     assert frozenset(os.listdir(run.directory)) == run.files_before
     assert not Path("/proc/partitioner-test-plan.json").exists()
+
+
+def test_show_prints_the_same_tables_as_the_run(good_run: GoodRun) -> None:
+    assert good_run.proc.returncode == 0, good_run.proc.stderr
+    shown = run_cli(["show", good_run.out])
+    assert shown.returncode == 0, shown.stderr
+    made = [ln for ln in good_run.proc.stdout.splitlines() if not ln.startswith("Plan written")]
+    assert shown.stdout.splitlines() == made
+
+
+def test_show_of_a_corrupt_plan_is_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"schema_version": 1, "model": "m", "devi')
+    line = assert_one_line_error(run_cli(["show", bad]))
+    assert str(bad) in line and "truncated" in line
+
+
+def test_devices_lists_the_catalog() -> None:
+    proc = run_cli(["devices"])
+    assert proc.returncode == 0, proc.stderr
+    for name in ("cpu", "v100", "a100-80gb", "h100", "h200"):
+        assert name in proc.stdout
