@@ -1,0 +1,917 @@
+"""Exact placement by integer programming (OR-Tools CP-SAT), for two objectives.
+
+Notation: layers ``k = 0..n-1`` (problem order), devices ``d = 0..D-1``, ``t[d][k]`` the
+forward+backward time of layer ``k`` on device ``d``, ``m[k]`` its memory, ``M[d]`` the memory of
+device ``d``, edges ``e = (a, b, bytes)`` with ``a < b`` and ``c[e] = link.transfer_time_s(bytes)``
+over the topology's (uniform) link ``topology.link_between(0, 1)``. Both objectives share
+
+1. ``x[k, d]`` in {0, 1}, ``sum_d x[k, d] = 1``: one device per layer;
+2. ``sum_k m[k] x[k, d] <= M[d]``: memory;
+3. ``x[k, d] = x[r, d]`` for every layer ``k`` of a colocation group whose first layer is ``r``;
+4. with ``acyclic``: ``sum_d d x[a, d] <= sum_d d x[b, d]`` for every edge, so that traffic only
+   flows from lower to higher (or equal) device index, i.e. devices are pipeline stages in order;
+5. when every device has the same type, memory and layer times and ``acyclic`` is off, the
+   symmetry break ``x[k, d] = 0`` for ``d > k`` (any placement renumbered by first use obeys it).
+
+**throughput** (the default): the steady-state step time of a pipeline is set by its slowest
+stage, as in PipeDream (Narayanan et al., "PipeDream: Generalized Pipeline Parallelism for DNN
+Training", SOSP 2019). A device's load is its compute plus the transfers of every cut edge it
+sends or receives (sender and receiver each pay ``c[e]``; transfers are not overlapped with
+compute):
+
+6. ``z[e, d] >= x[a, d] - x[b, d]`` and ``z[e, d] >= x[b, d] - x[a, d]``: edge ``e`` is cut and
+   touches device ``d`` (``x[a, d] xor x[b, d]``; minimisation keeps ``z`` at that value);
+7. ``sum_k x[k, d] >= 1`` for every ``d`` when there are at least ``D`` placement units (layers,
+   colocation groups counted once): every pipeline stage holds a layer;
+8. ``T >= L[d] = sum_k t[d][k] x[k, d] + sum_e c[e] z[e, d]``; minimise ``T``.
+
+:func:`throughput_objective_s` evaluates this objective for any assignment.
+
+**step**: the makespan of one training step scheduled at layer level, after Pesto (Hafeez et al.,
+"Towards Optimal Placement and Scheduling of DNN Operations with Pesto", Middleware 2021), meant
+for coarsened graphs of up to a few hundred nodes:
+
+6. ``s[k]`` start, ``f[k] = s[k] + sum_d t[d][k] x[k, d]`` end;
+7. per device, an optional interval ``[s[k], s[k] + t[d][k])`` present iff ``x[k, d]``, and
+   ``NoOverlap`` over each device's intervals: a device runs one layer at a time;
+8. ``cut[e] >= x[a, d] - x[b, d]`` for every ``d``, and ``s[b] >= f[a] + c[e] cut[e]``;
+9. ``S >= f[k]``; minimise ``S``.
+
+Simplifications of the step model, stated plainly: the layer graph is the problem's edges in
+layer order, i.e. the *forward* pass only, with each layer's compute being its forward+backward
+time (the backward pass is not scheduled in reverse); transfers overlap with compute and with
+each other (no link contention); a device may be left empty when using it only adds transfers.
+:func:`step_objective_s` evaluates an assignment by list scheduling in layer order.
+
+Times are scaled to integer ticks, ``floor(seconds * scale)`` with ``scale = 10**9 / U`` for an
+upper bound ``U`` of the objective (so every sum stays near ``10**9``, far inside int64), and each
+value has an absolute error below ``U / 10**9`` (relative ``1e-3`` for values above
+``U / 10**6``). Flooring makes the integer model's proven bound a valid lower bound in seconds;
+the reported objective is recomputed in exact seconds from the final assignment, so
+``best_bound <= objective``, and OPTIMAL means optimal at that resolution: its gap is a few ticks
+(below ``1e-6`` relative), not exactly 0.
+
+The search is warm-started (a full solution hint) from ``warm_start`` when given and feasible,
+else from the best feasible placement of metis, even, round-robin and single under the chosen
+objective (colocation groups moved onto the device of their first layer). That warm placement is
+also the fallback: it is returned when it is better than the best CP-SAT found, or when CP-SAT
+finds nothing within ``time_limit_s`` (which covers the heuristics and the search). With
+``num_workers=1`` and ``seed`` as CP-SAT's random seed, a search that finishes before its time
+limit is deterministic.
+
+OR-Tools must load its native libraries before TensorFlow does (google/or-tools#3230: the other
+order crashes CP-SAT). This module loads OR-Tools on import when TensorFlow is not loaded yet;
+when it is, CP-SAT runs in one long-lived worker process (started on first use) that loads
+OR-Tools first, and the results are the same.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import math
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, ClassVar, Literal
+
+from partitioner.errors import InfeasibleError, PartitionError, SolverError
+from partitioner.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.solvers.base import (
+    SolverOptions,
+    device_loads_s,
+    device_memory_bytes,
+    memory_infeasible_message,
+    validate_problem_for,
+)
+from partitioner.solvers.baselines import EvenSolver, RoundRobinSolver, SingleSolver
+from partitioner.solvers.metis import MetisSolver
+from partitioner.units import format_bytes
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+
+__all__ = [
+    "IlpObjective",
+    "IlpSolver",
+    "cp_sat_in_worker_process",
+    "edge_transfer_times_s",
+    "step_objective_s",
+    "throughput_objective_s",
+]
+
+logger = logging.getLogger(__name__)
+
+IlpObjective = Literal["throughput", "step"]
+_OBJECTIVES: tuple[str, ...] = ("throughput", "step")
+
+_Evaluate = Callable[[PartitionProblem, Sequence[int]], float]
+
+_TICKS_PER_UPPER_BOUND = 10**9
+"""Integer ticks that the objective's upper bound is scaled to."""
+
+_ORTOOLS_MODULE = "ortools.sat.python.cp_model"
+_IN_PROCESS = "tensorflow" not in sys.modules or _ORTOOLS_MODULE in sys.modules
+"""Whether CP-SAT may run in this process: OR-Tools' native libraries must load before
+TensorFlow's (they bundle clashing protobuf/abseil; the other order crashes CP-SAT, see
+google/or-tools#3230). So OR-Tools is loaded now if TensorFlow is not; otherwise CP-SAT runs in a
+worker process that loads OR-Tools first."""
+if _IN_PROCESS:
+    importlib.import_module(_ORTOOLS_MODULE)
+
+
+# --------------------------------------------------------------------------------------------
+# Objectives in exact seconds
+# --------------------------------------------------------------------------------------------
+
+
+def _check_assignment(problem: PartitionProblem, assignment: Sequence[int]) -> tuple[int, ...]:
+    if len(assignment) != problem.num_layers:
+        raise SolverError(
+            f"assignment has {len(assignment)} entries for {problem.num_layers} layers; "
+            "give one device per layer"
+        )
+    out = tuple(int(d) for d in assignment)
+    for k, d in enumerate(out):
+        if not 0 <= d < problem.num_devices:
+            raise SolverError(
+                f"layer {problem.layers[k]!r} assigned to device {d}, not in "
+                f"0..{problem.num_devices - 1}"
+            )
+    return out
+
+
+def edge_transfer_times_s(problem: PartitionProblem) -> tuple[float, ...]:
+    """Seconds to send each edge's bytes between two devices (``problem.edges`` order)."""
+    if problem.num_devices < 2:
+        return tuple(0.0 for _ in problem.edges)
+    link = problem.topology.link_between(0, 1)
+    if link is None:  # pragma: no cover - distinct devices always have a link
+        return tuple(0.0 for _ in problem.edges)
+    return tuple(link.transfer_time_s(nbytes) for _, _, nbytes in problem.edges)
+
+
+def throughput_objective_s(problem: PartitionProblem, assignment: Sequence[int]) -> float:
+    """The largest device load: compute plus the transfer time of every cut edge it touches.
+
+    This is the pipeline step time the ``throughput`` objective minimises (see the module
+    docstring); both ends of a cut edge pay its transfer time.
+    """
+    dev = _check_assignment(problem, assignment)
+    loads = device_loads_s(dev, problem)
+    for (a, b, _), c in zip(problem.edges, edge_transfer_times_s(problem), strict=True):
+        if dev[a] != dev[b]:
+            loads[dev[a]] += c
+            loads[dev[b]] += c
+    return max(loads)
+
+
+def _list_schedule(
+    durations: Sequence[Sequence[float]],
+    edges: Sequence[tuple[int, int, int]],
+    comm: Sequence[float],
+    dev: Sequence[int],
+    order: Sequence[int],
+) -> list[float]:
+    """Start times of list scheduling ``order`` (topological): each layer starts once its device
+    is free and every input has arrived (``comm`` added across devices)."""
+    preds: list[list[tuple[int, float]]] = [[] for _ in dev]
+    for (a, b, _), c in zip(edges, comm, strict=True):
+        preds[b].append((a, c))
+    free = [0.0] * len(durations)
+    start = [0.0] * len(dev)
+    end = [0.0] * len(dev)
+    for k in order:
+        d = dev[k]
+        s = free[d]
+        for a, c in preds[k]:
+            s = max(s, end[a] + (c if dev[a] != d else 0.0))
+        start[k] = s
+        end[k] = s + durations[d][k]
+        free[d] = end[k]
+    return start
+
+
+def step_objective_s(problem: PartitionProblem, assignment: Sequence[int]) -> float:
+    """Makespan of one step under ``assignment``, list-scheduled in layer order.
+
+    Each device runs its layers in problem order, each as soon as its inputs have arrived (the
+    transfer time is added on a cut edge); the step model of the module docstring.
+    """
+    dev = _check_assignment(problem, assignment)
+    comm = edge_transfer_times_s(problem)
+    start = _list_schedule(problem.compute_time_s, problem.edges, comm, dev, range(len(dev)))
+    return max(s + problem.compute_time_s[d][k] for k, (s, d) in enumerate(zip(start, dev)))
+
+
+# --------------------------------------------------------------------------------------------
+# Constraints shared by the model, the warm start and the fallback
+# --------------------------------------------------------------------------------------------
+
+
+def _colocation_roots(problem: PartitionProblem) -> list[int]:
+    """For each layer, the lowest-index layer it must share a device with (union-find)."""
+    parent = list(range(problem.num_layers))
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for group in problem.colocate:
+        for k in group[1:]:
+            ra, rb = find(group[0]), find(k)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    return [find(k) for k in range(problem.num_layers)]
+
+
+def _identical_devices(problem: PartitionProblem) -> bool:
+    devs = problem.topology.devices
+    return len({(d.device_type, d.memory_bytes) for d in devs}) == 1 and (
+        len(set(problem.compute_time_s)) == 1
+    )
+
+
+def _first_use_order(assignment: Sequence[int], num_devices: int) -> tuple[int, ...]:
+    order: dict[int, int] = {}
+    for d in assignment:
+        order.setdefault(d, len(order))
+    for d in range(num_devices):
+        order.setdefault(d, len(order))
+    return tuple(order[d] for d in assignment)
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """The constraints of the model that a candidate placement must also satisfy."""
+
+    roots: tuple[int, ...]
+    acyclic: bool
+    require_nonempty: bool
+    symmetric: bool
+
+    def violation(self, problem: PartitionProblem, dev: Sequence[int]) -> str | None:
+        used = device_memory_bytes(dev, problem)
+        for d, (u, device) in enumerate(zip(used, problem.topology.devices, strict=True)):
+            if u > device.memory_bytes:
+                return (
+                    f"device {d} holds {format_bytes(u, exact=True)}, over its "
+                    f"{format_bytes(device.memory_bytes, exact=True)}"
+                )
+        for k, r in enumerate(self.roots):
+            if dev[k] != dev[r]:
+                return f"layers {problem.layers[r]!r} and {problem.layers[k]!r} must be colocated"
+        if self.acyclic:
+            for a, b, _ in problem.edges:
+                if dev[a] > dev[b]:
+                    return f"edge {problem.layers[a]!r} -> {problem.layers[b]!r} goes to a lower device"
+        if self.require_nonempty and len(set(dev)) < problem.num_devices:
+            return "a device is left empty"
+        return None
+
+    def normalise(self, dev: Sequence[int], num_devices: int) -> tuple[int, ...]:
+        """Move colocation groups onto their first layer's device; renumber under symmetry."""
+        out = tuple(dev[r] for r in self.roots)
+        return _first_use_order(out, num_devices) if self.symmetric else out
+
+
+# --------------------------------------------------------------------------------------------
+# The solver
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IlpSolver(SolverOptions):
+    """CP-SAT placement minimising the pipeline stage time or the one-step makespan."""
+
+    name: ClassVar[str] = "ilp"
+    description: ClassVar[str] = (
+        "CP-SAT integer program: minimise the slowest pipeline stage (PipeDream-style) or the "
+        "one-step makespan (Pesto, Middleware 2021); warm-started from metis/even"
+    )
+
+    objective: IlpObjective = "throughput"
+    acyclic: bool = False
+    warm_start: tuple[int, ...] | None = None
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.objective not in _OBJECTIVES:
+            raise SolverError(
+                f"solver 'ilp' option objective={self.objective!r} is unknown; use one of "
+                f"{', '.join(_OBJECTIVES)}"
+            )
+        if not isinstance(self.acyclic, bool):
+            raise SolverError(f"solver 'ilp' option acyclic={self.acyclic!r} must be true or false")
+        nw = self.num_workers
+        if isinstance(nw, bool) or not isinstance(nw, int) or nw < 1:
+            raise SolverError(
+                f"solver 'ilp' option num_workers={nw!r} must be an integer >= 1 (1 is deterministic)"
+            )
+        object.__setattr__(self, "warm_start", _parse_warm_start(self.warm_start))
+
+    # ---------------------------------------------------------------------------------------
+
+    def solve(self, problem: PartitionProblem) -> SolverResult:
+        t0 = time.perf_counter()
+        validate_problem_for(problem)
+        _check_layers_fit(problem)
+        n, n_dev = problem.num_layers, problem.num_devices
+        roots = _colocation_roots(problem)
+        n_units = len(set(roots))
+        step = self.objective == "step"
+        rules = _Rules(
+            roots=tuple(roots),
+            acyclic=self.acyclic,
+            require_nonempty=not step and n_units >= n_dev,
+            symmetric=not self.acyclic and _identical_devices(problem),
+        )
+        evaluate = step_objective_s if step else throughput_objective_s
+        notes: list[str] = []
+        if not step and n_units < n_dev:
+            notes.append(f"only {n_units} colocation units for {n_dev} devices; some stay empty")
+
+        if n_dev == 1:
+            dev = (0,) * n
+            reason = rules.violation(problem, dev)
+            if reason is not None:
+                raise InfeasibleError(memory_infeasible_message(problem, f"solver 'ilp': {reason}"))
+            value = evaluate(problem, dev)
+            return SolverResult(
+                solver=self.name,
+                assignment=dev,
+                status=SolveStatus.OPTIMAL,
+                objective=value,
+                solve_time_s=time.perf_counter() - t0,
+                notes=("one device: every layer on device 0",),
+                best_bound=value,
+            )
+
+        warm, warm_source, warm_value = self._warm_start(problem, rules, evaluate, notes)
+        comm = edge_transfer_times_s(problem)
+        outcome = _run_cp_sat(
+            _CpRequest(
+                problem=problem,
+                rules=rules,
+                comm=comm,
+                warm=warm,
+                objective=self.objective,
+                seed=self.seed,
+                # the warm-start heuristics spent part of the budget
+                time_limit_s=max(0.01, self.time_limit_s - (time.perf_counter() - t0)),
+                num_workers=self.num_workers,
+            )
+        )
+        logger.debug(
+            "ilp: CP-SAT %s in %.3f s (%s objective, %d layers, %d devices)",
+            outcome.status,
+            outcome.wall_time_s,
+            self.objective,
+            n,
+            n_dev,
+        )
+        if outcome.status == "INFEASIBLE":
+            raise InfeasibleError(memory_infeasible_message(problem, _infeasible_prefix(rules)))
+        if outcome.status == "MODEL_INVALID":  # pragma: no cover - a bug in the model
+            raise SolverError(
+                f"solver 'ilp': CP-SAT rejected the model ({outcome.detail}); report this bug"
+            )
+        limit_note = f"time limit {self.time_limit_s:g} s reached"
+
+        if outcome.assignment is None:
+            if warm is None:
+                raise SolverError(
+                    f"solver 'ilp' found no placement within time_limit_s={self.time_limit_s:g} "
+                    f"and no heuristic placement satisfies the constraints; raise --time-limit"
+                )
+            notes.append(
+                f"{limit_note} before CP-SAT found a placement; returned the warm start "
+                f"({warm_source})"
+            )
+            return SolverResult(
+                solver=self.name,
+                assignment=warm,
+                status=SolveStatus.FEASIBLE,
+                objective=warm_value,
+                solve_time_s=time.perf_counter() - t0,
+                notes=tuple(notes),
+                best_bound=_clamp_bound(outcome.bound_s, warm_value),
+            )
+
+        dev = outcome.assignment
+        if step:
+            value = _retimed_makespan_s(problem, comm, dev, outcome.starts)
+        else:
+            value = throughput_objective_s(problem, dev)
+        if warm is not None and warm_value < value:
+            notes.append(
+                f"kept the warm start ({warm_source}): {warm_value:.6g} s beats CP-SAT's "
+                f"{value:.6g} s after time rounding"
+            )
+            dev, value = warm, warm_value
+        bound = _clamp_bound(outcome.bound_s, value)
+        proved = outcome.status == "OPTIMAL"
+        if proved:
+            notes.append(f"proved optimal by CP-SAT in {outcome.wall_time_s:.2f} s")
+        elif bound is None:
+            notes.append(f"{limit_note}; no lower bound proved")
+        else:
+            gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
+            notes.append(f"{limit_note}; gap {gap:.1%}")
+        logger.info(
+            "ilp: %s objective %.6g s, bound %s s (%s)",
+            self.objective,
+            value,
+            "none" if bound is None else f"{bound:.6g}",
+            outcome.status,
+        )
+        return SolverResult(
+            solver=self.name,
+            assignment=dev,
+            status=SolveStatus.OPTIMAL if proved else SolveStatus.FEASIBLE,
+            objective=value,
+            solve_time_s=time.perf_counter() - t0,
+            notes=tuple(notes),
+            best_bound=bound,
+        )
+
+    # ---------------------------------------------------------------------------------------
+
+    def _warm_start(
+        self,
+        problem: PartitionProblem,
+        rules: _Rules,
+        evaluate: _Evaluate,
+        notes: list[str],
+    ) -> tuple[tuple[int, ...] | None, str, float]:
+        """The hint: ``warm_start`` if feasible, else the best feasible heuristic placement."""
+        n_dev = problem.num_devices
+        if self.warm_start is not None:
+            given = _check_assignment(problem, self.warm_start)
+            reason = rules.violation(problem, given)
+            if reason is None:
+                hint = rules.normalise(given, n_dev)
+                value = evaluate(problem, hint)
+                notes.append(f"warm start: given warm_start ({value:.6g} s)")
+                return hint, "given warm_start", value
+            notes.append(f"warm_start ignored: {reason}")
+            logger.info("ilp: warm_start ignored: %s", reason)
+
+        best: tuple[tuple[int, ...] | None, str, float] = (None, "", math.inf)
+        for heuristic in (
+            MetisSolver(seed=self.seed),
+            EvenSolver(),
+            RoundRobinSolver(),
+            SingleSolver(),
+        ):
+            try:
+                raw = heuristic.solve(problem).assignment
+            except PartitionError as exc:
+                logger.debug("ilp: warm start %s skipped: %s", heuristic.name, exc)
+                continue
+            cand = rules.normalise(raw, n_dev)
+            if rules.violation(problem, cand) is not None:
+                continue
+            value = evaluate(problem, cand)
+            if value < best[2]:
+                best = (cand, heuristic.name, value)
+        if best[0] is not None:
+            notes.append(f"warm start: {best[1]} ({best[2]:.6g} s)")
+        return best
+
+
+def _parse_warm_start(value: object) -> tuple[int, ...] | None:
+    """``None``, a sequence of ints, or a comma-separated string (from the command line)."""
+    if value is None:
+        return None
+    items: Sequence[object]
+    if isinstance(value, str):
+        items = [p for p in value.replace(" ", "").split(",") if p]
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        raise SolverError(
+            f"solver 'ilp' option warm_start={value!r} must be device indices, e.g. 0,0,1,1"
+        )
+    out: list[int] = []
+    for item in items:
+        try:
+            d = int(item) if isinstance(item, (int, str)) and not isinstance(item, bool) else -1
+        except ValueError:
+            d = -1
+        if d < 0:
+            raise SolverError(
+                f"solver 'ilp' option warm_start={value!r} must be device indices >= 0, "
+                "e.g. 0,0,1,1"
+            )
+        out.append(d)
+    return tuple(out)
+
+
+def _clamp_bound(bound_s: float | None, objective_s: float) -> float | None:
+    """A proven bound in seconds, at most ``objective_s``; None when it proves nothing."""
+    if bound_s is None or not math.isfinite(bound_s) or bound_s <= 0:
+        return None
+    return min(objective_s, bound_s)
+
+
+def _check_layers_fit(problem: PartitionProblem) -> None:
+    limit = max(d.memory_bytes for d in problem.topology.devices)
+    if max(problem.memory_bytes) > limit or sum(problem.memory_bytes) > sum(
+        d.memory_bytes for d in problem.topology.devices
+    ):
+        raise InfeasibleError(memory_infeasible_message(problem, "solver 'ilp'"))
+
+
+def _infeasible_prefix(rules: _Rules) -> str:
+    extra = []
+    if any(k != r for k, r in enumerate(rules.roots)):
+        extra.append("colocation groups")
+    if rules.acyclic:
+        extra.append("stage order (acyclic)")
+    if rules.require_nonempty:
+        extra.append("every device used")
+    tail = f" with {', '.join(extra)}" if extra else ""
+    return f"solver 'ilp' proved no placement fits device memory{tail}"
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Built:
+    x: list[list[cp_model.IntVar]]
+    starts: list[cp_model.IntVar]
+    ticks_per_s: float
+
+
+def _ticks(seconds: float, ticks_per_s: float) -> int:
+    return math.floor(seconds * ticks_per_s)
+
+
+def _common(
+    problem: PartitionProblem, rules: _Rules, warm: tuple[int, ...] | None
+) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]]]:
+    """Blocks 1-5 of the module docstring: assignment, memory, colocation, order, symmetry."""
+    n, n_dev = problem.num_layers, problem.num_devices
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    # 1. one device per layer
+    x = [[model.new_bool_var(f"x[{k},{d}]") for d in range(n_dev)] for k in range(n)]
+    for k in range(n):
+        model.add_exactly_one(x[k])
+    # 2. memory
+    total = sum(problem.memory_bytes)
+    for d, device in enumerate(problem.topology.devices):
+        if total > device.memory_bytes:
+            model.add(
+                sum(problem.memory_bytes[k] * x[k][d] for k in range(n) if problem.memory_bytes[k])
+                <= device.memory_bytes
+            )
+    # 3. colocation
+    for k, r in enumerate(rules.roots):
+        if k != r:
+            for d in range(n_dev):
+                model.add(x[k][d] == x[r][d])
+    # 4. stage order
+    if rules.acyclic:
+        for a, b, _ in problem.edges:
+            model.add(
+                sum(d * x[a][d] for d in range(1, n_dev))
+                <= sum(d * x[b][d] for d in range(1, n_dev))
+            )
+    # 5. symmetry break for identical devices: layer k on a device <= k
+    if rules.symmetric:
+        for k in range(min(n, n_dev)):
+            for d in range(k + 1, n_dev):
+                model.add(x[k][d] == 0)
+    if warm is not None:
+        for k in range(n):
+            for d in range(n_dev):
+                model.add_hint(x[k][d], warm[k] == d)
+    return model, x
+
+
+def _build_throughput(
+    problem: PartitionProblem,
+    rules: _Rules,
+    comm: Sequence[float],
+    warm: tuple[int, ...] | None,
+) -> tuple[cp_model.CpModel, _Built]:
+    n, n_dev = problem.num_layers, problem.num_devices
+    upper = max(sum(row) for row in problem.compute_time_s) + 2 * sum(comm)
+    ticks_per_s = _TICKS_PER_UPPER_BOUND / upper if upper > 0 else 1.0
+    t = [[_ticks(v, ticks_per_s) for v in row] for row in problem.compute_time_s]
+    c = [_ticks(v, ticks_per_s) for v in comm]
+    horizon = max(sum(row) for row in t) + 2 * sum(c)
+
+    model, x = _common(problem, rules, warm)
+    # 6. z[e, d] = edge e cut and touching device d
+    cut_terms: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in range(n_dev)]
+    for i, ((a, b, _), ce) in enumerate(zip(problem.edges, c, strict=True)):
+        if ce <= 0:
+            continue
+        for d in range(n_dev):
+            z = model.new_bool_var(f"z[{i},{d}]")
+            model.add(z >= x[a][d] - x[b][d])
+            model.add(z >= x[b][d] - x[a][d])
+            cut_terms[d].append((ce, z))
+            if warm is not None:
+                model.add_hint(z, (warm[a] == d) != (warm[b] == d))
+    # 7. every device holds a layer
+    if rules.require_nonempty:
+        for d in range(n_dev):
+            model.add(sum(x[k][d] for k in range(n)) >= 1)
+    # 8. T >= load of every device; minimise T
+    stage = model.new_int_var(0, horizon, "T")
+    for d in range(n_dev):
+        model.add(
+            stage
+            >= sum(t[d][k] * x[k][d] for k in range(n) if t[d][k])
+            + sum(ce * z for ce, z in cut_terms[d])
+        )
+    model.minimize(stage)
+    if warm is not None:
+        model.add_hint(stage, _ticks_throughput(problem, t, c, warm))
+    return model, _Built(x=x, starts=[], ticks_per_s=ticks_per_s)
+
+
+def _ticks_throughput(
+    problem: PartitionProblem, t: list[list[int]], c: list[int], dev: Sequence[int]
+) -> int:
+    loads = [0] * problem.num_devices
+    for k, d in enumerate(dev):
+        loads[d] += t[d][k]
+    for (a, b, _), ce in zip(problem.edges, c, strict=True):
+        if dev[a] != dev[b]:
+            loads[dev[a]] += ce
+            loads[dev[b]] += ce
+    return max(loads)
+
+
+def _build_step(
+    problem: PartitionProblem,
+    rules: _Rules,
+    comm: Sequence[float],
+    warm: tuple[int, ...] | None,
+) -> tuple[cp_model.CpModel, _Built]:
+    n, n_dev = problem.num_layers, problem.num_devices
+    upper = sum(max(row[k] for row in problem.compute_time_s) for k in range(n)) + sum(comm)
+    ticks_per_s = _TICKS_PER_UPPER_BOUND / upper if upper > 0 else 1.0
+    t = [[_ticks(v, ticks_per_s) for v in row] for row in problem.compute_time_s]
+    c = [_ticks(v, ticks_per_s) for v in comm]
+    horizon = sum(max(row[k] for row in t) for k in range(n)) + sum(c)
+
+    model, x = _common(problem, rules, warm)
+    # 6. start and end of every layer
+    starts = [model.new_int_var(0, horizon, f"s[{k}]") for k in range(n)]
+    ends = [model.new_int_var(0, horizon, f"f[{k}]") for k in range(n)]
+    for k in range(n):
+        model.add(ends[k] == starts[k] + sum(t[d][k] * x[k][d] for d in range(n_dev)))
+    # 7. one layer at a time on each device
+    for d in range(n_dev):
+        model.add_no_overlap(
+            [
+                model.new_optional_fixed_size_interval_var(
+                    starts[k], t[d][k], x[k][d], f"run[{k},{d}]"
+                )
+                for k in range(n)
+            ]
+        )
+    # 8. precedence, with the transfer time on a cut edge
+    cuts: list[tuple[int, cp_model.IntVar]] = []
+    for i, ((a, b, _), ce) in enumerate(zip(problem.edges, c, strict=True)):
+        if ce <= 0:
+            model.add(starts[b] >= ends[a])
+            continue
+        cut = model.new_bool_var(f"cut[{i}]")
+        for d in range(n_dev):
+            model.add(cut >= x[a][d] - x[b][d])
+        model.add(starts[b] >= ends[a] + ce * cut)
+        cuts.append((i, cut))
+    # 9. makespan
+    has_successor = {a for a, _, _ in problem.edges}
+    makespan = model.new_int_var(0, horizon, "S")
+    for k in range(n):
+        if k not in has_successor:
+            model.add(makespan >= ends[k])
+    model.minimize(makespan)
+    if warm is not None:
+        start = _list_schedule(t, problem.edges, c, warm, range(n))
+        for k in range(n):
+            s = round(start[k])
+            model.add_hint(starts[k], s)
+            model.add_hint(ends[k], s + t[warm[k]][k])
+        for i, cut in cuts:
+            a, b, _ = problem.edges[i]
+            model.add_hint(cut, warm[a] != warm[b])
+        model.add_hint(makespan, max(round(start[k]) + t[warm[k]][k] for k in range(n)))
+    return model, _Built(x=x, starts=starts, ticks_per_s=ticks_per_s)
+
+
+def _retimed_makespan_s(
+    problem: PartitionProblem, comm: Sequence[float], dev: Sequence[int], starts: Sequence[int]
+) -> float:
+    """Exact-seconds makespan of CP-SAT's schedule: its order per device, re-timed as early as
+    possible with the true durations and transfer times."""
+    order = sorted(range(len(dev)), key=lambda k: (starts[k], k))
+    start = _list_schedule(problem.compute_time_s, problem.edges, comm, dev, order)
+    return max(s + problem.compute_time_s[d][k] for k, (s, d) in enumerate(zip(start, dev)))
+
+
+# --------------------------------------------------------------------------------------------
+# Running CP-SAT: in this process, or in a worker process when TensorFlow was loaded first
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CpRequest:
+    problem: PartitionProblem
+    rules: _Rules
+    comm: tuple[float, ...]
+    warm: tuple[int, ...] | None
+    objective: str
+    seed: int
+    time_limit_s: float
+    num_workers: int
+
+
+@dataclass(frozen=True)
+class _CpOutcome:
+    status: str
+    """CP-SAT's status name: OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN or MODEL_INVALID."""
+    assignment: tuple[int, ...] | None
+    starts: tuple[int, ...]
+    """Start ticks of the step schedule (empty for the throughput objective)."""
+    bound_s: float | None
+    wall_time_s: float
+    detail: str = ""
+
+
+def cp_sat_in_worker_process() -> bool:
+    """Whether CP-SAT runs in a worker process (TensorFlow was imported before this module)."""
+    return not _IN_PROCESS
+
+
+def _run_cp_sat(request: _CpRequest) -> _CpOutcome:
+    if _IN_PROCESS:
+        return _solve_cp_sat_here(request)
+    return _WORKER.call(request)
+
+
+def _solve_cp_sat_here(request: _CpRequest) -> _CpOutcome:
+    """Build and solve the model of ``request`` with CP-SAT in this process."""
+    from ortools.sat.python import cp_model
+
+    problem = request.problem
+    if request.objective == "step":
+        model, build = _build_step(problem, request.rules, request.comm, request.warm)
+    else:
+        model, build = _build_throughput(problem, request.rules, request.comm, request.warm)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = request.time_limit_s
+    solver.parameters.num_workers = request.num_workers
+    solver.parameters.random_seed = request.seed
+    solver.parameters.log_search_progress = False
+    status = solver.solve(model)
+    assignment: tuple[int, ...] | None = None
+    starts: tuple[int, ...] = ()
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        assignment = tuple(
+            next(d for d in range(problem.num_devices) if solver.boolean_value(row[d]))
+            for row in build.x
+        )
+        starts = tuple(int(solver.value(v)) for v in build.starts)
+    bound = solver.best_objective_bound
+    return _CpOutcome(
+        status=solver.status_name(status),
+        assignment=assignment,
+        starts=starts,
+        bound_s=bound / build.ticks_per_s if math.isfinite(bound) else None,
+        wall_time_s=float(solver.wall_time),
+        detail=model.validate() if status == cp_model.MODEL_INVALID else "",
+    )
+
+
+_WORKER_COMMAND = (
+    f"import {_ORTOOLS_MODULE}; from partitioner.solvers.ilp import _worker_main; _worker_main()"
+)
+
+
+def _send(stream: IO[bytes], payload: object) -> None:
+    data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(len(data).to_bytes(8, "little") + data)
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> object | None:
+    """The next message, or None at end of stream."""
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    size = int.from_bytes(head, "little")
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    message: object = pickle.loads(data)
+    return message
+
+
+class _Worker:
+    """One long-lived child process that runs CP-SAT for this process, started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        logger.info(
+            "ilp: TensorFlow was imported before OR-Tools; running CP-SAT in a worker process"
+        )
+        return subprocess.Popen(
+            [sys.executable, "-c", _WORKER_COMMAND],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+
+    def call(self, request: _CpRequest) -> _CpOutcome:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = self._start()
+            proc = self._proc
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                _send(proc.stdin, request)
+                reply = _receive(proc.stdout)
+            except (BrokenPipeError, OSError):
+                reply = None
+            if reply is None:
+                code = proc.wait()
+                self._proc = None
+                raise SolverError(
+                    f"solver 'ilp': the CP-SAT worker process exited with code {code}; "
+                    "import partitioner before tensorflow to run CP-SAT in this process"
+                )
+            if isinstance(reply, BaseException):
+                raise reply
+            if not isinstance(reply, _CpOutcome):  # pragma: no cover - protocol bug
+                raise SolverError(f"solver 'ilp': bad reply {type(reply)!r} from the CP-SAT worker")
+            return reply
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a hung solver
+            proc.kill()
+            proc.wait()
+
+
+_WORKER = _Worker()
+atexit.register(_WORKER.close)
+
+
+def _worker_main() -> None:  # pragma: no cover - runs in the worker process
+    """Serve CP-SAT requests from stdin until it closes; replies go to the original stdout,
+    and file descriptor 1 is pointed at stderr so that stray native output cannot corrupt them."""
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    while True:
+        request = _receive(requests)
+        if request is None:
+            return
+        reply: object
+        try:
+            if not isinstance(request, _CpRequest):
+                raise SolverError(f"solver 'ilp' worker: bad request {type(request)!r}")
+            reply = _solve_cp_sat_here(request)
+        except Exception as exc:
+            reply = (
+                exc
+                if isinstance(exc, PartitionError)
+                else SolverError(f"solver 'ilp' worker failed: {type(exc).__name__}: {exc}")
+            )
+        _send(replies, reply)
