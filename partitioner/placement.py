@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from partitioner.bounds import costed_lower_bounds
 from partitioner.ir import CostedGraph, SolverResult
 from partitioner.simulate import StepSimulation, resolve_layer_devices, simulate_step
 from partitioner.solvers.base import Solver
@@ -63,12 +64,7 @@ class PlanEvaluation:
 
 def lower_bound_s(costed: CostedGraph) -> float:
     """A lower bound on the step time of any layer placement (see the module docstring)."""
-    per_layer = costed.layer_compute_time_s
-    n_dev = costed.topology.num_devices
-    balanced = min(sum(row) for row in per_layer) / n_dev
-    n_layers = len(per_layer[0]) if per_layer else 0
-    largest = max((min(row[k] for row in per_layer) for k in range(n_layers)), default=0.0)
-    return max(balanced, largest)
+    return costed_lower_bounds(costed).best_s
 
 
 def evaluate(costed: CostedGraph, assignment: Sequence[int]) -> PlanEvaluation:

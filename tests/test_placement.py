@@ -56,15 +56,17 @@ def test_evaluate_two_device_chain() -> None:
     assert [d.memory_bytes for d in ev.per_device] == [45, 45]
     assert [d.memory_limit_bytes for d in ev.per_device] == [1000, 1000]
     assert [(d.bytes_sent, d.bytes_received) for d in ev.per_device] == [(100, 100), (100, 100)]
-    assert ev.lower_bound_s == pytest.approx(2.0)
+    assert ev.lower_bound_s == pytest.approx(4.0)  # critical path f0 f1 b1 b0
     assert ev.fits and ev.simulation is not None
     assert ev.step_time_s >= ev.lower_bound_s
 
 
-def test_lower_bound_is_largest_layer_when_it_dominates() -> None:
+def test_lower_bound_of_a_chain_is_its_critical_path() -> None:
+    # A chain runs one layer at a time: the whole chain bounds the step, beyond the largest
+    # layer (10 s) and the balanced work (4 s).
     c = chain([10.0, 1.0, 1.0], 3)
-    assert lower_bound_s(c) == pytest.approx(10.0)
-    assert lower_bound_s(chain([3.0, 3.0, 3.0], 3)) == pytest.approx(3.0)
+    assert lower_bound_s(c) == pytest.approx(12.0)
+    assert lower_bound_s(chain([3.0, 3.0, 3.0], 3)) == pytest.approx(9.0)
 
 
 def test_single_device_step_is_total_compute() -> None:

@@ -6,6 +6,12 @@ fields are its options. :data:`SOLVERS` maps each solver's ``name`` to its class
 converted to the option's type).
 
 * ``metis``: METIS k-way partitioning of the layer graph + memory repair (the default);
+* ``ilp``: CP-SAT integer program (pipeline stage time or one-step makespan);
+* ``auto``: the best of the fast solvers under the ILP's throughput objective, then the
+  warm-started ILP in the time left;
+* ``dp``: PipeDream's dynamic program over contiguous stages;
+* ``etf``: Baechi's memory-constrained earliest-task-first list scheduling;
+* ``params``, ``time``: contiguous splits balanced by memory (parameters) or compute time;
 * ``even``, ``round-robin``, ``single``: baselines.
 """
 
@@ -18,13 +24,34 @@ from types import MappingProxyType
 from typing import Any
 
 from partitioner.errors import SolverError
+from partitioner.solvers.auto import AutoSolver
 from partitioner.solvers.base import Solver
-from partitioner.solvers.baselines import EvenSolver, RoundRobinSolver, SingleSolver
+from partitioner.solvers.baselines import (
+    EvenSolver,
+    ParamsSolver,
+    RoundRobinSolver,
+    SingleSolver,
+    TimeSolver,
+)
+from partitioner.solvers.dp import PipeDreamSolver
+from partitioner.solvers.etf import EtfSolver
+from partitioner.solvers.ilp import IlpSolver
 from partitioner.solvers.metis import MetisSolver
 
 __all__ = ["SOLVERS", "Solver", "get_solver", "solver_names"]
 
-_CLASSES: tuple[type[Solver], ...] = (MetisSolver, EvenSolver, RoundRobinSolver, SingleSolver)
+_CLASSES: tuple[type[Solver], ...] = (
+    MetisSolver,
+    IlpSolver,
+    AutoSolver,
+    PipeDreamSolver,
+    EtfSolver,
+    ParamsSolver,
+    TimeSolver,
+    EvenSolver,
+    RoundRobinSolver,
+    SingleSolver,
+)
 
 SOLVERS: Mapping[str, type[Solver]] = MappingProxyType({cls.name: cls for cls in _CLASSES})
 

@@ -5,6 +5,17 @@
 * ``even``: contiguous layers in problem order, split evenly by count -- layer ``k`` of ``L`` goes
   to device ``k * D // L``; what an expert writes by hand.
 * ``round-robin``: layer ``k`` to device ``k % D``.
+* ``params``: contiguous blocks balanced by parameter size, DeepSpeed's pipeline
+  ``partition_method="parameters"``. The problem carries no parameter counts, so each layer's
+  ``memory_bytes`` (parameters + gradients + optimizer state + saved activations) stands in for
+  them: the blocks balance memory, which is what the parameter split is for.
+* ``time``: contiguous blocks balanced by compute time, torchgpipe's ``balance_by_time``
+  (C. Kim et al., "torchgpipe: On-the-fly Pipeline Parallelism for Training Giant Models",
+  arXiv:2004.09910, 2020); block ``d`` is timed on device ``d``.
+
+``params`` and ``time`` use the exact linear partition of
+:mod:`partitioner.solvers.contiguous`: the largest block weight is minimal over all splits into
+exactly ``D`` non-empty contiguous blocks (block ``d`` on device ``d``).
 
 Baselines neither balance nor repair memory: a placement that does not fit raises
 InfeasibleError.
@@ -22,8 +33,9 @@ from partitioner.solvers.base import (
     max_load_s,
     validate_problem_for,
 )
+from partitioner.solvers.contiguous import linear_partition, min_bottleneck_split
 
-__all__ = ["EvenSolver", "RoundRobinSolver", "SingleSolver"]
+__all__ = ["EvenSolver", "ParamsSolver", "RoundRobinSolver", "SingleSolver", "TimeSolver"]
 
 
 def _result(name: str, assignment: tuple[int, ...], problem: PartitionProblem) -> SolverResult:
@@ -72,3 +84,35 @@ class RoundRobinSolver(SolverOptions):
         validate_problem_for(problem)
         d = problem.num_devices
         return _result(self.name, tuple(k % d for k in range(problem.num_layers)), problem)
+
+
+@dataclass(frozen=True)
+class ParamsSolver(SolverOptions):
+    """Contiguous blocks with the largest block's memory (the parameter stand-in) minimal."""
+
+    name: ClassVar[str] = "params"
+    description: ClassVar[str] = (
+        "contiguous layers balanced by memory, the stand-in for parameters (DeepSpeed "
+        "partition_method='parameters')"
+    )
+
+    def solve(self, problem: PartitionProblem) -> SolverResult:
+        validate_problem_for(problem)
+        weights = [float(m) for m in problem.memory_bytes]
+        return _result(self.name, linear_partition(weights, problem.num_devices), problem)
+
+
+@dataclass(frozen=True)
+class TimeSolver(SolverOptions):
+    """Contiguous blocks with the slowest block's compute time minimal (torchgpipe, Kim 2020)."""
+
+    name: ClassVar[str] = "time"
+    description: ClassVar[str] = (
+        "contiguous layers balanced by compute time (torchgpipe balance_by_time, Kim et al. 2020)"
+    )
+
+    def solve(self, problem: PartitionProblem) -> SolverResult:
+        validate_problem_for(problem)
+        split = min_bottleneck_split(problem.compute_time_s, problem.num_devices)
+        assert split is not None  # no memory limits and n >= D: always feasible
+        return _result(self.name, split.stage, problem)

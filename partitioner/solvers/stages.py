@@ -1,0 +1,143 @@
+"""Turn any placement into pipeline stages: an acyclic device graph, numbered in order.
+
+A placement's *stage graph* (quotient graph) has an arc ``d -> e`` when some layer edge goes from
+a layer on device ``d`` to a layer on device ``e != d``. A pipeline needs that graph acyclic, and
+reads best when every arc goes from a lower to a higher device index (device ``s`` = stage
+``s``). :func:`make_acyclic` refines any assignment into one where **every layer edge**
+``(a, b)`` has ``stage[a] <= stage[b]`` -- which implies both properties -- in three steps:
+
+1. *Relabel.* Order the devices by Kahn's algorithm on the stage graph, always taking the
+   available device of lowest index; when a cycle leaves none available, take the remaining
+   device whose first layer (in problem order) comes first, breaking the cycle there. The device
+   at position ``s`` of that order becomes stage ``s``. When the stage graph is already acyclic
+   this is a topological order and step 2 changes nothing; when its arcs already go from lower
+   to higher index, it is the identity (so an ordered placement keeps its devices, and
+   :func:`make_acyclic` is idempotent).
+2. *Monotone repair.* In problem order (a topological order of the layers, since edges go from
+   lower to higher index), ``stage[k] = max(label[k], max(stage[p] for p in preds(k)))``; a layer
+   only ever moves to a later stage, and afterwards every edge satisfies the property.
+3. *No empty stage* (when there are at least as many layers as devices). Sort the layers by
+   ``(stage, index)`` -- still a topological order, because along an edge the stage does not
+   decrease and, within a stage, the index grows -- giving the non-decreasing sequence
+   ``s_1 <= ... <= s_L``, and replace it by ``s'_i = max(s'_{i-1}, min(s_i, s'_{i-1} + 1),
+   D - 1 - (L - i))`` (``s'_0 = -1``): non-decreasing, steps of 0 or 1 from stage 0 to ``D - 1``
+   (so every stage is used), and equal to ``s`` whenever ``s`` already uses every stage.
+   A non-decreasing sequence along a topological order keeps every edge's property.
+
+Stage ``s`` runs on device ``s``; with devices of different types or memories the relabelling
+changes which device a layer runs on, and no step checks memory -- callers that need it check
+(:func:`~partitioner.solvers.base.check_memory`). Cost ``O(L + E + D log D)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Sequence
+
+from partitioner.errors import SolverError
+from partitioner.ir import PartitionProblem
+
+__all__ = ["is_acyclic_stages", "make_acyclic", "stage_graph"]
+
+logger = logging.getLogger(__name__)
+
+
+def _check(assignment: Sequence[int], problem: PartitionProblem) -> tuple[int, ...]:
+    if len(assignment) != problem.num_layers:
+        raise SolverError(
+            f"assignment has {len(assignment)} entries for {problem.num_layers} layers; "
+            "give one device per layer"
+        )
+    out = tuple(int(d) for d in assignment)
+    for k, d in enumerate(out):
+        if not 0 <= d < problem.num_devices:
+            raise SolverError(
+                f"layer {problem.layers[k]!r} assigned to device {d}, not in "
+                f"0..{problem.num_devices - 1}"
+            )
+    return out
+
+
+def stage_graph(assignment: Sequence[int], problem: PartitionProblem) -> set[tuple[int, int]]:
+    """The arcs ``(d, e)``, ``d != e``, of the device-level quotient graph of ``assignment``."""
+    dev = _check(assignment, problem)
+    return {(dev[a], dev[b]) for a, b, _ in problem.edges if dev[a] != dev[b]}
+
+
+def is_acyclic_stages(assignment: Sequence[int], problem: PartitionProblem) -> bool:
+    """Whether the device-level quotient graph of ``assignment`` has no cycle."""
+    arcs = stage_graph(assignment, problem)
+    n_dev = problem.num_devices
+    succ: list[list[int]] = [[] for _ in range(n_dev)]
+    indeg = [0] * n_dev
+    for d, e in arcs:
+        succ[d].append(e)
+        indeg[e] += 1
+    ready = [d for d in range(n_dev) if indeg[d] == 0]
+    seen = 0
+    while ready:
+        d = ready.pop()
+        seen += 1
+        for e in succ[d]:
+            indeg[e] -= 1
+            if indeg[e] == 0:
+                ready.append(e)
+    return seen == n_dev
+
+
+def _relabel(dev: tuple[int, ...], problem: PartitionProblem) -> list[int]:
+    """Step 1: the new stage of every device (Kahn's order by index, cycles broken by first use)."""
+    n_dev = problem.num_devices
+    first = [problem.num_layers + d for d in range(n_dev)]  # unused devices go last, by index
+    for k, d in enumerate(dev):
+        if first[d] >= problem.num_layers:
+            first[d] = k
+    arcs = stage_graph(dev, problem)
+    succ: list[list[int]] = [[] for _ in range(n_dev)]
+    indeg = [0] * n_dev
+    for d, e in arcs:
+        succ[d].append(e)
+        indeg[e] += 1
+    available = [d for d in range(n_dev) if indeg[d] == 0]
+    heapq.heapify(available)
+    done = [False] * n_dev
+    label = [0] * n_dev
+    for position in range(n_dev):
+        if available:
+            d = heapq.heappop(available)
+        else:  # a cycle: break it at the remaining device used first
+            d = min((d for d in range(n_dev) if not done[d]), key=lambda d: first[d])
+            logger.debug("make_acyclic: breaking a cycle of the stage graph at device %d", d)
+        done[d] = True
+        label[d] = position
+        for e in succ[d]:
+            indeg[e] -= 1
+            if indeg[e] == 0 and not done[e]:
+                heapq.heappush(available, e)
+    return label
+
+
+def make_acyclic(assignment: Sequence[int], problem: PartitionProblem) -> tuple[int, ...]:
+    """Refine ``assignment`` so every layer edge goes to an equal or later stage (see module)."""
+    dev = _check(assignment, problem)
+    n, n_dev = problem.num_layers, problem.num_devices
+    label = _relabel(dev, problem)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for a, b, _ in problem.edges:
+        preds[b].append(a)
+    stage = [0] * n
+    for k in range(n):
+        s = label[dev[k]]
+        for p in preds[k]:
+            if stage[p] > s:
+                s = stage[p]
+        stage[k] = s
+    if n >= n_dev and len(set(stage)) < n_dev:
+        order = sorted(range(n), key=lambda k: (stage[k], k))
+        prev = -1
+        for i, k in enumerate(order, start=1):
+            new = max(prev, min(stage[k], prev + 1), n_dev - 1 - (n - i))
+            stage[k] = new
+            prev = new
+    return tuple(stage)
