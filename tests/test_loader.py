@@ -98,9 +98,9 @@ def test_sibling_module_imports_and_sys_path_is_restored(tmp_path: Path) -> None
     ("name", "text", "suffix", "message"),
     [
         ("net.py", "X = 1\n", "", r"no model found in .*net\.py.*build_model\(\)"),
-        ("net.py", "CONSTANT = 3\n", ":CONSTANT", r"CONSTANT is a int, not a keras\.Model"),
+        ("net.py", "CONSTANT = 3\n", ":CONSTANT", r"CONSTANT is of type int, not a keras\.Model"),
         ("net.py", "X = 1\n", ":missing", r"has no attribute 'missing'"),
-        ("net.py", "class Net:\n    pass\n", ":Net", r"Net is a type, not a keras\.Model"),
+        ("net.py", "class Net:\n    pass\n", ":Net", r"Net is of type type, not a keras\.Model"),
         (
             "net.py",
             "def build(units):\n    pass\n",
