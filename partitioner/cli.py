@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="input shape without the batch dimension, e.g. 32,32,3 (needed for unknown dims)",
     )
+    parser.add_argument(
+        "--memory-limit",
+        default=None,
+        help="memory per device, e.g. 16GiB (default: the catalog's figure for the device type)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="solver seed (default 0)")
     parser.add_argument("--time-limit", type=float, default=10.0, help="solver time limit, s")
     parser.add_argument("--out", default=None, help="write the plan as JSON to this file")
@@ -233,6 +238,14 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     parse_optimizer(args.optimizer)
     get_solver(args.solver, seed=args.seed, time_limit_s=args.time_limit)
     input_shape = _parse_shape(args.input_shape)
+    memory_limit_bytes = None
+    if args.memory_limit is not None:
+        from partitioner.units import parse_bytes
+
+        try:
+            memory_limit_bytes = parse_bytes(args.memory_limit)
+        except ValueError as exc:
+            raise UsageError(f"--memory-limit {exc}") from None
     _check_out(args.out)
     check_model_path(args.model)
 
@@ -257,6 +270,7 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
             link=args.link,
             optimizer=args.optimizer,
             input_shape=input_shape,
+            memory_limit_bytes=memory_limit_bytes,
             seed=args.seed,
             time_limit_s=args.time_limit,
             progress=lambda msg: status.update(msg),

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-__all__ = ["format_bytes", "format_seconds"]
+import re
+
+__all__ = ["format_bytes", "format_seconds", "parse_bytes"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def format_bytes(num_bytes: int, *, exact: bool = False) -> str:
@@ -27,3 +42,18 @@ def format_seconds(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3f} ms"
     return f"{seconds * 1e6:.1f} us"
+
+
+def parse_bytes(text: str) -> int:
+    """``'16GiB'`` -> 17179869184; ``'1.5GB'``, ``'512MiB'``, ``'2e9'`` work too.
+
+    Raises ``ValueError`` with the accepted forms when ``text`` is not a positive size.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size like 16GiB, 512MiB, 1.5GB or 2e9")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"{text!r} must be a positive size")
+    return value

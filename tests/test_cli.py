@@ -289,3 +289,11 @@ def test_devices_lists_the_catalog() -> None:
     assert proc.returncode == 0, proc.stderr
     for name in ("cpu", "v100", "a100-80gb", "h100", "h200"):
         assert name in proc.stdout
+
+
+def test_model_that_cannot_fit_names_memory_and_fewest_devices(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    proc = run_cli([MNIST.relative_to(REPO), "--gpus", "1", "--memory-limit", "10MiB", "--out", out])
+    line = assert_one_line_error(proc)
+    assert "needs" in line and "at least" in line and "devices" in line, line
+    assert not out.exists()
