@@ -50,13 +50,13 @@ def partition(
     gpus: int,
     device_type: str = "h100",
     batch_size: int = 32,
-    solver: str = "metis",
+    solver: str = "auto",
     link: str = "pcie",
     optimizer: str = "adam",
     input_shape: Sequence[int] | None = None,
     memory_limit_bytes: int | None = None,
     seed: int = 0,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = 5.0,
     progress: Callable[[str], None] | None = None,
 ) -> Plan:
     """Trace, cost and place ``model`` on ``gpus`` devices of ``device_type``.

@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
     parser.add_argument(
         "--solver",
-        default="metis",
-        help=f"placement solver ({', '.join(solver_names())}); default metis",
+        default="auto",
+        help=f"placement solver ({', '.join(solver_names())}); default auto",
     )
     parser.add_argument("--link", default="pcie", help="link between devices: pcie or nvlink")
     parser.add_argument("--optimizer", default="adam", help="optimizer, for memory (default adam)")
@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory per device, e.g. 16GiB (default: the catalog's figure for the device type)",
     )
     parser.add_argument("--seed", type=int, default=0, help="solver seed (default 0)")
-    parser.add_argument("--time-limit", type=float, default=10.0, help="solver time limit, s")
+    parser.add_argument(
+        "--time-limit", type=float, default=5.0, help="solver time budget in seconds (default 5)"
+    )
     parser.add_argument("--out", default=None, help="write the plan as JSON to this file")
     parser.add_argument("--verbose", "-v", action="store_true", help="phase timings and logs")
     return parser

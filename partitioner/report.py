@@ -60,8 +60,13 @@ def render_plan(plan: Plan, console: Console, *, verbose: bool = False) -> None:
             value = format_seconds(b.step_time_s) if b.step_time_s is not None else "does not fit"
             parts.append(f"{escape(b.solver)} {value}")
         console.print("Baselines: " + ";  ".join(parts))
-    for note in plan.solver.notes:
-        console.print(f"Solver: {escape(note)}")
+    if plan.solver.notes:
+        label = (
+            "Candidates (pipelined time per batch: the slowest device with its transfers)"
+            if plan.solver.name == "auto"
+            else f"Solver {escape(plan.solver.name)}"
+        )
+        console.print(f"{label}: " + "; ".join(escape(n) for n in plan.solver.notes))
     for line in plan.advice:
         console.print(f"[yellow]Advice:[/yellow] {escape(line)}")
     if verbose and plan.phase_times_s:
