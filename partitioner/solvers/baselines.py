@@ -56,7 +56,8 @@ class SingleSolver(SolverOptions):
     description: ClassVar[str] = "all layers on device 0 (no model parallelism)"
 
     def solve(self, problem: PartitionProblem) -> SolverResult:
-        validate_problem_for(problem)
+        # No validate_problem_for: one device is used whatever the count, so "more devices than
+        # layers" does not apply to this baseline.
         return _result(self.name, (0,) * problem.num_layers, problem)
 
 

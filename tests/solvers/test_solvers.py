@@ -106,6 +106,9 @@ def test_validate_problem_for_rejects_more_devices_than_layers() -> None:
     ):
         validate_problem_for(p)
     for name in solver_names():
+        if name == "single":  # uses one device whatever the count: the baseline still answers
+            assert get_solver(name).solve(p).assignment == (0, 0, 0)
+            continue
         with pytest.raises(InfeasibleError):
             get_solver(name).solve(p)
     validate_problem_for(problem([1.0] * 3, 3))
