@@ -21,7 +21,6 @@ from partitioner.ir import CostedGraph
 from partitioner.placement import PlanEvaluation, solve
 from partitioner.plan import (
     BaselineResult,
-    DevicePrediction,
     Plan,
     PlanDevice,
     SolverInfo,
@@ -103,18 +102,7 @@ def partition(
     phases.append(("baselines", time.perf_counter() - t0))
 
     problem = costed.problem()
-    per_device = tuple(
-        DevicePrediction(
-            device=load.device,
-            layers=load.layers,
-            compute_s=load.compute_s,
-            memory_bytes=load.memory_bytes,
-            memory_limit_bytes=load.memory_limit_bytes,
-            bytes_sent=load.bytes_sent,
-            bytes_received=load.bytes_received,
-        )
-        for load in evaluation.per_device
-    )
+    per_device = evaluation.per_device
     return Plan(
         model_name=traced.graph.name,
         devices=tuple(

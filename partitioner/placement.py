@@ -45,6 +45,10 @@ class DeviceLoad:
     def fits(self) -> bool:
         return self.memory_bytes <= self.memory_limit_bytes
 
+    @property
+    def transfer_bytes(self) -> int:
+        return self.bytes_sent + self.bytes_received
+
 
 @dataclass(frozen=True)
 class PlanEvaluation:

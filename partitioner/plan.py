@@ -20,6 +20,10 @@ from types import MappingProxyType
 from typing import Any
 
 from partitioner.errors import OutputError, PlanError
+from partitioner.placement import DeviceLoad
+
+DevicePrediction = DeviceLoad
+"""The predicted load of one device (the evaluation's own record)."""
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -42,23 +46,6 @@ class PlanDevice:
     index: int
     device_type: str
     memory_bytes: int
-
-
-@dataclass(frozen=True)
-class DevicePrediction:
-    """The predicted load of one device."""
-
-    device: int
-    layers: tuple[str, ...]
-    compute_s: float
-    memory_bytes: int
-    memory_limit_bytes: int
-    bytes_sent: int
-    bytes_received: int
-
-    @property
-    def transfer_bytes(self) -> int:
-        return self.bytes_sent + self.bytes_received
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from partitioner.ir import PartitionProblem, SolverResult, SolveStatus
 from partitioner.solvers.base import (
     Solver,
     SolverOptions,
+    colocation_roots,
     device_memory_bytes,
     memory_infeasible_message,
     validate_problem_for,
@@ -88,21 +89,7 @@ def colocate_groups(assignment: tuple[int, ...], problem: PartitionProblem) -> t
     """Move every colocation group (merged when they share a layer) onto its first layer's device."""
     if not problem.colocate:
         return assignment
-    parent = list(range(problem.num_layers))
-
-    def find(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    for group in problem.colocate:
-        for k in group[1:]:
-            ra, rb = find(group[0]), find(k)
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
-    return tuple(assignment[find(k)] for k in range(problem.num_layers))
-
+    return tuple(assignment[root] for root in colocation_roots(problem))
 
 def _units(problem: PartitionProblem) -> int:
     """Placement units: layers, each colocation group counted once."""

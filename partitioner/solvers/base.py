@@ -176,17 +176,40 @@ def validate_problem_for(problem: PartitionProblem) -> None:
         )
 
 
-def _check_assignment(assignment: Sequence[int], problem: PartitionProblem) -> None:
+def checked_assignment(assignment: Sequence[int], problem: PartitionProblem) -> tuple[int, ...]:
+    """``assignment`` as a tuple of ints, after checking one valid device per layer."""
     if len(assignment) != problem.num_layers:
         raise SolverError(
-            f"assignment has {len(assignment)} entries for {problem.num_layers} layers"
+            f"assignment has {len(assignment)} entries for {problem.num_layers} layers; "
+            "give one device per layer"
         )
-    for k, d in enumerate(assignment):
+    out = tuple(int(d) for d in assignment)
+    for k, d in enumerate(out):
         if not 0 <= d < problem.num_devices:
             raise SolverError(
                 f"layer {problem.layers[k]!r} assigned to device {d}, not in "
                 f"0..{problem.num_devices - 1}"
             )
+    return out
+
+
+def colocation_roots(problem: PartitionProblem) -> list[int]:
+    """For each layer, the lowest-index layer it must share a device with (union-find over
+    ``problem.colocate``; groups that share a layer merge)."""
+    parent = list(range(problem.num_layers))
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for group in problem.colocate:
+        for k in group[1:]:
+            ra, rb = find(group[0]), find(k)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    return [find(k) for k in range(problem.num_layers)]
 
 
 def fill_empty_devices(
@@ -199,7 +222,7 @@ def fill_empty_devices(
     the two affected loads, then lower layer index). Layers whose memory fits on ``e`` are
     preferred; with ``strict_memory`` the others are never moved (a device may then stay empty).
     """
-    _check_assignment(assignment, problem)
+    checked_assignment(assignment, problem)
     result = list(assignment)
     n_dev = problem.num_devices
     if problem.num_layers < n_dev:
@@ -252,7 +275,7 @@ def repair_memory(assignment: Sequence[int], problem: PartitionProblem) -> tuple
     the most free memory that can hold it. Each move lowers the total excess by the layer's
     (positive) memory and never over-fills the target, so the loop ends.
     """
-    _check_assignment(assignment, problem)
+    checked_assignment(assignment, problem)
     result = list(assignment)
     devices = problem.topology.devices
     used = device_memory_bytes(result, problem)

@@ -86,6 +86,8 @@ from partitioner.errors import InfeasibleError, PartitionError, SolverError
 from partitioner.ir import PartitionProblem, SolverResult, SolveStatus
 from partitioner.solvers.base import (
     SolverOptions,
+    checked_assignment,
+    colocation_roots,
     device_loads_s,
     device_memory_bytes,
     memory_infeasible_message,
@@ -132,22 +134,6 @@ if _IN_PROCESS:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_assignment(problem: PartitionProblem, assignment: Sequence[int]) -> tuple[int, ...]:
-    if len(assignment) != problem.num_layers:
-        raise SolverError(
-            f"assignment has {len(assignment)} entries for {problem.num_layers} layers; "
-            "give one device per layer"
-        )
-    out = tuple(int(d) for d in assignment)
-    for k, d in enumerate(out):
-        if not 0 <= d < problem.num_devices:
-            raise SolverError(
-                f"layer {problem.layers[k]!r} assigned to device {d}, not in "
-                f"0..{problem.num_devices - 1}"
-            )
-    return out
-
-
 def edge_transfer_times_s(problem: PartitionProblem) -> tuple[float, ...]:
     """Seconds to send each edge's bytes between two devices (``problem.edges`` order)."""
     if problem.num_devices < 2:
@@ -164,7 +150,7 @@ def throughput_objective_s(problem: PartitionProblem, assignment: Sequence[int])
     This is the pipeline step time the ``throughput`` objective minimises (see the module
     docstring); both ends of a cut edge pay its transfer time.
     """
-    dev = _check_assignment(problem, assignment)
+    dev = checked_assignment(assignment, problem)
     loads = device_loads_s(dev, problem)
     for (a, b, _), c in zip(problem.edges, edge_transfer_times_s(problem), strict=True):
         if dev[a] != dev[b]:
@@ -205,7 +191,7 @@ def step_objective_s(problem: PartitionProblem, assignment: Sequence[int]) -> fl
     Each device runs its layers in problem order, each as soon as its inputs have arrived (the
     transfer time is added on a cut edge); the step model of the module docstring.
     """
-    dev = _check_assignment(problem, assignment)
+    dev = checked_assignment(assignment, problem)
     comm = edge_transfer_times_s(problem)
     start = _list_schedule(problem.compute_time_s, problem.edges, comm, dev, range(len(dev)))
     return max(s + problem.compute_time_s[d][k] for k, (s, d) in enumerate(zip(start, dev)))
@@ -214,24 +200,6 @@ def step_objective_s(problem: PartitionProblem, assignment: Sequence[int]) -> fl
 # --------------------------------------------------------------------------------------------
 # Constraints shared by the model, the warm start and the fallback
 # --------------------------------------------------------------------------------------------
-
-
-def _colocation_roots(problem: PartitionProblem) -> list[int]:
-    """For each layer, the lowest-index layer it must share a device with (union-find)."""
-    parent = list(range(problem.num_layers))
-
-    def find(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    for group in problem.colocate:
-        for k in group[1:]:
-            ra, rb = find(group[0]), find(k)
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
-    return [find(k) for k in range(problem.num_layers)]
 
 
 def _identical_devices(problem: PartitionProblem) -> bool:
@@ -327,7 +295,7 @@ class IlpSolver(SolverOptions):
         validate_problem_for(problem)
         _check_layers_fit(problem)
         n, n_dev = problem.num_layers, problem.num_devices
-        roots = _colocation_roots(problem)
+        roots = colocation_roots(problem)
         n_units = len(set(roots))
         step = self.objective == "step"
         rules = _Rules(
@@ -457,7 +425,7 @@ class IlpSolver(SolverOptions):
         """The hint: ``warm_start`` if feasible, else the best feasible heuristic placement."""
         n_dev = problem.num_devices
         if self.warm_start is not None:
-            given = _check_assignment(problem, self.warm_start)
+            given = checked_assignment(self.warm_start, problem)
             reason = rules.violation(problem, given)
             if reason is None:
                 hint = rules.normalise(given, n_dev)

@@ -35,33 +35,17 @@ import heapq
 import logging
 from collections.abc import Sequence
 
-from partitioner.errors import SolverError
 from partitioner.ir import PartitionProblem
+from partitioner.solvers.base import checked_assignment
 
 __all__ = ["is_acyclic_stages", "make_acyclic", "stage_graph"]
 
 logger = logging.getLogger(__name__)
 
 
-def _check(assignment: Sequence[int], problem: PartitionProblem) -> tuple[int, ...]:
-    if len(assignment) != problem.num_layers:
-        raise SolverError(
-            f"assignment has {len(assignment)} entries for {problem.num_layers} layers; "
-            "give one device per layer"
-        )
-    out = tuple(int(d) for d in assignment)
-    for k, d in enumerate(out):
-        if not 0 <= d < problem.num_devices:
-            raise SolverError(
-                f"layer {problem.layers[k]!r} assigned to device {d}, not in "
-                f"0..{problem.num_devices - 1}"
-            )
-    return out
-
-
 def stage_graph(assignment: Sequence[int], problem: PartitionProblem) -> set[tuple[int, int]]:
     """The arcs ``(d, e)``, ``d != e``, of the device-level quotient graph of ``assignment``."""
-    dev = _check(assignment, problem)
+    dev = checked_assignment(assignment, problem)
     return {(dev[a], dev[b]) for a, b, _ in problem.edges if dev[a] != dev[b]}
 
 
@@ -120,7 +104,7 @@ def _relabel(dev: tuple[int, ...], problem: PartitionProblem) -> list[int]:
 
 def make_acyclic(assignment: Sequence[int], problem: PartitionProblem) -> tuple[int, ...]:
     """Refine ``assignment`` so every layer edge goes to an equal or later stage (see module)."""
-    dev = _check(assignment, problem)
+    dev = checked_assignment(assignment, problem)
     n, n_dev = problem.num_layers, problem.num_devices
     label = _relabel(dev, problem)
     preds: list[list[int]] = [[] for _ in range(n)]
