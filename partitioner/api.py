@@ -17,7 +17,7 @@ from cost_models.communication import resolve_link
 from cost_models.costs import cost_graph
 from cost_models.memory import parse_optimizer
 from partitioner.errors import InfeasibleError, UsageError
-from partitioner.ir import CostedGraph
+from partitioner.ir import CostedGraph, Topology
 from partitioner.placement import PlanEvaluation, solve
 from partitioner.plan import (
     BaselineResult,
@@ -102,7 +102,6 @@ def partition(
     phases.append(("baselines", time.perf_counter() - t0))
 
     problem = costed.problem()
-    per_device = evaluation.per_device
     return Plan(
         model_name=traced.graph.name,
         devices=tuple(
@@ -113,7 +112,7 @@ def partition(
         device_of_layer=result.assignment,
         step_time_s=evaluation.step_time_s,
         lower_bound_s=evaluation.lower_bound_s,
-        per_device=per_device,
+        per_device=evaluation.per_device,
         solver=SolverInfo(
             name=result.solver,
             status=result.status.value,
@@ -142,9 +141,7 @@ def _baselines(
             # One device of the same type, to say whether a split is needed at all.
             single = CostedGraph(
                 graph=costed.graph,
-                topology=type(costed.topology)(
-                    devices=costed.topology.devices[:1], link=costed.topology.link
-                ),
+                topology=Topology(devices=costed.topology.devices[:1], link=costed.topology.link),
                 op_compute_time_s=costed.op_compute_time_s[:1],
                 layer_memory=costed.layer_memory,
             )

@@ -405,7 +405,11 @@ class CostedGraph:
         return tuple(rows)
 
     def problem(self) -> PartitionProblem:
-        """The layer-level problem a solver sees."""
+        """The layer-level problem a solver sees (built once per costed graph)."""
+        return self._problem
+
+    @cached_property
+    def _problem(self) -> PartitionProblem:
         lg = self.graph.layer_graph
         return PartitionProblem(
             layers=tuple(n.name for n in lg.nodes),
