@@ -169,14 +169,20 @@ SPECS: Mapping[str, ModelSpec] = {
             "gpt_tiny",
             ZooBuilder.TRANSFORMER_LM,
             (
-                ("name", "gpt_tiny"), ("blocks", 4), ("d_model", 256), ("heads", 4),
-                ("ffn", 1024), ("seq", 64), ("vocab", 2000), ("causal", True),
+                ("name", "gpt_tiny"),
+                ("blocks", 4),
+                ("d_model", 256),
+                ("heads", 4),
+                ("ffn", 1024),
+                ("seq", 64),
+                ("vocab", 2000),
+                ("causal", True),
                 ("pre_norm", True),
             ),
             "transformer_lm GPT-style 4 blocks x 256, 4 heads, context 64, vocab 2000",
             batch_size=16,
             num_microbatches=4,
-        ),  # fmt: skip
+        ),
         ModelSpec(
             "mlp_tiny",
             ZooBuilder.MLP,
@@ -525,22 +531,24 @@ def _variable_times(variables: Sequence[Any], reps: int) -> tuple[float, float]:
     grads = [tf.ones_like(v.value) for v in variables]
     more = [tf.ones_like(v.value) * 2.0 for v in variables]
 
-    @tf.function(jit_compile=False)
-    def update() -> Any:
+    def apply() -> Any:
         optimizer.apply_gradients(zip(grads, variables))
         return tf.constant(0)
 
-    @tf.function(jit_compile=False)
-    def accumulate() -> Any:
+    def add() -> Any:
         sums = [a + b for a, b in zip(grads, more)]
         return tf.add_n([tf.reduce_sum(tf.reshape(t, [-1])[:1]) for t in sums])
 
+    update = tf.function(apply, jit_compile=False)
+    accumulate = tf.function(add, jit_compile=False)
     up = statistics.median(time_steps(lambda: update().numpy(), reps, 3))
     acc = statistics.median(time_steps(lambda: accumulate().numpy(), reps, 3))
     return up, acc
 
 
-def calibrate(spec: ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path) -> ZooCalibration:
+def calibrate(
+    spec: ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path
+) -> ZooCalibration:
     """Plan, profile and time ``spec`` on this process's core (see the module docstring)."""
     from cost_models.costs import cost_graph
     from cost_models.profiled import apply_profile, profile_model
@@ -564,7 +572,9 @@ def calibrate(spec: ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: 
     topology = load_topology(str(topo_path), device_type="cpu")
     costed = cost_graph(traced.graph, topology=topology, optimizer="sgd")
     # whole batch: from the cache partition() just filled; micro-batch: measured now
-    full = profile_model(model, batch_size=spec.batch_size, devices=[PROFILE_DEVICE], cache_dir=cache)
+    full = profile_model(
+        model, batch_size=spec.batch_size, devices=[PROFILE_DEVICE], cache_dir=cache
+    )
     micro = profile_model(
         model, batch_size=spec.microbatch_size, devices=[PROFILE_DEVICE], cache_dir=cache
     )
@@ -640,11 +650,15 @@ def calibrate_in_child(
         ]  # fmt: skip
         done = subprocess.run(cmd, env=_child_env(), cwd=REPO_ROOT, capture_output=True, text=True)
         if done.returncode != 0 or not out.exists():
-            raise SystemExit(f"calibrating {spec.key} failed ({done.returncode}): {done.stderr[-3000:]}")
+            raise SystemExit(
+                f"calibrating {spec.key} failed ({done.returncode}): {done.stderr[-3000:]}"
+            )
         return calibration_from_json(out.read_text(encoding="utf-8"))
 
 
-def _child_calibrate(spec: ModelSpec, link: LinkFit, core: int, out: Path, steps: int, warmup: int) -> None:
+def _child_calibrate(
+    spec: ModelSpec, link: LinkFit, core: int, out: Path, steps: int, warmup: int
+) -> None:
     os.sched_setaffinity(0, {core})
     import tensorflow as tf
 
@@ -700,18 +714,27 @@ def measure_model(
     for name, variant, schedule in variants:
         placed = variant.apply(model, devices=list(tasks), cluster=handle, step_timeout_s=120.0)
         compile_model(placed)
-        samples, shares = time_steps_with_cpu(
-            lambda placed=placed: placed.train_on_batch(xs, y), steps, warmup, [*pids, os.getpid()]
-        )
+
+        def step(placed: Any = placed) -> Any:
+            return placed.train_on_batch(xs, y)
+
+        samples, shares = time_steps_with_cpu(step, steps, warmup, [*pids, os.getpid()])
+        linear: float | None = None
         if schedule is Schedule.NONE:
-            predicted, busy, linear = predict_placed(cal, link), placed_busy, None
+            predicted, busy = predict_placed(cal, link), placed_busy
         else:
-            common = {
-                "schedule": schedule, "num_microbatches": m, "update_s": cal.device_update_s,
-                "accumulate_s": cal.device_accumulate_s, "feed_bytes": cal.feed_bytes,
-            }  # fmt: skip
-            predicted, busy = predict_pipelined(cal.micro_stages, link, **common)
-            linear, _ = predict_pipelined(cal.full_stages, link, **common)
+
+            def pipelined(
+                stages: Sequence[Stage], sched: Schedule = schedule
+            ) -> tuple[float, tuple[float, ...]]:
+                return predict_pipelined(
+                    stages, link, schedule=sched, num_microbatches=m,
+                    update_s=cal.device_update_s, accumulate_s=cal.device_accumulate_s,
+                    feed_bytes=cal.feed_bytes,
+                )  # fmt: skip
+
+            predicted, busy = pipelined(cal.micro_stages)
+            linear = pipelined(cal.full_stages)[0]
         rows.append(
             Row(
                 name, schedule, 1 if schedule is Schedule.NONE else m,
@@ -722,7 +745,9 @@ def measure_model(
     return ModelResult(spec, cal, tuple(rows))
 
 
-def run(specs: Sequence[ModelSpec], *, steps: int, warmup: int, say: Any) -> tuple[list[ModelResult], LinkFit]:
+def run(
+    specs: Sequence[ModelSpec], *, steps: int, warmup: int, say: Any
+) -> tuple[list[ModelResult], LinkFit]:
     """Start the two workers, fit the link, then calibrate and measure each model."""
     from partitioner.worker import start_local_workers
     from passes.cluster import connect, remote_device_strings
