@@ -187,9 +187,9 @@ def _ratio(x: float | None, lb: float | None) -> float | None:
 
 def _memory(costed: CostedGraph, assignment: Sequence[int]) -> tuple[int, float]:
     """The fullest device's memory and its fraction of that device's limit."""
-    used = [0] * costed.topology.num_devices
-    for mem, d in zip(costed.layer_memory, assignment, strict=True):
-        used[d] += mem.total_bytes
+    from cost_models.memory import peak_memory_bytes
+
+    used = list(peak_memory_bytes(costed.layer_memory, assignment, costed.topology.num_devices))
     fractions = [u / dev.memory_bytes for u, dev in zip(used, costed.topology.devices, strict=True)]
     worst = max(range(len(used)), key=lambda d: fractions[d])
     return used[worst], fractions[worst]

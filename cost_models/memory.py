@@ -58,7 +58,8 @@ def layer_memory(graph: Graph, optimizer: Optimizer = Optimizer.ADAM) -> tuple[L
 
     Weights count in full (trainable or not); gradients and ``optimizer.slots_per_param`` state
     slots count the trainable weights only; activations are the forward outputs the backward pass
-    reads (:attr:`partitioner.ir.LayerNode.activation_bytes`).
+    reads (:attr:`partitioner.ir.LayerNode.activation_bytes`); the transient is the partial
+    gradients the layer's backward adds up (:attr:`partitioner.ir.LayerNode.gradient_partial_bytes`).
     """
     slots = optimizer.slots_per_param
     nodes = graph.layer_graph.nodes
@@ -69,6 +70,7 @@ def layer_memory(graph: Graph, optimizer: Optimizer = Optimizer.ADAM) -> tuple[L
             gradient_bytes=info.trainable_param_bytes,
             optimizer_bytes=slots * info.trainable_param_bytes,
             activation_bytes=node.activation_bytes,
+            transient_bytes=node.gradient_partial_bytes,
         )
         for info, node in zip(graph.layers, nodes, strict=True)
     )
@@ -77,7 +79,12 @@ def layer_memory(graph: Graph, optimizer: Optimizer = Optimizer.ADAM) -> tuple[L
 def peak_memory_bytes(
     layer_memory: Sequence[LayerMemory], assignment: Sequence[int], num_devices: int
 ) -> tuple[int, ...]:
-    """Total training memory on each device when layer ``k`` runs on device ``assignment[k]``."""
+    """Peak training memory on each device when layer ``k`` runs on device ``assignment[k]``.
+
+    The resident bytes of its layers (weights, gradients, optimizer slots, saved activations) plus
+    the largest transient of one of them (partial gradients alive while that layer's backward runs;
+    the backward pass runs one layer at a time on a device).
+    """
     if len(assignment) != len(layer_memory):
         raise PartitionError(
             f"assignment has {len(assignment)} entries for {len(layer_memory)} layers; "
@@ -86,10 +93,12 @@ def peak_memory_bytes(
     if num_devices < 1:
         raise PartitionError(f"num_devices={num_devices} must be >= 1")
     totals = [0] * num_devices
+    transient = [0] * num_devices
     for mem, device in zip(layer_memory, assignment, strict=True):
         if not 0 <= device < num_devices:
             raise PartitionError(
                 f"layer {mem.layer!r} is assigned to device {device}; devices are 0..{num_devices - 1}"
             )
         totals[device] += mem.total_bytes
-    return tuple(totals)
+        transient[device] = max(transient[device], mem.transient_bytes)
+    return tuple(t + x for t, x in zip(totals, transient, strict=True))

@@ -18,7 +18,7 @@ from cost_models.costs import cost_graph
 from cost_models.memory import parse_optimizer
 from cost_models.topology import load_topology, topology_summary
 from partitioner.errors import PartitionError, UsageError
-from partitioner.ir import CostedGraph, Schedule, SolverResult, SolveStatus, Topology
+from partitioner.ir import CostedGraph, Schedule, SolverResult, SolveStatus, Topology, peak_bytes
 from partitioner.placement import PlanEvaluation, evaluate, evaluate_pipeline, solve
 from partitioner.plan import (
     BaselineResult,
@@ -421,7 +421,7 @@ def _advice(
     """Honest advice: say when a plain split cannot beat one device, and what would."""
     advice = []
     n = costed.topology.num_devices
-    total = sum(m.total_bytes for m in costed.layer_memory)
+    total = peak_bytes(costed.layer_memory)
     limit = max(d.memory_bytes for d in costed.topology.devices)
     single = next((b for b in baselines if b.solver == "single"), None)
     dtype = costed.topology.devices[0].device_type

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -40,6 +40,7 @@ __all__ = [
     "SolverResult",
     "TimelineEvent",
     "Topology",
+    "peak_bytes",
 ]
 
 
@@ -47,6 +48,8 @@ _NOT_ACTIVATIONS = frozenset({"ReadVariableOp", "VarHandleOp", "Const"})
 """Forward ops whose outputs the backward reads but that are no saved activations: reads of the
 weights (the runtime aliases the variable's buffer; the weights are counted as parameters) and
 constants."""
+_GRADIENT_SUMS = frozenset({"AddN", "AccumulateNV2"})
+"""Ops ``tf.gradients`` uses to add a tensor's partial gradients from its several consumers."""
 
 
 class Phase(enum.Enum):
@@ -173,6 +176,10 @@ class LayerNode:
     trainable_param_bytes: int
     activation_bytes: int
     """Bytes of this layer's forward outputs that the backward pass reads (kept alive)."""
+    gradient_partial_bytes: int = 0
+    """Bytes of the partial gradients this layer's backward sums (the inputs of its ``AddN`` ops:
+    a weight an unrolled RNN uses at every step gets one partial gradient per step, all alive
+    until they are added). Transient: alive during this layer's backward only."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +255,9 @@ class Graph:
                     "order: the ops are not topologically sorted or the graph has a cycle"
                 )
             if e.bytes < 0:
-                raise InvalidGraphError(f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r} bytes < 0")
+                raise InvalidGraphError(
+                    f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r} bytes < 0"
+                )
         if self.batch_size < 1:
             raise InvalidGraphError(f"graph {self.name!r}: batch_size={self.batch_size} < 1")
 
@@ -317,6 +326,15 @@ class Graph:
             else:
                 bwd_flops[k] += op.flops
 
+        partial_bytes = [0] * len(self.layers)
+        for i, op in enumerate(self.ops):
+            if (
+                op.phase is Phase.BACKWARD
+                and op.op_type in _GRADIENT_SUMS
+                and len(self.in_edges[i]) > 1
+            ):
+                partial_bytes[layer_pos[resolved[i]]] += sum(e.bytes for e in self.in_edges[i])
+
         saved: list[set[tuple[str, int]]] = [set() for _ in self.layers]
         saved_bytes = [0] * len(self.layers)
         traffic: dict[tuple[int, int], list[int]] = {}
@@ -351,6 +369,7 @@ class Graph:
                 param_bytes=info.param_bytes,
                 trainable_param_bytes=info.trainable_param_bytes,
                 activation_bytes=saved_bytes[k],
+                gradient_partial_bytes=partial_bytes[k],
             )
             for k, info in enumerate(self.layers)
         )
@@ -506,10 +525,30 @@ class LayerMemory:
     gradient_bytes: int
     optimizer_bytes: int
     activation_bytes: int
+    transient_bytes: int = 0
+    """Alive only while the layer's backward runs (its partial gradients before they are summed):
+    a device's peak is the sum of its layers' ``total_bytes`` plus the largest of their
+    ``transient_bytes`` (:func:`cost_models.memory.peak_memory_bytes`). Solvers count it in full
+    per layer (:attr:`footprint_bytes`), which never understates a device's peak."""
 
     @property
     def total_bytes(self) -> int:
+        """Resident bytes: weights, gradients, optimizer slots and saved activations."""
         return self.param_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+
+    @property
+    def footprint_bytes(self) -> int:
+        """Resident plus transient bytes: what the layer needs while its backward runs."""
+        return self.total_bytes + self.transient_bytes
+
+
+def peak_bytes(memories: Iterable[LayerMemory]) -> int:
+    """Peak memory of layers sharing a device: their resident bytes plus the largest transient."""
+    resident = transient = 0
+    for m in memories:
+        resident += m.total_bytes
+        transient = max(transient, m.transient_bytes)
+    return resident + transient
 
 
 @dataclass(frozen=True)
@@ -563,7 +602,7 @@ class CostedGraph:
         return PartitionProblem(
             layers=tuple(n.name for n in lg.nodes),
             compute_time_s=self.layer_compute_time_s,
-            memory_bytes=tuple(m.total_bytes for m in self.layer_memory),
+            memory_bytes=tuple(m.footprint_bytes for m in self.layer_memory),
             edges=tuple((lg.index[e.src], lg.index[e.dst], e.total_bytes) for e in lg.edges),
             topology=self.topology,
         )
@@ -589,11 +628,15 @@ class PartitionProblem:
         n = len(self.layers)
         for group in self.colocate:
             if any(not 0 <= k < n for k in group):
-                raise InvalidGraphError(f"colocation group {group} names a layer outside 0..{n - 1}")
+                raise InvalidGraphError(
+                    f"colocation group {group} names a layer outside 0..{n - 1}"
+                )
         if n == 0:
             raise InvalidGraphError("a partition problem needs at least one layer")
         if len(self.memory_bytes) != n or any(len(r) != n for r in self.compute_time_s):
-            raise InvalidGraphError("compute_time_s rows and memory_bytes must have one entry per layer")
+            raise InvalidGraphError(
+                "compute_time_s rows and memory_bytes must have one entry per layer"
+            )
         if len(self.compute_time_s) != self.topology.num_devices:
             raise InvalidGraphError("compute_time_s needs one row per device")
         for a, b, nbytes in self.edges:

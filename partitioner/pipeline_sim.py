@@ -122,7 +122,8 @@ class Stage:
     forward_time_s: float
     backward_time_s: float
     static_memory_bytes: int
-    """Parameters, gradients and optimizer state of the stage's layers."""
+    """Parameters, gradients and optimizer state of the stage's layers, plus the largest of their
+    transients (partial gradients of weight shape: a micro-batch does not shrink them)."""
     activation_bytes: int
     """Forward outputs the backward pass reads, for the whole batch."""
     sends: tuple[StageTransfer, ...] = ()
@@ -275,7 +276,8 @@ def pipeline_stages(
                 backward_time_s=bwd_s[d],
                 static_memory_bytes=sum(
                     m.param_bytes + m.gradient_bytes + m.optimizer_bytes for m in mems
-                ),
+                )
+                + max((m.transient_bytes for m in mems), default=0),
                 activation_bytes=sum(m.activation_bytes for m in mems),
                 sends=tuple(
                     sorted(sends[s], key=lambda t: (t.phase is Phase.BACKWARD, t.dst_stage))

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from partitioner.bounds import costed_lower_bounds
-from partitioner.ir import CostedGraph, Schedule, SolverResult
+from partitioner.ir import CostedGraph, Schedule, SolverResult, peak_bytes
 from partitioner.pipeline_sim import PipelineSimulation, simulate_pipeline
 from partitioner.simulate import StepSimulation, resolve_layer_devices, simulate_step
 from partitioner.solvers.base import Solver
@@ -100,7 +100,7 @@ def evaluate(costed: CostedGraph, assignment: Sequence[int]) -> PlanEvaluation:
                 device=d,
                 layers=tuple(layer_names[k] for k in on_d),
                 compute_s=sim.device_busy_s[d],
-                memory_bytes=sum(costed.layer_memory[k].total_bytes for k in on_d),
+                memory_bytes=peak_bytes(costed.layer_memory[k] for k in on_d),
                 memory_limit_bytes=dev.memory_bytes,
                 bytes_sent=sim.bytes_sent[d],
                 bytes_received=sim.bytes_received[d],

@@ -60,6 +60,10 @@ class TraceResult:
     units: tuple[Unit, ...]
     trace_time_s: float
     flops_time_s: float
+    step_function: Any = None
+    """The traced step as a ``tf.types.experimental.ConcreteFunction`` (inputs: the traced specs;
+    outputs: the loss and the gradients), so a profiler can run exactly the graph that was traced
+    and match its ops by name."""
 
 
 def _is_container(obj: Any) -> bool:
@@ -202,8 +206,11 @@ def input_specs(
                 f"model {model.name!r} has no known input shape (a subclassed model that was never "
                 "built); pass --input-shape, e.g. --input-shape 784 or --input-shape 32,32,3"
             )
-        if shape is not None and isinstance(shape, (list, tuple)) and shape and isinstance(
-            shape[0], (list, tuple)
+        if (
+            shape is not None
+            and isinstance(shape, (list, tuple))
+            and shape
+            and isinstance(shape[0], (list, tuple))
         ):
             shapes = [tuple(s) for s in shape]
         else:
@@ -272,6 +279,43 @@ def _trip_count(op: Any) -> int:
             if shape.rank and shape[0] is not None:
                 trips = max(trips, int(shape[0]))
     return trips
+
+
+_LIST_WRITES = {"TensorListPushBack": 1, "TensorListSetItem": 2}
+"""Tensor-list writes and the input that holds the element written."""
+
+
+def _loop_list_bytes(op: Any) -> dict[int, int]:
+    """Bytes of the tensor lists a while loop fills, by output index (pure graph inspection).
+
+    A ``tf.while_loop`` that keeps per-iteration tensors (a Keras RNN's outputs, and the
+    activations its gradient needs) returns them as ``variant`` tensor lists, whose size the
+    graph does not state: it is the element written in the body (``TensorListPushBack`` /
+    ``TensorListSetItem``) times the trip count. Lists of weight reads (a Keras cell reads its
+    kernel every step) share the variable's buffer and count 0; outputs whose size cannot be
+    found are left out.
+    """
+    trips = _trip_count(op)
+    if not trips:
+        return {}
+    try:
+        body = op.graph._get_function(op.get_attr("body").name).graph
+    except (AttributeError, KeyError, ValueError, TypeError):
+        return {}
+    out: dict[int, int] = {}
+    for i, t in enumerate(body.outputs):
+        if i >= len(op.outputs) or op.outputs[i].dtype != tf.variant:
+            continue
+        index = _LIST_WRITES.get(t.op.type)
+        if index is None or len(t.op.inputs) <= index:
+            continue
+        element = t.op.inputs[index]
+        if element.op.type == "ReadVariableOp":
+            continue  # a weight read shares the variable's buffer: pushing it copies nothing
+        size = _tensor_bytes(element)[2]
+        if size:
+            out[i] = size * trips
+    return out
 
 
 def _count_flops(graph: Any) -> dict[str, int]:
@@ -410,6 +454,17 @@ def trace_model(
     flops = _count_flops(tf_graph)
     flops_time_s = time.perf_counter() - t1
 
+    list_bytes: dict[tuple[str, int], int] = {
+        (op.name, i): size
+        for op in tf_ops
+        if op.type in _LOOP_OPS
+        for i, size in _loop_list_bytes(op).items()
+    }
+
+    def tensor_bytes(t: Any) -> tuple[tuple[int, ...], str, int]:
+        dims, dtype, size = _tensor_bytes(t)
+        return dims, dtype, list_bytes.get((t.op.name, t.value_index), size)
+
     owner: dict[str, str | None] = {}
     ops: list[Op] = []
     edges: list[Edge] = []
@@ -433,7 +488,7 @@ def trace_model(
         owner[op.name] = layer
         shapes, dtypes, out_bytes = [], [], 0
         for out in op.outputs:
-            dims, dtype, size = _tensor_bytes(out)
+            dims, dtype, size = tensor_bytes(out)
             shapes.append(dims)
             dtypes.append(dtype)
             out_bytes += size
@@ -451,7 +506,9 @@ def trace_model(
         )
         for t in op.inputs:
             edges.append(
-                Edge(src=t.op.name, dst=op.name, bytes=_tensor_bytes(t)[2], output_index=t.value_index)
+                Edge(
+                    src=t.op.name, dst=op.name, bytes=tensor_bytes(t)[2], output_index=t.value_index
+                )
             )
     graph = Graph(
         name=model.name,
@@ -462,6 +519,17 @@ def trace_model(
     )
     logger.debug(
         "traced %s: %d ops, %d edges, %d layers in %.2fs (+%.2fs FLOPs)",
-        model.name, len(ops), len(edges), len(units), trace_time_s, flops_time_s,
+        model.name,
+        len(ops),
+        len(edges),
+        len(units),
+        trace_time_s,
+        flops_time_s,
     )
-    return TraceResult(graph=graph, units=units, trace_time_s=trace_time_s, flops_time_s=flops_time_s)
+    return TraceResult(
+        graph=graph,
+        units=units,
+        trace_time_s=trace_time_s,
+        flops_time_s=flops_time_s,
+        step_function=concrete,
+    )

@@ -253,3 +253,32 @@ def test_recurrent_loops_get_their_body_flops_times_the_steps() -> None:
     assert matmuls <= loops[Phase.FORWARD] <= 1.1 * matmuls
     # Backward: a gradient matmul for each input and each weight, about twice the forward.
     assert 1.8 * loops[Phase.FORWARD] <= loops[Phase.BACKWARD] <= 2.5 * loops[Phase.FORWARD]
+
+
+def test_recurrent_loops_keep_their_per_step_tensors_as_activations() -> None:
+    """A while-loop RNN saves per-step tensors for its gradient in variant tensor lists; the trace
+    sizes them (element x steps), leaving out the lists of weight reads (no copy)."""
+    batch, steps, features, units = 8, 16, 32, 64
+    model = keras.Sequential(
+        [keras.Input((steps, features)), keras.layers.LSTM(units, name="lstm")]
+    )
+    graph = trace_model(model, batch_size=batch).graph
+    (node,) = [n for n in graph.layer_graph.nodes if n.name == "lstm"]
+    per_step_state = 4 * batch * units  # one float32 (batch, units) tensor
+    # The cell's gates, states and inputs of every step: several state-sized tensors per step,
+    # far less than a weight copy per step would be (the kernel alone is 4 x 32 x 64 floats).
+    assert 4 * steps * per_step_state <= node.activation_bytes <= 16 * steps * per_step_state
+
+
+def test_unrolled_rnn_partial_weight_gradients_are_a_transient() -> None:
+    """tf.gradients sums a weight's per-step partial gradients with one AddN, so all of them are
+    alive together: the layer's transient holds at least one kernel-sized partial per step."""
+    steps, features, units = 10, 16, 32
+    model = keras.Sequential(
+        [keras.Input((steps, features)), keras.layers.SimpleRNN(units, unroll=True, name="rnn")]
+    )
+    graph = trace_model(model, batch_size=4).graph
+    (node,) = [n for n in graph.layer_graph.nodes if n.name == "rnn"]
+    kernel, recurrent = 4 * features * units, 4 * units * units
+    assert node.gradient_partial_bytes >= steps * (kernel + recurrent)
+    assert node.gradient_partial_bytes <= 2 * steps * (kernel + recurrent) + 4 * steps * 4 * units * 4

@@ -1,0 +1,95 @@
+"""Per-op profiling inside the traced step: matching profiler events to ops, and a real run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from cost_model_graphs import mlp
+
+from cost_models.op_profile import KernelEvent, attribute_events, layer_phase_times
+from partitioner.errors import PartitionError
+
+
+def ev(node: str, dur_ms: float, start: float = 0.0, op_type: str = "X") -> KernelEvent:
+    return KernelEvent(node, op_type, dur_ms * 1e-3, start)
+
+
+def test_events_go_to_their_op_or_to_the_op_owning_their_scope() -> None:
+    g = mlp()  # ops d1/mm, d1/relu, d2/mm, loss, g/d2/mm, g/d2/x, g/d1/relu, g/d1/mm
+    events = [
+        ev("d1/relu", 2.0),  # a fused MatMul+Relu: the node keeps the last op's name
+        ev("d2/mm", 1.0),
+        ev("d2/ArithmeticOptimizer/AddOpsRewrite_x", 0.5),  # grappler's node in d2's scope
+        ev("g/d1/mm", 3.0),
+        ev("elsewhere/op", 7.0),  # no op, no scope: unattributed
+    ]
+    times, lost = attribute_events(g, events, steps=1)
+    assert times == {
+        "d1/relu": pytest.approx(2e-3),
+        "d2/mm": pytest.approx(1.5e-3),
+        "g/d1/mm": pytest.approx(3e-3),
+    }
+    assert lost == pytest.approx(7e-3)
+    per_layer = layer_phase_times(g, times)
+    assert per_layer == {
+        "dense1": (pytest.approx(2e-3), pytest.approx(3e-3)),
+        "dense2": (pytest.approx(1.5e-3), 0.0),
+    }
+
+
+def test_repeated_steps_are_summarised_per_step() -> None:
+    g = mlp()
+    # Three steps; d1/mm runs twice a step (an unrolled region), the third step was disturbed.
+    events = [
+        ev("d1/mm", d, start=t)
+        for t, d in enumerate((1.0, 1.0, 1.2, 1.0, 5.0, 5.0))
+    ]
+    med, _ = attribute_events(g, events, steps=3, statistic="median")
+    low, _ = attribute_events(g, events, steps=3, statistic="min")
+    assert med["d1/mm"] == pytest.approx(2.2e-3)  # runs (2.0, 2.2, 10.0) ms
+    assert low["d1/mm"] == pytest.approx(2.0e-3)
+    # Events are ordered by start time before cutting into steps.
+    shuffled = [events[i] for i in (5, 0, 3, 1, 4, 2)]
+    assert attribute_events(g, shuffled, steps=3, statistic="min")[0] == low
+    # Not a whole number of runs per step: the mean per step.
+    odd, _ = attribute_events(g, events[:5], steps=2)
+    assert odd["d1/mm"] == pytest.approx(sum((1.0, 1.0, 1.2, 1.0, 5.0)) * 1e-3 / 2)
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(PartitionError, match="steps=0"):
+        attribute_events(mlp(), [], steps=0)
+    with pytest.raises(PartitionError, match="statistic='mean'"):
+        attribute_events(mlp(), [], steps=1, statistic="mean")  # type: ignore[arg-type]
+
+
+def test_profile_of_a_real_step_covers_every_layer() -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from cost_models.op_profile import profile_step_ops
+    from passes.trace import trace_model
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((32,)),
+            keras.layers.Dense(256, activation="relu", name="wide"),
+            keras.layers.Dense(8, activation="relu", name="narrow"),
+            keras.layers.Dense(4, name="head"),
+        ]
+    )
+    trace = trace_model(model, batch_size=64)
+    x = tf.constant(np.random.default_rng(0).standard_normal((64, 32)), dtype=tf.float32)
+    prof = profile_step_ops(trace, [x], steps=5, warmup=2, statistic="min")
+    per_layer = layer_phase_times(trace.graph, prof.op_time_s)
+    assert set(per_layer) == {"wide", "narrow", "head"}
+    for layer, (fwd, bwd) in per_layer.items():
+        assert fwd > 0 and bwd > 0, layer
+    assert prof.unattributed_time_s == 0.0
+    assert prof.step_time_s > 0 and math.isfinite(prof.step_time_s)
+    assert set(prof.op_time_s) <= {op.id for op in trace.graph.ops}
+    # The wide layer's matmul work is 32x the narrow one's: it must measure slower.
+    assert sum(per_layer["wide"]) > sum(per_layer["narrow"])
