@@ -24,6 +24,7 @@ the models and writes ``cost_models/data/calibration_cpu.json``, the default CPU
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -326,7 +327,7 @@ def measure(
         input_bytes[index[e.dst]] += e.bytes
     ops = [
         [op.layer, op.phase.value, op.op_type, op.flops, ib + op.output_bytes,
-         op.output_dtypes[0] if op.output_dtypes else "float32"]
+         op.output_dtypes[0] if op.output_dtypes else "float32", op.output_bytes]
         for op, ib in zip(graph.ops, input_bytes)
         if op.op_type not in ZERO_WORK_OPS
     ]  # fmt: skip
@@ -358,9 +359,11 @@ def samples_of(record: dict[str, Any]) -> list[Any]:
     from partitioner.ir import Phase
 
     grouped: dict[tuple[str, str], list[Any]] = {}
-    for layer, phase, op_type, flops, moved, dtype in record["ops"]:
+    for layer, phase, op_type, flops, moved, dtype, out_bytes in record["ops"]:
         if layer is not None:
-            grouped.setdefault((layer, phase), []).append(OpWork(op_type, flops, moved, dtype))
+            grouped.setdefault((layer, phase), []).append(
+                OpWork(op_type, flops, moved, dtype, out_bytes)
+            )
     out = []
     for layer, (fwd, bwd) in record["measured"].items():
         for phase, t in (("forward", fwd), ("backward", bwd)):
@@ -413,8 +416,8 @@ def score(record: dict[str, Any], roofline: Any) -> tuple[Score, list[tuple[str,
 
     device = get_device_type("cpu")
     per_layer: dict[str | None, list[Any]] = {}
-    for layer, _phase, op_type, flops, moved, dtype in record["ops"]:
-        per_layer.setdefault(layer, []).append(OpWork(op_type, flops, moved, dtype))
+    for layer, _phase, op_type, flops, moved, dtype, out_bytes in record["ops"]:
+        per_layer.setdefault(layer, []).append(OpWork(op_type, flops, moved, dtype, out_bytes))
 
     def predict(ops: list[Any]) -> float:
         if not ops:
@@ -423,7 +426,9 @@ def score(record: dict[str, Any], roofline: Any) -> tuple[Score, list[tuple[str,
             LayerSample("", "", Phase.FORWARD, tuple(ops), 1.0), device, roofline
         )
 
+    # Kernels, plus the executor's cost per op (every op of the step, zero-work ones too).
     total = sum(predict(ops) for ops in per_layer.values())
+    total += roofline.dispatch_overhead_s * record["num_ops"]
     rows = []
     for layer, (fwd, bwd) in record["measured"].items():
         meas = fwd + bwd
@@ -544,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"raw data written to {data_path}")
 
     from cost_models.analytic import DEFAULT_ROOFLINE
-    from cost_models.calibrate import fit_roofline, save_calibration
+    from cost_models.calibrate import fit_dispatch_overhead, fit_roofline, save_calibration
     from cost_models.catalog import get_device_type
 
     device = get_device_type("cpu")
@@ -561,11 +566,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{1e3 * r['ops_time_s']:.1f} ms ({1e3 * r['glue_time_s']:.1f} ms outside layers), "
             f"unattributed {1e3 * r['unattributed_time_s']:.2f} ms\n"
         )
-    suite = [s for m in CALIBRATION_SUITE if m in samples for s in samples[m]]
+    def calibrate(models: Sequence[str], source: str = "") -> Any:
+        """The roofline fitted on ``models``' layers, with their dispatch cost per op."""
+        fitted = fit_roofline(
+            [s for m in models for s in samples[m]], device, **FIT_OPTIONS, source=source
+        )
+        dispatch_s = fit_dispatch_overhead(
+            [(records[m]["step_time_s"], records[m]["ops_time_s"], records[m]["num_ops"]) for m in models]
+        )
+        return dataclasses.replace(
+            fitted, roofline=dataclasses.replace(fitted.roofline, dispatch_overhead_s=dispatch_s)
+        )
+
+    suite_models = [m for m in CALIBRATION_SUITE if m in samples]
     scored = [n for n in names if n in records]
     layer_rows: dict[str, list[tuple[str, float, float]]] = {}
-    if suite:
-        cal_suite = fit_roofline(suite, device, **FIT_OPTIONS)
+    if suite_models:
+        cal_suite = calibrate(suite_models)
         suite_scores = []
         for n in scored:
             sc, rows = score(records[n], cal_suite.roofline)
@@ -579,10 +596,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     held_out: list[Score] = []
     for n in scored:
-        train = [s for m, ss in samples.items() if m != n for s in ss]
+        train = [m for m in samples if m != n]
         if not train:
             continue
-        held_out.append(score(records[n], fit_roofline(train, device, **FIT_OPTIONS).roofline)[0])
+        held_out.append(score(records[n], calibrate(train).roofline)[0])
     if held_out:
         print_table(
             "Leave-one-model-out (the suite and the other scored models in the fit):", held_out, out
@@ -592,11 +609,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         [score(records[n], DEFAULT_ROOFLINE)[0] for n in scored],
         out,
     )
-    everything = [s for ss in samples.values() for s in ss]
-    cal_all = fit_roofline(
-        everything,
-        device,
-        **FIT_OPTIONS,
+    cal_all = calibrate(
+        list(samples),
         source=(
             "fitted by `python -m benchmarks.cost_accuracy --write-calibration` on the layers of "
             f"{', '.join(records)}: kernel times inside the training step, one inter-op thread, "
@@ -609,10 +623,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{100 * cal_all.fit.rms_relative_error:.1f}%, median |error| "
         f"{100 * cal_all.fit.median_abs_relative_error:.1f}%; efficiencies "
         + ", ".join(f"{k} {v:.3f}" for k, v in cal_all.class_efficiency.items())
-        + f", memory {cal_all.roofline.memory_efficiency:.3f}; peak x{cal_all.roofline.peak_flops_scale:.2f}, "
+        + "; of the bandwidth "
+        + ", ".join(f"{k} {v:.3f}" for k, v in cal_all.class_memory_efficiency.items())
+        + f"; peak x{cal_all.roofline.peak_flops_scale:.2f}, "
         f"bandwidth x{cal_all.roofline.memory_bandwidth_scale:.2f} the catalog figures; overhead per op "
         + ", ".join(f"{k} {1e6 * v:.1f} us" for k, v in cal_all.class_overhead_s.items())
-        + "\n"
+        + f"; bytes beyond {cal_all.roofline.spill_threshold_bytes >> 10} KiB per op "
+        f"{1e9 * cal_all.roofline.spill_s_per_byte:.3f} ns/byte; dispatch "
+        f"{1e6 * cal_all.roofline.dispatch_overhead_s:.2f} us per op\n"
     )
     if args.layers:
         for n, rows in layer_rows.items():

@@ -2,12 +2,16 @@
 
 For an op on a device::
 
-    time_s = kernel_overhead_s + max(flops / (peak_flops(dtype) * compute_eff),
-                                     bytes_moved / (memory_bandwidth * memory_eff))
+    time_s = dispatch_s + kernel_overhead_s + max(flops / (peak_flops(dtype) * compute_eff),
+                                                  bytes_moved / (memory_bandwidth * memory_eff))
+             + max(0, bytes_moved - spill_threshold_bytes) * spill_s_per_byte
 
 where ``bytes_moved`` is the op's input bytes (its in-edges) plus its output bytes. Ops in
-:data:`ZERO_WORK_OPS` (metadata, handles, graph plumbing) cost 0 s. ``compute_eff`` is per op
-type; ``kernel_overhead_s`` is the device's catalog figure unless the model overrides it.
+:data:`ZERO_WORK_OPS` (metadata, handles, graph plumbing) cost only ``dispatch_s`` (the
+executor's per-op cost; 0 unless calibrated). The last term (0 unless calibrated) is a CPU's extra
+cost for the bytes beyond what its core's cache holds. ``compute_eff`` is per op
+type, and so is ``memory_eff`` where calibrated (else one figure for all); ``kernel_overhead_s`` is
+the device's catalog figure unless the model overrides it.
 
 Calibrated models: :mod:`cost_models.calibrate` fits the efficiencies and the per-op overhead to
 measured layer times; a fitted model is stored as ``cost_models/data/calibration_<name>.json``
@@ -128,6 +132,11 @@ class RooflineModel:
     efficiency: Mapping[str, float] = field(default_factory=_default_efficiency, compare=False)
     default_compute_efficiency: float = 0.3
     memory_efficiency: float = 0.7
+    memory_efficiency_by_type: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False
+    )
+    """Op types with their own fraction of the memory bandwidth (calibrated); others get
+    ``memory_efficiency``."""
     kernel_overhead_s: float | None = None
     overhead_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}), compare=False)
     peak_flops_scale: float = 1.0
@@ -135,6 +144,15 @@ class RooflineModel:
     memory_bandwidth_scale: float = 1.0
     """Measured bandwidth over the catalog's figure (calibration; cache-resident tensors move
     faster than the DRAM figure)."""
+    dispatch_overhead_s: float = 0.0
+    """The executor's cost per op between kernels, paid by every op including the zero-work
+    ones (calibrated on CPUs from the step's wall time less its kernels' times; on a GPU the
+    host enqueues ahead of the device, so 0)."""
+    spill_threshold_bytes: int = 1 << 18
+    """On a CPU, the bytes an op moves beyond this many leave the core's cache (and large
+    outputs land in freshly mapped memory, page faults on first touch) ..."""
+    spill_s_per_byte: float = 0.0
+    """... and each costs this much on top: calibrated; 0 unless fitted."""
 
     def __post_init__(self) -> None:
         for what, scale in (
@@ -148,6 +166,16 @@ class RooflineModel:
                 raise CatalogError(
                     f"roofline overhead_s[{op_type!r}]={value!r} must be a finite number >= 0"
                 )
+        for what, amount in (
+            ("dispatch_overhead_s", self.dispatch_overhead_s),
+            ("spill_s_per_byte", self.spill_s_per_byte),
+        ):
+            if not (amount >= 0 and math.isfinite(amount)):
+                raise CatalogError(f"roofline {what}={amount!r} must be a finite number >= 0")
+        if self.spill_threshold_bytes < 0:
+            raise CatalogError(
+                f"roofline spill_threshold_bytes={self.spill_threshold_bytes!r} must be >= 0"
+            )
         if self.kernel_overhead_s is not None and not (
             self.kernel_overhead_s >= 0 and math.isfinite(self.kernel_overhead_s)
         ):
@@ -158,6 +186,10 @@ class RooflineModel:
             ("default_compute_efficiency", self.default_compute_efficiency),
             ("memory_efficiency", self.memory_efficiency),
             *((f"efficiency[{k!r}]", v) for k, v in self.efficiency.items()),
+            *(
+                (f"memory_efficiency_by_type[{k!r}]", v)
+                for k, v in self.memory_efficiency_by_type.items()
+            ),
         ]
         for what, value in checks:
             if not (0.0 < value <= 1.0):
@@ -166,6 +198,10 @@ class RooflineModel:
     def compute_efficiency(self, op_type: str) -> float:
         """Fraction of peak FLOP/s that ``op_type`` achieves."""
         return self.efficiency.get(op_type, self.default_compute_efficiency)
+
+    def memory_efficiency_of(self, op_type: str) -> float:
+        """Fraction of the (scaled) memory bandwidth that ``op_type`` achieves."""
+        return self.memory_efficiency_by_type.get(op_type, self.memory_efficiency)
 
 
 DEFAULT_ROOFLINE = RooflineModel()
@@ -189,9 +225,11 @@ def estimate_op_times_s(
         device.kernel_overhead_s if m.kernel_overhead_s is None else m.kernel_overhead_s
     )
     overheads = m.overhead_s
-    inv_bandwidth = 1.0 / (
-        device.memory_bandwidth_bytes_per_s * m.memory_bandwidth_scale * m.memory_efficiency
-    )
+    dispatch_s = m.dispatch_overhead_s
+    spill_bytes, spill_s_per_byte = m.spill_threshold_bytes, m.spill_s_per_byte
+    bandwidth = device.memory_bandwidth_bytes_per_s * m.memory_bandwidth_scale
+    inv_bandwidth = 1.0 / (bandwidth * m.memory_efficiency)
+    by_type = m.memory_efficiency_by_type
     # Peak FLOP/s * efficiency, memoised per (op type, dtype): few distinct pairs in practice.
     rate_cache: dict[tuple[str, str], float] = {}
     times: list[float] = []
@@ -199,10 +237,17 @@ def estimate_op_times_s(
     for op, in_bytes in zip(graph.ops, input_bytes, strict=True):
         op_type = op.op_type
         if op_type in ZERO_WORK_OPS:
-            append(0.0)
+            append(dispatch_s)
             continue
-        memory_s = (in_bytes + op.output_bytes) * inv_bandwidth
+        moved = in_bytes + op.output_bytes
+        if by_type and op_type in by_type:
+            memory_s = moved / (bandwidth * by_type[op_type])
+        else:
+            memory_s = moved * inv_bandwidth
         overhead_s = overheads.get(op_type, default_overhead_s) if overheads else default_overhead_s
+        overhead_s += dispatch_s
+        if spill_s_per_byte and moved > spill_bytes:
+            overhead_s += (moved - spill_bytes) * spill_s_per_byte
         if op.flops:
             dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
             key = (op_type, dtype)
@@ -246,10 +291,14 @@ def roofline_to_dict(model: RooflineModel) -> dict[str, Any]:
         "efficiency": dict(sorted(model.efficiency.items())),
         "default_compute_efficiency": model.default_compute_efficiency,
         "memory_efficiency": model.memory_efficiency,
+        "memory_efficiency_by_type": dict(sorted(model.memory_efficiency_by_type.items())),
         "kernel_overhead_s": model.kernel_overhead_s,
         "overhead_s": dict(sorted(model.overhead_s.items())),
         "peak_flops_scale": model.peak_flops_scale,
         "memory_bandwidth_scale": model.memory_bandwidth_scale,
+        "dispatch_overhead_s": model.dispatch_overhead_s,
+        "spill_threshold_bytes": model.spill_threshold_bytes,
+        "spill_s_per_byte": model.spill_s_per_byte,
     }
 
 
@@ -265,6 +314,9 @@ def roofline_from_dict(raw: Mapping[str, Any], origin: str = "roofline") -> Roof
     if not isinstance(eff_raw, Mapping):
         raise CatalogError(f"{origin}: 'efficiency' must map op types to fractions")
     overhead = raw.get("kernel_overhead_s")
+    mem_raw = raw.get("memory_efficiency_by_type", {})
+    if not isinstance(mem_raw, Mapping):
+        raise CatalogError(f"{origin}: 'memory_efficiency_by_type' must map op types to fractions")
     per_op_raw = raw.get("overhead_s", {})
     if not isinstance(per_op_raw, Mapping):
         raise CatalogError(f"{origin}: 'overhead_s' must map op types to seconds")
@@ -279,10 +331,20 @@ def roofline_from_dict(raw: Mapping[str, Any], origin: str = "roofline") -> Roof
             "default_compute_efficiency", raw.get("default_compute_efficiency")
         ),
         memory_efficiency=number("memory_efficiency", raw.get("memory_efficiency")),
+        memory_efficiency_by_type=MappingProxyType(
+            {str(k): number(f"memory_efficiency_by_type.{k}", v) for k, v in mem_raw.items()}
+        ),
         kernel_overhead_s=None if overhead is None else number("kernel_overhead_s", overhead),
         peak_flops_scale=number("peak_flops_scale", raw.get("peak_flops_scale", 1.0)),
         memory_bandwidth_scale=number(
             "memory_bandwidth_scale", raw.get("memory_bandwidth_scale", 1.0)
+        ),
+        dispatch_overhead_s=number("dispatch_overhead_s", raw.get("dispatch_overhead_s", 0.0)),
+        spill_threshold_bytes=int(
+            number("spill_threshold_bytes", raw.get("spill_threshold_bytes", 1 << 18))
+        ),
+        spill_s_per_byte=number(
+            "spill_s_per_byte", raw.get("spill_s_per_byte", 0.0)
         ),
     )
 

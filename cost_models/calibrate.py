@@ -5,18 +5,24 @@ Formulation
 For an op ``o`` on a device with peak FLOP/s ``P(dtype)`` and memory bandwidth ``B``, the
 roofline of :mod:`cost_models.analytic` is::
 
-    t(o) = h[g(o)] + max(theta[g(o)] * flops(o) / P,  theta_mem * bytes(o) / B)
+    t(o) = h[g(o)] + max(theta[g(o)] * flops(o) / P,  theta_mem[g(o)] * bytes(o) / B)
+           + theta_spill * max(0, bytes(o) - L)
 
 with ``g(o)`` the op's class (:class:`OpClass`: matmul, convolution, its two backprops,
-depthwise, other), ``theta = 1 / efficiency`` and ``h`` the class's fixed cost per op (launch
+depthwise, einsum, random, other), ``theta = 1 / efficiency`` (of the peak FLOP/s, and of the memory
+bandwidth: a skinny matmul streaming its weights moves bytes slower than an element-wise op on a
+cache-resident tensor) and ``h`` the class's fixed cost per op (launch
 overhead, and on a CPU the poor efficiency of small kernels: an efficiency that ramps up with
-size, ``flops / (flops + f0)``, is exactly a fixed cost plus a constant efficiency). A sample is one
+size, ``flops / (flops + f0)``, is exactly a fixed cost plus a constant efficiency), and
+``theta_spill`` the extra cost per byte an op moves beyond ``L`` (on a CPU: beyond what the core's
+cache holds; a large output also lands in freshly mapped memory). A sample is one
 layer's measured forward (or backward) time ``y``; its prediction is the sum of ``t(o)`` over the
 layer's working ops of that phase. The fit minimises the squared relative error::
 
     sum_samples ((prediction - y) / y) ** 2
 
-over ``x = (theta_matmul, ..., theta_other, theta_mem, h_matmul, ..., h_other)``. The ``max`` makes this piecewise
+over ``x = (theta_matmul, ..., theta_other, theta_mem_matmul, ..., theta_mem_other, h_matmul, ...,
+h_other, theta_spill)``. The ``max`` makes this piecewise
 linear: fixing, for every op, which branch is the larger gives a linear least-squares problem.
 The fit alternates the two (an active-set iteration for piecewise-linear least squares, as in
 the alternating fits of Lawson & Hanson, *Solving Least Squares Problems*, 1974): assign the
@@ -24,6 +30,10 @@ branches at the current ``x``, solve the bounded linear problem (efficiencies in
 0``; variables that leave their bounds are fixed there and the rest re-solved), and stop when the
 assignment repeats or the objective stops falling. Classes that no sample exercises keep their
 starting value. The fit error is reported as the RMS and median of the per-sample relative error.
+
+Samples are kernel times. The executor's cost per op between kernels (``dispatch``, paid by every
+op of a step, zero-work ones too) is fitted apart, from whole steps
+(:func:`fit_dispatch_overhead`).
 
 Pure Python and numpy; never imports TensorFlow.
 """
@@ -37,7 +47,7 @@ import math
 import os
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -64,6 +74,7 @@ __all__ = [
     "LayerSample",
     "OpClass",
     "OpWork",
+    "fit_dispatch_overhead",
     "fit_roofline",
     "layer_samples",
     "load_calibration",
@@ -102,6 +113,11 @@ class OpClass(enum.Enum):
     CONV_BACKPROP_INPUT = "conv_backprop_input"
     CONV_BACKPROP_FILTER = "conv_backprop_filter"
     DEPTHWISE = "depthwise"
+    EINSUM = "einsum"
+    """TF's CPU einsum transposes and reshapes around a batched matmul: far below a matmul."""
+    RANDOM = "random"
+    """Random number generation (dropout's masks): compute-bound per element, but TF's profiler
+    counts no FLOPs for it, so it gets its own cost per byte."""
     OTHER = "other"
     """Every other op type: it gets the model's ``default_compute_efficiency``."""
 
@@ -112,7 +128,7 @@ _CLASS_OF: Mapping[str, OpClass] = MappingProxyType(
         "BatchMatMul": OpClass.MATMUL,
         "BatchMatMulV2": OpClass.MATMUL,
         "BatchMatMulV3": OpClass.MATMUL,
-        "Einsum": OpClass.MATMUL,
+        "Einsum": OpClass.EINSUM,
         "_FusedMatMul": OpClass.MATMUL,
         "Conv1D": OpClass.CONV,
         "Conv2D": OpClass.CONV,
@@ -125,6 +141,14 @@ _CLASS_OF: Mapping[str, OpClass] = MappingProxyType(
         "DepthwiseConv2dNative": OpClass.DEPTHWISE,
         "DepthwiseConv2dNativeBackpropInput": OpClass.DEPTHWISE,
         "DepthwiseConv2dNativeBackpropFilter": OpClass.DEPTHWISE,
+        "RandomUniform": OpClass.RANDOM,
+        "RandomStandardNormal": OpClass.RANDOM,
+        "TruncatedNormal": OpClass.RANDOM,
+        "StatelessRandomUniformV2": OpClass.RANDOM,
+        "StatelessRandomNormalV2": OpClass.RANDOM,
+        "StatelessTruncatedNormalV2": OpClass.RANDOM,
+        "StatelessRandomUniform": OpClass.RANDOM,
+        "StatelessRandomNormal": OpClass.RANDOM,
     }
 )
 
@@ -137,9 +161,12 @@ def op_class(op_type: str) -> OpClass:
 _CLASSES = tuple(OpClass)
 _N_CLASSES = len(_CLASSES)
 _COL_MEM = _N_CLASSES
-_COL_OVERHEAD = _N_CLASSES + 1
+"""The first of the per-class memory columns (inverse fractions of the bandwidth)."""
+_COL_OVERHEAD = 2 * _N_CLASSES
 """The first of the per-class overhead columns."""
-_N_COLS = 2 * _N_CLASSES + 1
+_COL_LARGE = 3 * _N_CLASSES
+"""Seconds per byte moved beyond the spill threshold."""
+_N_COLS = 3 * _N_CLASSES + 1
 
 
 @dataclass(frozen=True)
@@ -150,6 +177,7 @@ class OpWork:
     flops: int
     bytes_moved: int
     dtype: str = "float32"
+    output_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -195,7 +223,7 @@ def layer_samples(
             continue
         dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
         by_layer.setdefault((op.layer, op.phase), []).append(
-            OpWork(op.op_type, op.flops, in_bytes + op.output_bytes, dtype)
+            OpWork(op.op_type, op.flops, in_bytes + op.output_bytes, dtype, op.output_bytes)
         )
     samples: list[LayerSample] = []
     for info in graph.layers:
@@ -217,12 +245,15 @@ def layer_samples(
 def predict_sample_s(sample: LayerSample, device: DeviceType, model: RooflineModel) -> float:
     """The roofline's time for a sample (the sum of its ops, as :func:`estimate_op_times_s`)."""
     default = device.kernel_overhead_s if model.kernel_overhead_s is None else model.kernel_overhead_s
-    bw = device.memory_bandwidth_bytes_per_s * model.memory_bandwidth_scale * model.memory_efficiency
+    bw = device.memory_bandwidth_bytes_per_s * model.memory_bandwidth_scale
     peak_scale = model.peak_flops_scale
+    large, per_byte = model.spill_threshold_bytes, model.spill_s_per_byte
     total = 0.0
     for op in sample.ops:
         overhead = model.overhead_s.get(op.op_type, default)
-        memory_s = op.bytes_moved / bw
+        if per_byte and op.bytes_moved > large:
+            overhead += (op.bytes_moved - large) * per_byte
+        memory_s = op.bytes_moved / (bw * model.memory_efficiency_of(op.op_type))
         if op.flops:
             rate = device.peak_flops(op.dtype) * peak_scale * model.compute_efficiency(op.op_type)
             compute_s = op.flops / rate
@@ -257,6 +288,10 @@ class Calibration:
     models: tuple[str, ...]
     """The models whose layers were the samples."""
     source: str = ""
+    class_memory_efficiency: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Fitted fraction of the (scaled) memory bandwidth per :class:`OpClass` value."""
 
     @property
     def family(self) -> str:
@@ -279,10 +314,14 @@ def fit_stats(samples: Sequence[LayerSample], device: DeviceType, model: Rooflin
     )
 
 
+_Feature = tuple[np.ndarray, np.ndarray, np.ndarray, float]
+
+
 def _features(
-    samples: Sequence[LayerSample], device: DeviceType
-) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per sample: each working op's class index, compute seconds at 100%, memory seconds at 100%."""
+    samples: Sequence[LayerSample], device: DeviceType, spill_threshold_bytes: int
+) -> list[_Feature]:
+    """Per sample: each working op's class index, compute seconds at 100%, memory seconds at
+    100%, and the sample's bytes moved beyond the spill threshold."""
     out = []
     for s in samples:
         cls = np.array([_CLASSES.index(op_class(o.op_type)) for o in s.ops], dtype=np.int64)
@@ -292,29 +331,30 @@ def _features(
         mem = np.array(
             [o.bytes_moved / device.memory_bandwidth_bytes_per_s for o in s.ops], dtype=np.float64
         )
-        out.append((cls, comp, mem))
+        large = float(sum(max(0, o.bytes_moved - spill_threshold_bytes) for o in s.ops))
+        out.append((cls, comp, mem, large))
     return out
 
 
-def _design(
-    feats: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], x: np.ndarray
-) -> tuple[np.ndarray, bytes]:
+def _design(feats: Sequence[_Feature], x: np.ndarray) -> tuple[np.ndarray, bytes]:
     """The linear system's rows for the branch each op takes at ``x``, and the branch pattern."""
     a = np.zeros((len(feats), _N_COLS))
     pattern = []
-    for r, (cls, comp, mem) in enumerate(feats):
-        compute_wins = (comp > 0) & (x[cls] * comp >= x[_COL_MEM] * mem)
+    for r, (cls, comp, mem, large) in enumerate(feats):
+        a[r, _COL_LARGE] = large
+        compute_wins = (comp > 0) & (x[cls] * comp >= x[_COL_MEM + cls] * mem)
         np.add.at(a[r], cls[compute_wins], comp[compute_wins])
-        a[r, _COL_MEM] = mem[~compute_wins].sum()
+        np.add.at(a[r], _COL_MEM + cls[~compute_wins], mem[~compute_wins])
         np.add.at(a[r], _COL_OVERHEAD + cls, 1.0)
         pattern.append(np.packbits(compute_wins).tobytes())
     return a, b"|".join(pattern)
 
 
-def _predict(feats: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+def _predict(feats: Sequence[_Feature], x: np.ndarray) -> np.ndarray:
     out = np.empty(len(feats))
-    for r, (cls, comp, mem) in enumerate(feats):
-        out[r] = (x[_COL_OVERHEAD + cls] + np.maximum(x[cls] * comp, x[_COL_MEM] * mem)).sum()
+    for r, (cls, comp, mem, large) in enumerate(feats):
+        out[r] = (x[_COL_OVERHEAD + cls] + np.maximum(x[cls] * comp, x[_COL_MEM + cls] * mem)).sum()
+        out[r] += x[_COL_LARGE] * large
     return out
 
 
@@ -376,6 +416,7 @@ def fit_roofline(
     fit_overhead: bool = True,
     weight_floor: float = 0.0,
     max_scale: float = 1.0,
+    fit_large_outputs: bool = True,
     source: str = "",
 ) -> Calibration:
     """Fit per-class compute efficiencies, the memory efficiency and the per-op overhead.
@@ -391,18 +432,20 @@ def fit_roofline(
     if not samples:
         raise PartitionError("no samples to calibrate on; profile at least one layer first")
     base = DEFAULT_ROOFLINE if start is None else start
-    feats = _features(samples, device)
+    feats = _features(samples, device, base.spill_threshold_bytes)
     y = np.array([s.measured_time_s for s in samples])
     # Relative error, with times below ``weight_floor`` (a fraction of the median sample) weighted
     # as if they were that long: tiny, noise-dominated layers must not steer the fit.
     w = 1.0 / np.maximum(y, weight_floor * float(np.median(y)))
     # Which columns the samples exercise at all.
     used = np.zeros(_N_COLS, dtype=bool)
-    for cls, comp, _ in feats:
+    for cls, comp, _, large in feats:
         used[np.unique(cls[comp > 0])] = True
+        used[_COL_MEM + np.unique(cls)] = True
         if fit_overhead:
             used[_COL_OVERHEAD + np.unique(cls)] = True
-    used[_COL_MEM] = True
+        if fit_large_outputs and large > 0:
+            used[_COL_LARGE] = True
 
     start_x = np.empty(_N_COLS)
     default_overhead = (
@@ -412,12 +455,16 @@ def fit_roofline(
     for i, c in enumerate(_CLASSES):
         start_x[i] = 1.0 / (base.compute_efficiency(representative[c]) * base.peak_flops_scale)
         start_x[_COL_OVERHEAD + i] = base.overhead_s.get(representative[c], default_overhead)
-    start_x[_COL_MEM] = 1.0 / (base.memory_efficiency * base.memory_bandwidth_scale)
+        start_x[_COL_MEM + i] = 1.0 / (
+            base.memory_efficiency_of(representative[c]) * base.memory_bandwidth_scale
+        )
+    start_x[_COL_LARGE] = base.spill_s_per_byte
     # theta = 1 / (efficiency * scale) >= 1 / max_scale: a catalog figure may understate the
     # machine (the nominal cpu entry) by up to max_scale; overheads >= 0; efficiencies are kept
     # >= 1e-4 at the end.
     lower = np.where(used, 1.0 / max_scale, start_x)
     lower[_COL_OVERHEAD:] = np.where(used[_COL_OVERHEAD:], 0.0, start_x[_COL_OVERHEAD:])
+    # (the large-output column is among them: seconds per byte >= 0)
 
     def objective(x: np.ndarray) -> float:
         return float((((_predict(feats, x) - y) * w) ** 2).sum())
@@ -443,8 +490,17 @@ def fit_roofline(
     peak_scale = max(1.0, float(raw_eff[used[:_N_CLASSES]].max())) if used[:_N_CLASSES].any() else 1.0
     if not used[:_N_CLASSES].any():
         peak_scale = base.peak_flops_scale
-    raw_mem = 1.0 / best_x[_COL_MEM]
-    bw_scale = max(1.0, float(raw_mem))
+    mem_used = used[_COL_MEM:_COL_OVERHEAD]
+    raw_mem = 1.0 / best_x[_COL_MEM:_COL_OVERHEAD]
+    bw_scale = max(1.0, float(raw_mem[mem_used].max())) if mem_used.any() else 1.0
+    memory_efficiency = {
+        c.value: min(1.0, float(raw_mem[i] / bw_scale)) for i, c in enumerate(_CLASSES) if mem_used[i]
+    }
+    per_type_memory: dict[str, float] = {}
+    for op_type in sorted(set(_CLASS_OF) | set(MATMUL_LIKE_OPS)):
+        c = op_class(op_type)
+        if c is not OpClass.OTHER and c.value in memory_efficiency:
+            per_type_memory[op_type] = memory_efficiency[c.value]
     efficiency = {
         c.value: float(raw_eff[i] / peak_scale) for i, c in enumerate(_CLASSES) if used[i]
     }
@@ -467,11 +523,17 @@ def fit_roofline(
         default_compute_efficiency=efficiency[OpClass.OTHER.value]
         if used[other]
         else min(1.0, base.default_compute_efficiency * base.peak_flops_scale / peak_scale),
-        memory_efficiency=float(raw_mem / bw_scale),
+        memory_efficiency=memory_efficiency.get(
+            OpClass.OTHER.value, min(1.0, base.memory_efficiency * base.memory_bandwidth_scale / bw_scale)
+        ),
+        memory_efficiency_by_type=MappingProxyType(per_type_memory),
         peak_flops_scale=peak_scale,
         memory_bandwidth_scale=bw_scale,
         kernel_overhead_s=float(best_x[other_col]) if used[other_col] else base.kernel_overhead_s,
         overhead_s=MappingProxyType(dict(sorted(overheads.items()))),
+        dispatch_overhead_s=base.dispatch_overhead_s,
+        spill_threshold_bytes=base.spill_threshold_bytes,
+        spill_s_per_byte=float(best_x[_COL_LARGE]),
     )
     class_overhead = {
         c.value: float(best_x[_COL_OVERHEAD + i])
@@ -490,11 +552,33 @@ def fit_roofline(
         roofline=fitted,
         fit=stats,
         class_efficiency=MappingProxyType(efficiency),
+        class_memory_efficiency=MappingProxyType(memory_efficiency),
         class_overhead_s=MappingProxyType(class_overhead),
         iterations=iterations,
         models=models,
         source=source,
     )
+
+
+def fit_dispatch_overhead(steps: Sequence[tuple[float, float, int]]) -> float:
+    """The executor's cost per op from whole steps: ``(wall_s, kernels_s, num_ops)`` per model.
+
+    A step run one op at a time takes its kernels' time plus the executor's work between them
+    (finding ready ops, allocating outputs), paid by every op. The estimate is the median over
+    the models of ``(wall_s - kernels_s) / num_ops``, at least 0. Raises PartitionError without
+    steps.
+    """
+    if not steps:
+        raise PartitionError("no whole-step timings to fit the dispatch overhead on")
+    per_op = []
+    for wall_s, kernels_s, num_ops in steps:
+        if num_ops < 1 or not (wall_s > 0 and math.isfinite(wall_s) and math.isfinite(kernels_s)):
+            raise PartitionError(
+                f"step timing ({wall_s!r} s wall, {kernels_s!r} s kernels, {num_ops!r} ops) "
+                "needs a finite wall time > 0 and at least one op"
+            )
+        per_op.append((wall_s - kernels_s) / num_ops)
+    return max(0.0, statistics.median(per_op))
 
 
 def _representative_op(c: OpClass) -> str:
@@ -513,6 +597,7 @@ def calibration_to_dict(cal: Calibration) -> dict[str, Any]:
         "roofline": roofline_to_dict(cal.roofline),
         "class_efficiency": dict(cal.class_efficiency),
         "class_overhead_s": dict(cal.class_overhead_s),
+        "class_memory_efficiency": dict(cal.class_memory_efficiency),
         "fit": {
             "num_samples": cal.fit.num_samples,
             "rms_relative_error": cal.fit.rms_relative_error,
@@ -564,6 +649,9 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration:
             ),
             class_overhead_s=MappingProxyType(
                 {str(k): float(v) for k, v in raw.get("class_overhead_s", {}).items()}
+            ),
+            class_memory_efficiency=MappingProxyType(
+                {str(k): float(v) for k, v in raw.get("class_memory_efficiency", {}).items()}
             ),
             iterations=int(fit.get("iterations", 0)),
             models=tuple(str(m) for m in fit.get("models", ())),

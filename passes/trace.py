@@ -318,11 +318,44 @@ def _loop_list_bytes(op: Any) -> dict[int, int]:
     return out
 
 
+def _einsum_flops(op: Any) -> int:
+    """FLOPs of an ``Einsum`` (TF's profiler has no figure for it; Keras's attention uses it).
+
+    With one operand, one operation per element of its index space; with two, a multiply and an
+    add per point of the joint index space (every label's size multiplied together). 0 when the
+    equation has an ellipsis or a shape is not fully known.
+    """
+    try:
+        equation = op.get_attr("equation")
+    except (ValueError, TypeError):
+        return 0
+    if isinstance(equation, bytes):
+        equation = equation.decode()
+    lhs = equation.replace(" ", "").split("->")[0]
+    operands = lhs.split(",")
+    if "." in lhs or len(operands) != len(op.inputs) or len(operands) not in (1, 2):
+        return 0
+    sizes: dict[str, int] = {}
+    for labels, t in zip(operands, op.inputs):
+        dims = t.shape.as_list() if t.shape.rank is not None else None
+        if dims is None or len(dims) != len(labels) or any(d is None for d in dims):
+            return 0
+        for label, d in zip(labels, dims):
+            sizes[label] = max(sizes.get(label, 1), int(d))
+    points = math.prod(sizes.values())
+    return points if len(operands) == 1 else 2 * points
+
+
 def _count_flops(graph: Any) -> dict[str, int]:
     """FLOPs per op from TensorFlow's profiler; a while loop gets its body's FLOPs times its trip
-    count (the profiler itself gives loops 0), recursively for nested loops."""
+    count (the profiler itself gives loops 0), recursively for nested loops; an ``Einsum`` gets
+    :func:`_einsum_flops` where the profiler has no figure."""
     flops = _profiled_flops(graph)
     for op in graph.get_operations():
+        if op.type == "Einsum" and not flops.get(op.name):
+            counted = _einsum_flops(op)
+            if counted:
+                flops[op.name] = counted
         if op.type not in _LOOP_OPS:
             continue
         trips = _trip_count(op)

@@ -282,3 +282,16 @@ def test_unrolled_rnn_partial_weight_gradients_are_a_transient() -> None:
     kernel, recurrent = 4 * features * units, 4 * units * units
     assert node.gradient_partial_bytes >= steps * (kernel + recurrent)
     assert node.gradient_partial_bytes <= 2 * steps * (kernel + recurrent) + 4 * steps * 4 * units * 4
+
+
+def test_einsum_gets_its_flops() -> None:
+    """TF's profiler gives Einsum no FLOPs; Keras's attention scores are einsums."""
+    batch, seq, d_model, heads, key_dim = 2, 6, 16, 2, 8
+    tokens = keras.Input((seq, d_model))
+    out = keras.layers.MultiHeadAttention(heads, key_dim, name="mha")(tokens, tokens)
+    graph = trace_model(keras.Model(tokens, out), batch_size=batch).graph
+    einsums = [o for o in graph.ops if o.op_type == "Einsum" and o.phase is Phase.FORWARD]
+    assert einsums and all(o.flops > 0 for o in einsums)
+    # Scores q.k and the weighted sum of values: a multiply-add per (batch, head, query, key,
+    # key_dim) point each.
+    assert {o.flops for o in einsums} == {2 * batch * heads * seq * seq * key_dim}
