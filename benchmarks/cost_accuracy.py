@@ -55,6 +55,7 @@ CALIBRATION_SUITE = (
     "cal_recurrent",
     "cal_recurrent_wide",
     "cal_attention",
+    "cal_attention_long",
 )
 """Models the roofline is fitted on: the same layer families as the scored models, other shapes."""
 
@@ -200,6 +201,16 @@ def _specs(quick: bool) -> dict[str, ModelSpec]:
         x = keras.layers.SimpleRNN(units // 2, unroll=True, name="rnn")(x)
         return keras.Model(inp, keras.layers.Dense(10, name="out")(x), name=name)
 
+    def cal_attention_long() -> Any:
+        # Longer sequences, other head shapes: attention's einsums and softmax at another size.
+        tokens = keras.Input((96,), dtype="int32")
+        x = keras.layers.Embedding(500, 64, name="embed")(tokens)
+        for i, (heads, key_dim) in enumerate(((8, 8), (2, 32), (4, 24))):
+            a = keras.layers.MultiHeadAttention(heads, key_dim, name=f"mha{i}")(x, x)
+            x = keras.layers.LayerNormalization(name=f"ln{i}")(keras.layers.Add(name=f"res{i}")([x, a]))
+        x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+        return keras.Model(tokens, keras.layers.Dense(5, name="out")(x), name="cal_attention_long")
+
     def cal_attention() -> Any:
         tokens = keras.Input((48,), dtype="int32")
         x = keras.layers.Embedding(1000, 96, name="embed")(tokens)
@@ -249,6 +260,9 @@ def _specs(quick: bool) -> dict[str, ModelSpec]:
         ),
         "cal_attention": ModelSpec(
             "cal_attention", cal_attention, 8, "seq 48, d 96, 2 attention blocks"
+        ),
+        "cal_attention_long": ModelSpec(
+            "cal_attention_long", cal_attention_long, 4, "seq 96, d 64, 3 attention layers"
         ),
         "resnet50": ModelSpec("resnet50", resnet50, batch, f"{image}x{image}x3, 100 classes"),
         "mobilenetv2": ModelSpec(
@@ -307,7 +321,7 @@ def measure(
         else:  # token ids: zeros are in range for every lookup
             inputs.append(tf.zeros(shape, dtype=sig.dtype))
     t0 = time.perf_counter()
-    steps = 8 if quick else 20
+    steps = 8 if quick else 30
     prof = profile_step_ops(
         trace,
         inputs,
