@@ -45,12 +45,13 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from partitioner.errors import PartitionError
-from partitioner.ir import Graph, Phase
+from partitioner.ir import CostedGraph, Graph, Phase
 
 __all__ = [
     "KernelEvent",
     "Statistic",
     "StepOpProfile",
+    "apply_op_profile",
     "attribute_events",
     "configure_serial_executor",
     "layer_phase_times",
@@ -284,4 +285,60 @@ def profile_step_ops(
         unattributed_time_s=lost,
         profiled_steps=steps,
         num_events=len(events),
+    )
+
+
+def apply_op_profile(
+    costed: CostedGraph,
+    op_time_s: Mapping[str, float],
+    device_rows: Iterable[int],
+    *,
+    dispatch_s: float = 0.0,
+) -> CostedGraph:
+    """A new CostedGraph whose ``device_rows`` take the measured op times (pure).
+
+    On each row, an op with a measured time gets it; an op without one keeps its estimate unless
+    it belongs to a layer phase with measured ops (grappler fused it into one of them, or pruned
+    it: its work is in their times), where it gets 0. Every op then pays ``dispatch_s`` (the
+    executor's cost per op, which kernel times leave out). Layers with any measured op are
+    recorded as measured.
+    """
+    if not (dispatch_s >= 0 and math.isfinite(dispatch_s)):
+        raise PartitionError(f"dispatch_s={dispatch_s!r} must be a finite number >= 0")
+    n_rows = costed.topology.num_devices
+    rows = set(device_rows)
+    bad = sorted(r for r in rows if not 0 <= r < n_rows)
+    if bad:
+        raise PartitionError(
+            f"device rows {bad} are outside the topology's devices 0..{n_rows - 1}"
+        )
+    ops = costed.graph.ops
+    covered = {(op.layer, op.phase) for op in ops if op.layer is not None and op.id in op_time_s}
+    new_rows = []
+    for d, row in enumerate(costed.op_compute_time_s):
+        if d not in rows:
+            new_rows.append(row)
+            continue
+        times = []
+        for op, estimate in zip(ops, row, strict=True):
+            measured = op_time_s.get(op.id)
+            if measured is not None:
+                times.append(max(0.0, measured) + dispatch_s)
+            elif (op.layer, op.phase) in covered:
+                times.append(dispatch_s)
+            else:
+                times.append(estimate)
+        new_rows.append(tuple(times))
+    measured_layers = {layer for layer, _ in covered}
+    order = tuple(
+        info.name
+        for info in costed.graph.layers
+        if info.name in measured_layers or info.name in costed.measured
+    )
+    return CostedGraph(
+        graph=costed.graph,
+        topology=costed.topology,
+        op_compute_time_s=tuple(new_rows),
+        layer_memory=costed.layer_memory,
+        measured=order,
     )

@@ -75,14 +75,14 @@ def test_profile_of_a_real_step_covers_every_layer() -> None:
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
-            keras.Input((32,)),
-            keras.layers.Dense(256, activation="relu", name="wide"),
+            keras.Input((512,)),
+            keras.layers.Dense(1024, activation="relu", name="wide"),
             keras.layers.Dense(8, activation="relu", name="narrow"),
             keras.layers.Dense(4, name="head"),
         ]
     )
     trace = trace_model(model, batch_size=64)
-    x = tf.constant(np.random.default_rng(0).standard_normal((64, 32)), dtype=tf.float32)
+    x = tf.constant(np.random.default_rng(0).standard_normal((64, 512)), dtype=tf.float32)
     prof = profile_step_ops(trace, [x], steps=5, warmup=2, statistic="min")
     per_layer = layer_phase_times(trace.graph, prof.op_time_s)
     assert set(per_layer) == {"wide", "narrow", "head"}
@@ -91,5 +91,31 @@ def test_profile_of_a_real_step_covers_every_layer() -> None:
     assert prof.unattributed_time_s == 0.0
     assert prof.step_time_s > 0 and math.isfinite(prof.step_time_s)
     assert set(prof.op_time_s) <= {op.id for op in trace.graph.ops}
-    # The wide layer's matmul work is 32x the narrow one's: it must measure slower.
+    # The wide layer's matmul work is over 100x the narrow one's: it must measure slower.
     assert sum(per_layer["wide"]) > sum(per_layer["narrow"])
+
+
+def test_measured_op_times_replace_the_estimates_on_the_given_rows() -> None:
+    from cost_models.costs import cost_graph
+    from cost_models.op_profile import apply_op_profile
+
+    g = mlp()
+    costed = cost_graph(g, device_type="cpu", num_devices=2)
+    # dense1's forward: relu measured with the fused matmul's work; d1/mm has no event.
+    measured = {"d1/relu": 4e-3, "loss": 1e-4}
+    out = apply_op_profile(costed, measured, [0], dispatch_s=1e-6)
+    ids = [op.id for op in g.ops]
+    row0, row1 = out.op_compute_time_s
+    assert row0[ids.index("d1/relu")] == pytest.approx(4e-3 + 1e-6)
+    assert row0[ids.index("d1/mm")] == pytest.approx(1e-6)  # fused into relu: only dispatch
+    assert row0[ids.index("loss")] == pytest.approx(1e-4 + 1e-6)  # glue measured too
+    # dense2 and dense1's backward had no measured op: estimates kept.
+    for name in ("d2/mm", "g/d1/mm", "g/d2/x"):
+        assert row0[ids.index(name)] == costed.op_compute_time_s[0][ids.index(name)]
+    assert row1 == costed.op_compute_time_s[1]  # row 1 not profiled
+    assert out.measured == ("dense1",)
+    assert costed.measured == ()  # the input is untouched
+    with pytest.raises(PartitionError, match=r"device rows \[2\]"):
+        apply_op_profile(costed, measured, [2])
+    with pytest.raises(PartitionError, match="dispatch_s"):
+        apply_op_profile(costed, measured, [0], dispatch_s=-1.0)
