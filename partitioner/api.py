@@ -17,7 +17,7 @@ from cost_models.catalog import get_device_type
 from cost_models.costs import cost_graph
 from cost_models.memory import parse_optimizer
 from cost_models.topology import load_topology, topology_summary
-from partitioner.errors import PartitionError, UsageError
+from partitioner.errors import PartitionError, PlanError, UsageError
 from partitioner.ir import CostedGraph, Schedule, SolverResult, SolveStatus, Topology, peak_bytes
 from partitioner.placement import PlanEvaluation, evaluate, evaluate_pipeline, solve
 from partitioner.plan import (
@@ -218,7 +218,10 @@ def _pipeline_choice(
     time_limit_s: float,
 ) -> tuple[SolverResult, PlanEvaluation]:
     """The solver's placement as a pipeline (stages made acyclic) and, for ``auto``, the best of
-    it and the contiguous solvers' placements by the simulated pipelined step (memory first)."""
+    it and the contiguous solvers' placements by the simulated pipelined step (memory first).
+
+    A placement that still is no pipeline raises PlanError for a named solver; ``auto`` then
+    keeps the best of the others that are (its notes say so), and raises only when none is."""
     problem = costed.problem()
 
     def staged(r: SolverResult) -> tuple[SolverResult, PlanEvaluation]:
@@ -231,10 +234,25 @@ def _pipeline_choice(
             )
         return r, evaluate_pipeline(costed, r.assignment, schedule=schedule, num_microbatches=micro)
 
-    best = staged(result)
-    if solver != "auto":
-        return best
-    tried = [f"auto: {format_seconds(best[1].step_time_s)}"]
+    best: tuple[SolverResult, PlanEvaluation] | None
+    try:
+        best = staged(result)
+    except PartitionError as exc:
+        if solver != "auto":
+            if not isinstance(exc, PlanError):
+                raise
+            raise PlanError(
+                f"the {solver} placement is not a pipeline even with its stages reordered: "
+                f"{exc}; or plan with --solver auto, dp, time or even"
+            ) from None
+        # auto's own placement: fall back to the best of the contiguous solvers' below
+        logger.warning("auto's own placement cannot be pipelined (%s); trying the others", exc)
+        best = None
+        tried = [f"auto: not a pipeline ({_first_clause(str(exc))})"]
+    else:
+        if solver != "auto":
+            return best
+        tried = [f"auto: {format_seconds(best[1].step_time_s)}"]
     for name in PIPELINE_CANDIDATES:
         try:
             candidate = staged(get_solver(name, seed=seed, time_limit_s=time_limit_s).solve(problem))
@@ -242,11 +260,26 @@ def _pipeline_choice(
             tried.append(f"{name}: {type(exc).__name__}")
             continue
         tried.append(f"{name}: {format_seconds(candidate[1].step_time_s)}")
-        if (not candidate[1].fits, candidate[1].step_time_s) < (not best[1].fits, best[1].step_time_s):
+        if best is None or (not candidate[1].fits, candidate[1].step_time_s) < (
+            not best[1].fits,
+            best[1].step_time_s,
+        ):
             best = (replace(candidate[0], solver="auto", status=SolveStatus.HEURISTIC), candidate[1])
             tried[-1] += " (chosen)"
+    if best is None:
+        raise PlanError(
+            "no placement of auto or of the contiguous solvers "
+            f"({', '.join(PIPELINE_CANDIDATES)}) could be pipelined: {'; '.join(tried)}; "
+            "plan without --pipeline"
+        )
     note = f"pipelined {schedule.value} x {micro} simulated: " + "; ".join(tried)
     return replace(best[0], notes=(*best[0].notes, note)), best[1]
+
+
+def _first_clause(message: str, limit: int = 160) -> str:
+    """The start of an error message, for a plan's one-line notes."""
+    head = message.split(": a pipeline", 1)[0].split("; ", 1)[0]
+    return head if len(head) <= limit else head[: limit - 3] + "..."
 
 
 def _profile_rows(topology: Topology) -> dict[int, str]:

@@ -6,10 +6,18 @@ the set of layers on one device. Every op runs on the device of its effective ow
 the devices: forward -> forward means ``a`` comes before ``b``, backward -> backward (a gradient
 flowing back) means ``b`` comes before ``a``; forward -> backward (an activation re-read by a
 gradient op) orders nothing; backward -> forward is not a pipeline and raises
-:class:`~partitioner.errors.PlanError`. The stage order is a topological order of these arcs
-(Kahn), taking among the available devices the one whose first layer comes first in layer order
--- for a placement of contiguous layers, the order in which devices first appear along the
-layers. A cycle raises :class:`~partitioner.errors.PlanError`. The stages need not form a chain:
+:class:`~partitioner.errors.PlanError`. *Fed* ops (:func:`fed_ops`: the model's inputs and
+labels, constants, and layer-less glue computed from them alone) order nothing and are never
+sent: their values exist before any stage runs, and each stage reads them where it runs, as the
+pipelined rewrite (``passes.pipeline``) feeds every stage its slice of the model's inputs; the
+layer a fed op is merged into for costing is an arbitrary one of its consumers, and must not
+order the stages (a model input read by several towers would otherwise chain them). The stage order is a topological order of these arcs
+(Kahn), taking among the available devices the one whose first non-fed op comes first in op
+order (then: whose first layer comes first in layer order) -- the order in which the model's
+call first reaches the devices, the tie-break the pipelined rewrite uses too (independent
+branches on different devices could otherwise be ordered differently by the two, and the
+rewrite refuses a plan whose stage order is not its own); for a placement of contiguous layers
+of a chain, the order in which devices first appear along the layers. A cycle raises :class:`~partitioner.errors.PlanError`. The stages need not form a chain:
 a skip edge from stage 0 to stage 2 is a transfer between those two devices.
 
 Per stage, over the whole batch: the forward time (the sum of its ``Phase.FORWARD`` ops' times
@@ -75,7 +83,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from partitioner.errors import PlanError, UsageError
-from partitioner.ir import CostedGraph, EventKind, Phase, Schedule, TimelineEvent, Topology
+from partitioner.ir import (
+    CostedGraph,
+    EventKind,
+    Graph,
+    Phase,
+    Schedule,
+    TimelineEvent,
+    Topology,
+)
 from partitioner.simulate import channel_resource, device_resource, resolve_layer_devices
 
 __all__ = [
@@ -83,6 +99,7 @@ __all__ = [
     "SimTask",
     "Stage",
     "StageTransfer",
+    "fed_ops",
     "peak_live_formula",
     "pipeline_stages",
     "run_tasks",
@@ -199,6 +216,14 @@ def pipeline_stages(
         if first_layer[d] > k:
             first_layer[d] = k
     used = [d for d in range(n_dev) if first_layer[d] < len(per_layer)]
+    fed = fed_ops(graph)
+    # Ties between devices go to the one whose first (non-fed) op runs first: the order in which
+    # the model's call reaches them, which the pipelined rewrite also breaks ties by.
+    first_op = [len(ops)] * n_dev
+    for i in range(len(ops)):
+        if not fed[i] and first_op[op_dev[i]] > i:
+            first_op[op_dev[i]] = i
+    first_key = [(first_op[d], first_layer[d]) for d in range(n_dev)]
 
     # Arcs between devices (earlier -> later), each with an example op edge for messages.
     arcs: dict[tuple[int, int], tuple[int, int]] = {}
@@ -207,7 +232,7 @@ def pipeline_stages(
     for e in graph.edges:
         i, j = op_index[e.src], op_index[e.dst]
         a, b = op_dev[i], op_dev[j]
-        if a == b:
+        if a == b or fed[i]:
             continue
         pi, pj = ops[i].phase, ops[j].phase
         if pi is Phase.BACKWARD and pj is Phase.FORWARD:
@@ -230,7 +255,7 @@ def pipeline_stages(
             if e.bytes > old[0]:
                 tensors[key] = (e.bytes, old[1])
 
-    order = _stage_device_order(used, first_layer, arcs, costed)
+    order = _stage_device_order(used, first_key, arcs, costed)
     stage_of = {d: s for s, d in enumerate(order)}
 
     fwd_s = [0.0] * n_dev
@@ -287,19 +312,34 @@ def pipeline_stages(
     return tuple(stages)
 
 
+def fed_ops(graph: Graph) -> tuple[bool, ...]:
+    """Per op: whether it is *fed* -- outside every layer and computed from fed ops alone.
+
+    The model's inputs and labels (placeholders with no inputs), constants, and layer-less glue
+    computed only from them: their values exist before any stage runs, and each stage reads them
+    where it runs (the pipelined rewrite feeds every stage its slice of the model's inputs), so
+    they order no stages and are not sent between stages. The layer they are merged into for
+    costing (``LayerGraph.op_owner``) may be any of their consumers'.
+    """
+    fed: list[bool] = []
+    for i, op in enumerate(graph.ops):
+        fed.append(op.layer is None and all(fed[graph.op_index[e.src]] for e in graph.in_edges[i]))
+    return tuple(fed)
+
+
 def _stage_device_order(
     used: list[int],
-    first_layer: list[int],
+    first_key: Sequence[tuple[int, int]],
     arcs: Mapping[tuple[int, int], tuple[int, int]],
     costed: CostedGraph,
 ) -> list[int]:
-    """Kahn's order of the used devices, earliest first layer first; PlanError on a cycle."""
+    """Kahn's order of the used devices, earliest ``first_key`` first; PlanError on a cycle."""
     succ: dict[int, list[int]] = {d: [] for d in used}
     indeg = dict.fromkeys(used, 0)
     for a, b in arcs:
         succ[a].append(b)
         indeg[b] += 1
-    heap = [(first_layer[d], d) for d in used if indeg[d] == 0]
+    heap = [(first_key[d], d) for d in used if indeg[d] == 0]
     heapq.heapify(heap)
     order: list[int] = []
     while heap:
@@ -308,7 +348,7 @@ def _stage_device_order(
         for e in succ[d]:
             indeg[e] -= 1
             if indeg[e] == 0:
-                heapq.heappush(heap, (first_layer[e], e))
+                heapq.heappush(heap, (first_key[e], e))
     if len(order) < len(used):
         left = sorted(d for d in used if indeg[d] > 0)
         a, b = next((a, b) for (a, b) in sorted(arcs) if indeg[a] > 0 and indeg[b] > 0)
