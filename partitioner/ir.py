@@ -292,7 +292,8 @@ class Graph:
         # never makes data flow against the layer order (which a pipeline's stages follow): a
         # forward glue op joins its latest producer layer (a loss reading two heads runs after
         # both); a backward one joins the earliest layer among its backward producers (the
-        # gradient has come back that far). Else the first owned consumer, else the first layer.
+        # gradient has come back that far). Else the earliest owned consumer (in layer order),
+        # else the first layer.
         for i, op in enumerate(self.ops):
             if owner[i] is not None:
                 continue
@@ -307,11 +308,13 @@ class Graph:
                 owner[i] = max((owner[j] for j in owned), key=lambda n: layer_pos[n or ""])
         for i in reversed(range(len(self.ops))):
             if owner[i] is None:
-                for e in self.out_edges[i]:
-                    dst_owner = owner[self.op_index[e.dst]]
-                    if dst_owner is not None:
-                        owner[i] = dst_owner
-                        break
+                # An op no layer feeds (a model input, a constant) joins its earliest consumer in
+                # layer order, so the layer edges it makes point the way the data flows.
+                consumer_layers = [
+                    c for e in self.out_edges[i] if (c := owner[self.op_index[e.dst]]) is not None
+                ]
+                if consumer_layers:
+                    owner[i] = min(consumer_layers, key=lambda n: layer_pos[n])
         first = self.layers[0].name
         resolved = [o if o is not None else first for o in owner]
 

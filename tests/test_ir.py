@@ -137,3 +137,23 @@ def test_weight_reads_the_backward_uses_are_not_saved_activations() -> None:
     graph = Graph("g", ops, edges, (LayerInfo("dense", "Dense"),))
     (node,) = graph.layer_graph.nodes
     assert node.activation_bytes == 128
+
+
+def test_an_input_joins_its_earliest_consumer_in_layer_order() -> None:
+    """Two towers read one input; the op edges list tower b first (TF built it first), but the
+    input belongs to tower a, the first in layer order, so its layer edge points a -> b."""
+    from partitioner.ir import Edge, Graph, LayerInfo, Op, Phase
+
+    def op(id: str, layer: str | None) -> Op:
+        return Op(id, "MatMul" if layer else "Placeholder", layer, Phase.FORWARD, ((4, 4),), ("float32",), 64)
+
+    g = Graph(
+        "towers",
+        (op("x", None), op("b/mm", "b"), op("a/mm", "a")),
+        (Edge("x", "b/mm", 64), Edge("x", "a/mm", 64)),
+        (LayerInfo("a", "Dense"), LayerInfo("b", "Dense")),
+    )
+    lg = g.layer_graph
+    assert lg.op_owner["x"] == "a"
+    (edge,) = lg.edges
+    assert (edge.src, edge.dst, edge.forward_bytes) == ("a", "b", 64)
