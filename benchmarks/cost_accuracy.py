@@ -301,25 +301,16 @@ def measure(
     come from the same runs of the same graph. ``statistic`` is kept in the metadata.
     """
     import keras
-    import numpy as np
-    import tensorflow as tf
 
     from cost_models.analytic import ZERO_WORK_OPS
-    from cost_models.op_profile import layer_phase_times, profile_step_ops
+    from cost_models.op_profile import layer_phase_times, profile_step_ops, step_inputs
     from passes.trace import trace_model
 
     keras.utils.set_random_seed(0)
     model = spec.build()
     trace = trace_model(model, batch_size=spec.batch_size)
     graph = trace.graph
-    rng = np.random.default_rng(0)
-    inputs = []
-    for sig in trace.step_function.structured_input_signature[0]:
-        shape = tuple(int(d) for d in sig.shape)
-        if sig.dtype.is_floating:
-            inputs.append(tf.constant(rng.standard_normal(shape), dtype=sig.dtype))
-        else:  # token ids: zeros are in range for every lookup
-            inputs.append(tf.zeros(shape, dtype=sig.dtype))
+    inputs = step_inputs(trace)
     t0 = time.perf_counter()
     steps = 8 if quick else 30
     prof = profile_step_ops(

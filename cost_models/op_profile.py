@@ -56,6 +56,7 @@ __all__ = [
     "configure_serial_executor",
     "layer_phase_times",
     "profile_step_ops",
+    "step_inputs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -210,6 +211,23 @@ def _read_events(logdir: str) -> list[KernelEvent]:
                     start_s = (line.timestamp_ns * 1e3 + ev.offset_ps) * 1e-12
                     events.append(KernelEvent(node, op_type, ev.duration_ps * 1e-12, start_s))
     return events
+
+
+def step_inputs(trace: Any, seed: int = 0) -> list[Any]:
+    """Tensors matching the traced step's inputs: standard normal floats, zeros for integers
+    (token ids: in range for every lookup)."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for sig in trace.step_function.structured_input_signature[0]:
+        shape = tuple(int(d) for d in sig.shape)
+        if sig.dtype.is_floating:
+            out.append(tf.constant(rng.standard_normal(shape), dtype=sig.dtype))
+        else:
+            out.append(tf.zeros(shape, dtype=sig.dtype))
+    return out
 
 
 def profile_step_ops(

@@ -89,6 +89,7 @@ def partition(
     num_microbatches: int | None = None,
     schedule: Schedule | str = Schedule.ONE_F_ONE_B,
     profile: bool = False,
+    profile_ops: bool = False,
     cache_dir: str | None = None,
     progress: Progress | None = None,
 ) -> Plan:
@@ -102,7 +103,10 @@ def partition(
     layer is timed (forward and backward) on the devices of the topology that are present here
     (:func:`cost_models.profiled.profile_model`; cached on disk in ``cache_dir``, default
     ``$PARTITIONER_CACHE_DIR`` or the user's cache directory) and those times replace the
-    estimates; the plan records which layers were measured.
+    estimates; the plan records which layers were measured. With ``profile_ops``, every op of
+    the traced training step is timed inside the step on this machine's CPU
+    (:func:`cost_models.op_profile.profile_step_ops`) and those times replace the estimates of
+    the topology's cpu devices (glue ops included; not cached).
 
     Returns a :class:`~partitioner.plan.Plan`; ``plan.apply(model)`` gives the placed model.
     Raises a :class:`~partitioner.errors.PartitionError` subclass with a one-line message for
@@ -144,6 +148,11 @@ def partition(
             say=say,
         )
         phases.append(("profile", time.perf_counter() - t0))
+    if profile_ops:
+        t0 = time.perf_counter()
+        costed, op_notes = _profile_ops(traced, costed, say=say)
+        cost_notes = (*cost_notes, *op_notes) if profile else op_notes
+        phases.append(("profile ops", time.perf_counter() - t0))
 
     say(f"solving with {chosen.name}")
     t0 = time.perf_counter()
@@ -346,6 +355,42 @@ def _profile(
     if result.skipped:
         notes.append(f"not profiled (estimated): {', '.join(map(str, result.skipped[:5]))}")
     return profiled, tuple(notes)
+
+
+def _profile_ops(
+    traced: Any, costed: CostedGraph, *, say: Progress
+) -> tuple[CostedGraph, tuple[str, ...]]:
+    """Time every op inside the traced step on this machine's CPU; merge into the cpu rows."""
+    import tensorflow as tf
+
+    from cost_models.analytic import calibrated_roofline
+    from cost_models.op_profile import apply_op_profile, profile_step_ops, step_inputs
+
+    topo = costed.topology
+    rows = [d.index for d in topo.devices if d.device_type == "cpu"]
+    if not rows:
+        types = ", ".join(sorted({d.device_type for d in topo.devices}))
+        raise UsageError(
+            f"--profile-ops times ops on this machine's CPU, and the plan has no cpu device "
+            f"(it plans {types}); plan for --device-type cpu, or use --profile (per layer, on "
+            "the devices present)"
+        )
+    say("profiling ops")
+    with tf.device("/device:CPU:0"):
+        prof = profile_step_ops(traced, step_inputs(traced), steps=10, warmup=3, statistic="min")
+    dispatch_s = calibrated_roofline("cpu").dispatch_overhead_s
+    profiled = apply_op_profile(costed, prof.op_time_s, rows, dispatch_s=dispatch_s)
+    notes: tuple[str, ...] = (
+        f"timed {len(prof.op_time_s)} of {len(traced.graph.ops)} ops inside the training step on "
+        f"/device:CPU:0 (TensorFlow's profiler, least of {prof.profiled_steps} steps) for cpu "
+        f"devices {rows}; {len(profiled.measured)} layers measured, plus "
+        f"{1e6 * dispatch_s:.1f} us of executor time per op; ops TensorFlow ran side by side "
+        "(its default threads) each appear slower",
+    )
+    estimated = [d.index for d in topo.devices if d.index not in rows]
+    if estimated:
+        notes += (f"devices {estimated} are not cpus: their op times stay estimated",)
+    return profiled, notes
 
 
 def _pipeline_options(

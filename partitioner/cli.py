@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="measure layer times on the devices present (cached on disk) instead of estimating",
     )
+    parser.add_argument(
+        "--profile-ops",
+        action="store_true",
+        help="time every op inside the training step on this machine's CPU (cpu devices)",
+    )
     parser.add_argument("--out", default=None, help="write the plan as JSON to this file")
     parser.add_argument(
         "--report", default=None, metavar="HTML", help="write a self-contained HTML report here"
@@ -387,6 +392,7 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
             num_microbatches=args.microbatches,
             schedule=args.schedule or Schedule.ONE_F_ONE_B.value,
             profile=args.profile,
+            profile_ops=args.profile_ops,
             progress=progress,
         )
     from dataclasses import replace

@@ -165,3 +165,23 @@ def test_auto_pipelines_the_best_simulated_candidate(mlp: keras.Model) -> None:
     even = partitioner.partition(mlp, gpus=2, batch_size=16, solver="even", pipeline=True)
     dp = partitioner.partition(mlp, gpus=2, batch_size=16, solver="dp", pipeline=True)
     assert plan.step_time_s <= min(even.step_time_s, dp.step_time_s) * (1 + 1e-9)
+
+
+def test_profile_ops_times_the_step_and_replaces_cpu_estimates(mlp: keras.Model) -> None:
+    estimated = partitioner.partition(mlp, gpus=2, device_type="cpu", batch_size=16, solver="even")
+    plan = partitioner.partition(
+        mlp, gpus=2, device_type="cpu", batch_size=16, solver="even", profile_ops=True
+    )
+    assert any("inside the training step" in n for n in plan.cost_notes)
+    # Every layer with work (the Dense layers at least) was timed.
+    dense = {n for n in plan.layer_order if "dense" in n}
+    assert dense and dense <= set(plan.measured_layers) <= set(plan.layer_order)
+    assert not estimated.measured_layers
+    # The layer times are the measured ones, not the estimates.
+    assert plan.layer_compute_s != estimated.layer_compute_s
+    assert all(t > 0 for t in plan.layer_compute_s)
+
+
+def test_profile_ops_refuses_a_plan_without_cpus(mlp: keras.Model) -> None:
+    with pytest.raises(UsageError, match="--profile-ops times ops on this machine's CPU"):
+        partitioner.partition(mlp, gpus=2, device_type="h100", batch_size=16, profile_ops=True)
