@@ -332,7 +332,8 @@ def measure(
         input_bytes[index[e.dst]] += e.bytes
     ops = [
         [op.layer, op.phase.value, op.op_type, op.flops, ib + op.output_bytes,
-         op.output_dtypes[0] if op.output_dtypes else "float32", op.output_bytes]
+         op.output_dtypes[0] if op.output_dtypes else "float32", op.output_bytes,
+         op.transposed_bytes]
         for op, ib in zip(graph.ops, input_bytes)
         if op.op_type not in ZERO_WORK_OPS
     ]  # fmt: skip
@@ -360,14 +361,15 @@ def measure(
 
 
 def samples_of(record: dict[str, Any]) -> list[Any]:
+    """The fitting samples of a record: one per layer and phase (its ops' measured kernels)."""
     from cost_models.calibrate import OPAQUE_OPS, LayerSample, OpWork
     from partitioner.ir import Phase
 
     grouped: dict[tuple[str, str], list[Any]] = {}
-    for layer, phase, op_type, flops, moved, dtype, out_bytes in record["ops"]:
+    for layer, phase, op_type, flops, moved, dtype, out_bytes, transposed in record["ops"]:
         if layer is not None:
             grouped.setdefault((layer, phase), []).append(
-                OpWork(op_type, flops, moved, dtype, out_bytes)
+                OpWork(op_type, flops, moved, dtype, out_bytes, transposed)
             )
     out = []
     for layer, (fwd, bwd) in record["measured"].items():
@@ -421,8 +423,10 @@ def score(record: dict[str, Any], roofline: Any) -> tuple[Score, list[tuple[str,
 
     device = get_device_type("cpu")
     per_layer: dict[str | None, list[Any]] = {}
-    for layer, _phase, op_type, flops, moved, dtype, out_bytes in record["ops"]:
-        per_layer.setdefault(layer, []).append(OpWork(op_type, flops, moved, dtype, out_bytes))
+    for layer, _phase, op_type, flops, moved, dtype, out_bytes, transposed in record["ops"]:
+        per_layer.setdefault(layer, []).append(
+            OpWork(op_type, flops, moved, dtype, out_bytes, transposed)
+        )
 
     def predict(ops: list[Any]) -> float:
         if not ops:
@@ -633,6 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + f"; peak x{cal_all.roofline.peak_flops_scale:.2f}, "
         f"bandwidth x{cal_all.roofline.memory_bandwidth_scale:.2f} the catalog figures; overhead per op "
         + ", ".join(f"{k} {1e6 * v:.1f} us" for k, v in cal_all.class_overhead_s.items())
+        + f"; transposed matmul operands {1e9 * cal_all.roofline.transpose_s_per_byte:.3f} ns/byte"
         + f"; bytes beyond {cal_all.roofline.spill_threshold_bytes >> 10} KiB per op "
         f"{1e9 * cal_all.roofline.spill_s_per_byte:.3f} ns/byte; dispatch "
         f"{1e6 * cal_all.roofline.dispatch_overhead_s:.2f} us per op\n"

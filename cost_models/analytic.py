@@ -5,11 +5,13 @@ For an op on a device::
     time_s = dispatch_s + kernel_overhead_s + max(flops / (peak_flops(dtype) * compute_eff),
                                                   bytes_moved / (memory_bandwidth * memory_eff))
              + max(0, bytes_moved - spill_threshold_bytes) * spill_s_per_byte
+             + transposed_bytes * transpose_s_per_byte
 
 where ``bytes_moved`` is the op's input bytes (its in-edges) plus its output bytes. Ops in
 :data:`ZERO_WORK_OPS` (metadata, handles, graph plumbing) cost only ``dispatch_s`` (the
 executor's per-op cost; 0 unless calibrated). The last term (0 unless calibrated) is a CPU's extra
-cost for the bytes beyond what its core's cache holds. ``compute_eff`` is per op
+cost for the bytes beyond what its core's cache holds, and the next (0 unless calibrated) a
+CPU matmul's reordering of an operand it reads transposed. ``compute_eff`` is per op
 type, and so is ``memory_eff`` where calibrated (else one figure for all); ``kernel_overhead_s`` is
 the device's catalog figure unless the model overrides it.
 
@@ -153,6 +155,10 @@ class RooflineModel:
     outputs land in freshly mapped memory, page faults on first touch) ..."""
     spill_s_per_byte: float = 0.0
     """... and each costs this much on top: calibrated; 0 unless fitted."""
+    transpose_s_per_byte: float = 0.0
+    """Cost per byte of a matmul operand read transposed (a CPU kernel reorders a transposed
+    weight on every call: a dense layer's input gradient ``dY @ W^T``): calibrated; 0 unless
+    fitted."""
 
     def __post_init__(self) -> None:
         for what, scale in (
@@ -169,6 +175,7 @@ class RooflineModel:
         for what, amount in (
             ("dispatch_overhead_s", self.dispatch_overhead_s),
             ("spill_s_per_byte", self.spill_s_per_byte),
+            ("transpose_s_per_byte", self.transpose_s_per_byte),
         ):
             if not (amount >= 0 and math.isfinite(amount)):
                 raise CatalogError(f"roofline {what}={amount!r} must be a finite number >= 0")
@@ -227,6 +234,7 @@ def estimate_op_times_s(
     overheads = m.overhead_s
     dispatch_s = m.dispatch_overhead_s
     spill_bytes, spill_s_per_byte = m.spill_threshold_bytes, m.spill_s_per_byte
+    transpose_s_per_byte = m.transpose_s_per_byte
     bandwidth = device.memory_bandwidth_bytes_per_s * m.memory_bandwidth_scale
     inv_bandwidth = 1.0 / (bandwidth * m.memory_efficiency)
     by_type = m.memory_efficiency_by_type
@@ -248,6 +256,8 @@ def estimate_op_times_s(
         overhead_s += dispatch_s
         if spill_s_per_byte and moved > spill_bytes:
             overhead_s += (moved - spill_bytes) * spill_s_per_byte
+        if transpose_s_per_byte and op.transposed_bytes:
+            overhead_s += op.transposed_bytes * transpose_s_per_byte
         if op.flops:
             dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
             key = (op_type, dtype)
@@ -299,6 +309,7 @@ def roofline_to_dict(model: RooflineModel) -> dict[str, Any]:
         "dispatch_overhead_s": model.dispatch_overhead_s,
         "spill_threshold_bytes": model.spill_threshold_bytes,
         "spill_s_per_byte": model.spill_s_per_byte,
+        "transpose_s_per_byte": model.transpose_s_per_byte,
     }
 
 
@@ -343,9 +354,8 @@ def roofline_from_dict(raw: Mapping[str, Any], origin: str = "roofline") -> Roof
         spill_threshold_bytes=int(
             number("spill_threshold_bytes", raw.get("spill_threshold_bytes", 1 << 18))
         ),
-        spill_s_per_byte=number(
-            "spill_s_per_byte", raw.get("spill_s_per_byte", 0.0)
-        ),
+        spill_s_per_byte=number("spill_s_per_byte", raw.get("spill_s_per_byte", 0.0)),
+        transpose_s_per_byte=number("transpose_s_per_byte", raw.get("transpose_s_per_byte", 0.0)),
     )
 
 

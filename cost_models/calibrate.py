@@ -6,7 +6,7 @@ For an op ``o`` on a device with peak FLOP/s ``P(dtype)`` and memory bandwidth `
 roofline of :mod:`cost_models.analytic` is::
 
     t(o) = h[g(o)] + max(theta[g(o)] * flops(o) / P,  theta_mem[g(o)] * bytes(o) / B)
-           + theta_spill * max(0, bytes(o) - L)
+           + theta_spill * max(0, bytes(o) - L) + theta_T * transposed(o)
 
 with ``g(o)`` the op's class (:class:`OpClass`: matmul, convolution, its two backprops,
 depthwise, einsum, random, other), ``theta = 1 / efficiency`` (of the peak FLOP/s, and of the memory
@@ -15,14 +15,15 @@ cache-resident tensor) and ``h`` the class's fixed cost per op (launch
 overhead, and on a CPU the poor efficiency of small kernels: an efficiency that ramps up with
 size, ``flops / (flops + f0)``, is exactly a fixed cost plus a constant efficiency), and
 ``theta_spill`` the extra cost per byte an op moves beyond ``L`` (on a CPU: beyond what the core's
-cache holds; a large output also lands in freshly mapped memory). A sample is one
+cache holds; a large output also lands in freshly mapped memory), and ``theta_T`` the cost per
+byte of a matmul operand read transposed (oneDNN reorders a transposed weight on every call). A sample is one
 layer's measured forward (or backward) time ``y``; its prediction is the sum of ``t(o)`` over the
 layer's working ops of that phase. The fit minimises the squared relative error::
 
     sum_samples ((prediction - y) / y) ** 2
 
 over ``x = (theta_matmul, ..., theta_other, theta_mem_matmul, ..., theta_mem_other, h_matmul, ...,
-h_other, theta_spill)``. The ``max`` makes this piecewise
+h_other, theta_spill, theta_T)``. The ``max`` makes this piecewise
 linear: fixing, for every op, which branch is the larger gives a linear least-squares problem.
 The fit alternates the two (an active-set iteration for piecewise-linear least squares, as in
 the alternating fits of Lawson & Hanson, *Solving Least Squares Problems*, 1974): assign the
@@ -166,7 +167,9 @@ _COL_OVERHEAD = 2 * _N_CLASSES
 """The first of the per-class overhead columns."""
 _COL_LARGE = 3 * _N_CLASSES
 """Seconds per byte moved beyond the spill threshold."""
-_N_COLS = 3 * _N_CLASSES + 1
+_COL_TRANSPOSE = 3 * _N_CLASSES + 1
+"""Seconds per byte of a matmul operand read transposed."""
+_N_COLS = 3 * _N_CLASSES + 2
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ class OpWork:
     bytes_moved: int
     dtype: str = "float32"
     output_bytes: int = 0
+    transposed_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -223,7 +227,10 @@ def layer_samples(
             continue
         dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
         by_layer.setdefault((op.layer, op.phase), []).append(
-            OpWork(op.op_type, op.flops, in_bytes + op.output_bytes, dtype, op.output_bytes)
+            OpWork(
+                op.op_type, op.flops, in_bytes + op.output_bytes, dtype, op.output_bytes,
+                op.transposed_bytes,
+            )
         )
     samples: list[LayerSample] = []
     for info in graph.layers:
@@ -253,6 +260,7 @@ def predict_sample_s(sample: LayerSample, device: DeviceType, model: RooflineMod
         overhead = model.overhead_s.get(op.op_type, default)
         if per_byte and op.bytes_moved > large:
             overhead += (op.bytes_moved - large) * per_byte
+        overhead += op.transposed_bytes * model.transpose_s_per_byte
         memory_s = op.bytes_moved / (bw * model.memory_efficiency_of(op.op_type))
         if op.flops:
             rate = device.peak_flops(op.dtype) * peak_scale * model.compute_efficiency(op.op_type)
@@ -314,7 +322,7 @@ def fit_stats(samples: Sequence[LayerSample], device: DeviceType, model: Rooflin
     )
 
 
-_Feature = tuple[np.ndarray, np.ndarray, np.ndarray, float]
+_Feature = tuple[np.ndarray, np.ndarray, np.ndarray, float, float]
 
 
 def _features(
@@ -332,7 +340,7 @@ def _features(
             [o.bytes_moved / device.memory_bandwidth_bytes_per_s for o in s.ops], dtype=np.float64
         )
         large = float(sum(max(0, o.bytes_moved - spill_threshold_bytes) for o in s.ops))
-        out.append((cls, comp, mem, large))
+        out.append((cls, comp, mem, large, float(sum(o.transposed_bytes for o in s.ops))))
     return out
 
 
@@ -340,8 +348,9 @@ def _design(feats: Sequence[_Feature], x: np.ndarray) -> tuple[np.ndarray, bytes
     """The linear system's rows for the branch each op takes at ``x``, and the branch pattern."""
     a = np.zeros((len(feats), _N_COLS))
     pattern = []
-    for r, (cls, comp, mem, large) in enumerate(feats):
+    for r, (cls, comp, mem, large, transposed) in enumerate(feats):
         a[r, _COL_LARGE] = large
+        a[r, _COL_TRANSPOSE] = transposed
         compute_wins = (comp > 0) & (x[cls] * comp >= x[_COL_MEM + cls] * mem)
         np.add.at(a[r], cls[compute_wins], comp[compute_wins])
         np.add.at(a[r], _COL_MEM + cls[~compute_wins], mem[~compute_wins])
@@ -352,9 +361,9 @@ def _design(feats: Sequence[_Feature], x: np.ndarray) -> tuple[np.ndarray, bytes
 
 def _predict(feats: Sequence[_Feature], x: np.ndarray) -> np.ndarray:
     out = np.empty(len(feats))
-    for r, (cls, comp, mem, large) in enumerate(feats):
+    for r, (cls, comp, mem, large, transposed) in enumerate(feats):
         out[r] = (x[_COL_OVERHEAD + cls] + np.maximum(x[cls] * comp, x[_COL_MEM + cls] * mem)).sum()
-        out[r] += x[_COL_LARGE] * large
+        out[r] += x[_COL_LARGE] * large + x[_COL_TRANSPOSE] * transposed
     return out
 
 
@@ -439,13 +448,15 @@ def fit_roofline(
     w = 1.0 / np.maximum(y, weight_floor * float(np.median(y)))
     # Which columns the samples exercise at all.
     used = np.zeros(_N_COLS, dtype=bool)
-    for cls, comp, _, large in feats:
+    for cls, comp, _, large, transposed in feats:
         used[np.unique(cls[comp > 0])] = True
         used[_COL_MEM + np.unique(cls)] = True
         if fit_overhead:
             used[_COL_OVERHEAD + np.unique(cls)] = True
         if fit_large_outputs and large > 0:
             used[_COL_LARGE] = True
+        if fit_large_outputs and transposed > 0:
+            used[_COL_TRANSPOSE] = True
 
     start_x = np.empty(_N_COLS)
     default_overhead = (
@@ -459,6 +470,7 @@ def fit_roofline(
             base.memory_efficiency_of(representative[c]) * base.memory_bandwidth_scale
         )
     start_x[_COL_LARGE] = base.spill_s_per_byte
+    start_x[_COL_TRANSPOSE] = base.transpose_s_per_byte
     # theta = 1 / (efficiency * scale) >= 1 / max_scale: a catalog figure may understate the
     # machine (the nominal cpu entry) by up to max_scale; overheads >= 0; efficiencies are kept
     # >= 1e-4 at the end.
@@ -534,6 +546,7 @@ def fit_roofline(
         dispatch_overhead_s=base.dispatch_overhead_s,
         spill_threshold_bytes=base.spill_threshold_bytes,
         spill_s_per_byte=float(best_x[_COL_LARGE]),
+        transpose_s_per_byte=float(best_x[_COL_TRANSPOSE]),
     )
     class_overhead = {
         c.value: float(best_x[_COL_OVERHEAD + i])

@@ -122,6 +122,9 @@ class Op:
     output_dtypes: tuple[str, ...] = ()
     output_bytes: int = 0
     flops: int = 0
+    transposed_bytes: int = 0
+    """Bytes of the operands the kernel reads transposed (``MatMul``'s ``transpose_a/b``,
+    ``BatchMatMul``'s ``adj_x/y``): a CPU kernel reorders a transposed weight on every call."""
 
     def __post_init__(self) -> None:
         if len(self.output_shapes) != len(self.output_dtypes):

@@ -318,6 +318,23 @@ def _loop_list_bytes(op: Any) -> dict[int, int]:
     return out
 
 
+_TRANSPOSE_ATTRS = (("transpose_a", "transpose_b"), ("adj_x", "adj_y"))
+
+
+def _transposed_bytes(op: Any) -> int:
+    """Bytes of a matmul's operands it reads transposed (attributes ``transpose_a/b`` or
+    ``adj_x/y``); 0 for other ops."""
+    if len(op.inputs) < 2:
+        return 0
+    for names in _TRANSPOSE_ATTRS:
+        try:
+            flags = [bool(op.get_attr(n)) for n in names]
+        except (ValueError, TypeError):
+            continue
+        return sum(_tensor_bytes(t)[2] for t, f in zip(op.inputs[:2], flags) if f)
+    return 0
+
+
 def _einsum_flops(op: Any) -> int:
     """FLOPs of an ``Einsum`` (TF's profiler has no figure for it; Keras's attention uses it).
 
@@ -535,6 +552,7 @@ def trace_model(
                 output_dtypes=tuple(dtypes),
                 output_bytes=out_bytes,
                 flops=flops.get(op.name, 0),
+                transposed_bytes=_transposed_bytes(op) if "MatMul" in op.type else 0,
             )
         )
         for t in op.inputs:

@@ -295,3 +295,17 @@ def test_einsum_gets_its_flops() -> None:
     # Scores q.k and the weighted sum of values: a multiply-add per (batch, head, query, key,
     # key_dim) point each.
     assert {o.flops for o in einsums} == {2 * batch * heads * seq * seq * key_dim}
+
+
+def test_matmuls_record_the_operands_they_read_transposed() -> None:
+    """A dense layer's input gradient is dY @ W^T: the kernel reads the weight transposed."""
+    model = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(32, name="a"), keras.layers.Dense(8, name="b")]
+    )
+    graph = trace_model(model, batch_size=4).graph
+    matmuls = [o for o in graph.ops if o.op_type == "MatMul"]
+    assert all(o.transposed_bytes == 0 for o in matmuls if o.phase is Phase.FORWARD)
+    backward_b = {o.transposed_bytes for o in matmuls if o.phase is Phase.BACKWARD and o.layer == "b"}
+    # dX reads b's kernel (32 x 8 floats) transposed; dW reads a's output (4 x 32) transposed.
+    assert backward_b == {4 * 32 * 8, 4 * 4 * 32}
+    assert all(o.transposed_bytes == 0 for o in graph.ops if o.op_type != "MatMul")
