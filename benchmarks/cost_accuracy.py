@@ -54,6 +54,7 @@ CALIBRATION_SUITE = (
     "cal_dense_large",
     "cal_recurrent",
     "cal_recurrent_wide",
+    "cal_recurrent_long",
     "cal_attention",
     "cal_attention_long",
 )
@@ -251,6 +252,20 @@ def _specs(quick: bool) -> dict[str, ModelSpec]:
             lambda: cal_recurrent(128, 12, 40, "cal_recurrent"),
             16,
             "12 x 40 -> GRU 128 -> LSTM 96 -> RNN 64 (unrolled)",
+        ),
+        "cal_recurrent_long": ModelSpec(
+            "cal_recurrent_long",
+            lambda: keras.Sequential(
+                [
+                    keras.Input((24, 32)),
+                    keras.layers.GRU(512, return_sequences=True, unroll=True, name="gru"),
+                    keras.layers.SimpleRNN(384, unroll=True, name="rnn"),
+                    keras.layers.Dense(10, name="out"),
+                ],
+                name="cal_recurrent_long",
+            ),
+            8,
+            "24 x 32 -> GRU 512 -> RNN 384 (unrolled): small batch, large weights read every step",
         ),
         "cal_recurrent_wide": ModelSpec(
             "cal_recurrent_wide",
