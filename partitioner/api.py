@@ -127,6 +127,8 @@ def partition(
     sched, micro = _pipeline_options(
         pipeline, num_microbatches, schedule, batch_size, topo.num_devices
     )
+    if profile_ops:
+        _cpu_rows(topo)  # fail before the slow work
     say: Progress = progress or _no_progress
     phases: list[tuple[str, float]] = []
 
@@ -357,6 +359,19 @@ def _profile(
     return profiled, tuple(notes)
 
 
+def _cpu_rows(topo: Topology) -> list[int]:
+    """The topology's cpu devices, which ``--profile-ops`` measures; UsageError when none."""
+    rows = [d.index for d in topo.devices if d.device_type == "cpu"]
+    if not rows:
+        types = ", ".join(sorted({d.device_type for d in topo.devices}))
+        raise UsageError(
+            f"--profile-ops times ops on this machine's CPU, and the plan has no cpu device "
+            f"(it plans {types}); plan for --device-type cpu, or use --profile (per layer, on "
+            "the devices present)"
+        )
+    return rows
+
+
 def _profile_ops(
     traced: Any, costed: CostedGraph, *, say: Progress
 ) -> tuple[CostedGraph, tuple[str, ...]]:
@@ -367,14 +382,7 @@ def _profile_ops(
     from cost_models.op_profile import apply_op_profile, profile_step_ops, step_inputs
 
     topo = costed.topology
-    rows = [d.index for d in topo.devices if d.device_type == "cpu"]
-    if not rows:
-        types = ", ".join(sorted({d.device_type for d in topo.devices}))
-        raise UsageError(
-            f"--profile-ops times ops on this machine's CPU, and the plan has no cpu device "
-            f"(it plans {types}); plan for --device-type cpu, or use --profile (per layer, on "
-            "the devices present)"
-        )
+    rows = _cpu_rows(topo)
     say("profiling ops")
     with tf.device("/device:CPU:0"):
         prof = profile_step_ops(traced, step_inputs(traced), steps=10, warmup=3, statistic="min")

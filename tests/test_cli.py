@@ -230,6 +230,10 @@ BAD_CASES: dict[str, tuple[list[str], list[str]]] = {
         [str(MNIST), "--gpus", "1", "--pipeline", "--out", "{d}/plan.json"],
         ["--pipeline", "2 devices"],
     ),
+    "profile-ops-no-cpu": (
+        [str(MNIST), "--gpus", "2", "--profile-ops", "--out", "{d}/plan.json"],
+        ["--profile-ops", "no cpu device", "--profile"],
+    ),
     "schedule-without-pipeline": (
         [str(MNIST), "--gpus", "2", "--schedule", "gpipe", "--out", "{d}/plan.json"],
         ["--schedule", "--pipeline"],
