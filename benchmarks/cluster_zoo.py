@@ -16,17 +16,20 @@ For each model:
 1. **Plan.** In a calibration process pinned to core 0 with one intra-op and one inter-op
    thread, :func:`partitioner.api.partition` plans it for a topology file of two ``cpu`` devices
    joined by the loopback link measured below (``gpus=None, device_type="cpu",
-   optimizer="sgd", pipeline=True, schedule=1f1b, num_microbatches=M, profile=True``: every
-   layer's forward and backward timed on that one core), with the model's solver (``auto``,
+   optimizer="sgd", pipeline=True, schedule=1f1b, num_microbatches=M, profile_ops=True``: every
+   op of the training step timed inside the step on that one core), with the model's solver (``auto``,
    or a fixed solver where noted). The stage assignment of every row comes from that plan.
 2. **Measure** (median wall time of one ``train_on_batch`` step after warm-up; MSE against
    random targets, SGD): the plain model in the calibration process (one core, one thread); the
    plan applied to the two workers without micro-batches (``replace(plan, pipeline=None)
    .apply(model, devices=tasks, cluster=handle)``); and pipelined with GPipe and with 1F1B and
    ``M`` micro-batches (the plan's own pipeline, its schedule replaced for GPipe).
-3. **Predict** with the product's machinery and one-core measurements: per-layer costs from
-   :func:`cost_models.profiled.profile_model` (on the pinned core) merged with
-   :func:`cost_models.profiled.apply_profile` into the graph costed for the measured topology;
+3. **Predict** with the product's machinery and one-core measurements: every op of the traced
+   training step timed inside the step on the pinned core
+   (:func:`cost_models.op_profile.profile_step_ops`, the least of several steps; glue ops such
+   as the loss included) merged with :func:`cost_models.op_profile.apply_op_profile` into the
+   graph costed for the measured topology, plus the calibrated executor cost per op (what
+   ``partition --profile-ops`` does);
 
    * ``1 process, 1 core``: :func:`partitioner.simulate.simulate_step` with every layer on one
      device, plus the optimizer's update of all variables (timed on the core);
@@ -35,7 +38,7 @@ For each model:
      batch fed from the client over the link and the client's fixed cost of one step on the
      cluster (a no-op step function, :func:`benchmarks.cluster_pipeline.measure_link`);
    * ``GPipe`` / ``1F1B``: :func:`partitioner.pipeline_sim.simulate_stages` on the plan's stages
-     (:func:`~partitioner.pipeline_sim.pipeline_stages`) with per-layer times profiled at the
+     (:func:`~partitioner.pipeline_sim.pipeline_stages`) with op times profiled at the
      micro-batch size (times ``M``: the simulator divides by ``M``) and each stage's backward
      plus ``M - 1`` additions of its gradients into the running sums (timed), plus the same
      update, feed and client terms. ``linear`` in the table is the same simulation from the
@@ -161,9 +164,6 @@ SPECS: Mapping[str, ModelSpec] = {
             "multi_tower 4 towers x 2 Dense(1024), 512 features",
             batch_size=256,
             num_microbatches=4,
-            # auto (and metis) give a placement that pipeline_stages finds cyclic on this
-            # model; dp is one of auto's pipeline candidates
-            solver="dp",
         ),
         ModelSpec(
             "gpt_tiny",
@@ -550,43 +550,40 @@ def calibrate(
     spec: ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path
 ) -> ZooCalibration:
     """Plan, profile and time ``spec`` on this process's core (see the module docstring)."""
+    from cost_models.analytic import calibrated_roofline
     from cost_models.costs import cost_graph
-    from cost_models.profiled import apply_profile, profile_model
+    from cost_models.op_profile import apply_op_profile, profile_step_ops, step_inputs
     from cost_models.topology import load_topology
     from partitioner.api import partition
     from partitioner.pipeline_sim import pipeline_stages
     from partitioner.simulate import simulate_step
     from passes.trace import placement_units, trace_model
 
-    cache = work / "profile_cache"
     topo_path = _topology_file(work / "topology.json", link)
     model = spec.build()
     plan = partition(
         model, gpus=None, device_type="cpu", batch_size=spec.batch_size, solver=spec.solver,
         topology=str(topo_path), optimizer="sgd", pipeline=True,
-        num_microbatches=spec.num_microbatches, schedule=Schedule.ONE_F_ONE_B, profile=True,
-        cache_dir=str(cache),
+        num_microbatches=spec.num_microbatches, schedule=Schedule.ONE_F_ONE_B, profile_ops=True,
     )  # fmt: skip
     m = spec.num_microbatches
     traced = trace_model(model, batch_size=spec.batch_size)
+    traced_micro = trace_model(model, batch_size=spec.microbatch_size)
     topology = load_topology(str(topo_path), device_type="cpu")
     costed = cost_graph(traced.graph, topology=topology, optimizer="sgd")
-    # whole batch: from the cache partition() just filled; micro-batch: measured now
-    full = profile_model(
-        model, batch_size=spec.batch_size, devices=[PROFILE_DEVICE], cache_dir=cache
+    # Every op timed inside the step, at the whole batch and at the micro-batch size (the same
+    # graph, so the same op names); a micro-batch's times x M, its dispatch paid M times.
+    rows = range(topology.num_devices)
+    dispatch_s = calibrated_roofline("cpu").dispatch_overhead_s
+    reps_ops = max(5, steps)
+    full = profile_step_ops(traced, step_inputs(traced), steps=reps_ops, warmup=2, statistic="min")
+    micro = profile_step_ops(
+        traced_micro, step_inputs(traced_micro), steps=reps_ops, warmup=2, statistic="min"
     )
-    micro = profile_model(
-        model, batch_size=spec.microbatch_size, devices=[PROFILE_DEVICE], cache_dir=cache
+    costed_full = apply_op_profile(costed, full.op_time_s, rows, dispatch_s=dispatch_s)
+    costed_micro = apply_op_profile(
+        costed, {k: v * m for k, v in micro.op_time_s.items()}, rows, dispatch_s=dispatch_s * m
     )
-    micro_times_m = replace(
-        micro,
-        timings=tuple(
-            replace(t, forward_time_s=t.forward_time_s * m, backward_time_s=t.backward_time_s * m)
-            for t in micro.timings
-        ),
-    )
-    costed_full = apply_profile(costed, full)
-    costed_micro = apply_profile(costed, micro_times_m)
     assignment = dict(plan.assignment)
     single_compute = simulate_step(costed_full, dict.fromkeys(assignment, 0)).step_time_s
     placed_compute = simulate_step(costed_full, assignment).step_time_s
