@@ -165,7 +165,7 @@ _COL_MEM = _N_CLASSES
 """The first of the per-class memory columns (inverse fractions of the bandwidth)."""
 _COL_OVERHEAD = 2 * _N_CLASSES
 """The first of the per-class overhead columns."""
-_COL_LARGE = 3 * _N_CLASSES
+_COL_SPILL = 3 * _N_CLASSES
 """Seconds per byte moved beyond the spill threshold."""
 _COL_TRANSPOSE = 3 * _N_CLASSES + 1
 """Seconds per byte of a matmul operand read transposed."""
@@ -254,12 +254,12 @@ def predict_sample_s(sample: LayerSample, device: DeviceType, model: RooflineMod
     default = device.kernel_overhead_s if model.kernel_overhead_s is None else model.kernel_overhead_s
     bw = device.memory_bandwidth_bytes_per_s * model.memory_bandwidth_scale
     peak_scale = model.peak_flops_scale
-    large, per_byte = model.spill_threshold_bytes, model.spill_s_per_byte
+    threshold, per_byte = model.spill_threshold_bytes, model.spill_s_per_byte
     total = 0.0
     for op in sample.ops:
         overhead = model.overhead_s.get(op.op_type, default)
-        if per_byte and op.bytes_moved > large:
-            overhead += (op.bytes_moved - large) * per_byte
+        if per_byte and op.bytes_moved > threshold:
+            overhead += (op.bytes_moved - threshold) * per_byte
         overhead += op.transposed_bytes * model.transpose_s_per_byte
         memory_s = op.bytes_moved / (bw * model.memory_efficiency_of(op.op_type))
         if op.flops:
@@ -339,8 +339,8 @@ def _features(
         mem = np.array(
             [o.bytes_moved / device.memory_bandwidth_bytes_per_s for o in s.ops], dtype=np.float64
         )
-        large = float(sum(max(0, o.bytes_moved - spill_threshold_bytes) for o in s.ops))
-        out.append((cls, comp, mem, large, float(sum(o.transposed_bytes for o in s.ops))))
+        spill = float(sum(max(0, o.bytes_moved - spill_threshold_bytes) for o in s.ops))
+        out.append((cls, comp, mem, spill, float(sum(o.transposed_bytes for o in s.ops))))
     return out
 
 
@@ -348,8 +348,8 @@ def _design(feats: Sequence[_Feature], x: np.ndarray) -> tuple[np.ndarray, bytes
     """The linear system's rows for the branch each op takes at ``x``, and the branch pattern."""
     a = np.zeros((len(feats), _N_COLS))
     pattern = []
-    for r, (cls, comp, mem, large, transposed) in enumerate(feats):
-        a[r, _COL_LARGE] = large
+    for r, (cls, comp, mem, spill, transposed) in enumerate(feats):
+        a[r, _COL_SPILL] = spill
         a[r, _COL_TRANSPOSE] = transposed
         compute_wins = (comp > 0) & (x[cls] * comp >= x[_COL_MEM + cls] * mem)
         np.add.at(a[r], cls[compute_wins], comp[compute_wins])
@@ -361,9 +361,9 @@ def _design(feats: Sequence[_Feature], x: np.ndarray) -> tuple[np.ndarray, bytes
 
 def _predict(feats: Sequence[_Feature], x: np.ndarray) -> np.ndarray:
     out = np.empty(len(feats))
-    for r, (cls, comp, mem, large, transposed) in enumerate(feats):
+    for r, (cls, comp, mem, spill, transposed) in enumerate(feats):
         out[r] = (x[_COL_OVERHEAD + cls] + np.maximum(x[cls] * comp, x[_COL_MEM + cls] * mem)).sum()
-        out[r] += x[_COL_LARGE] * large + x[_COL_TRANSPOSE] * transposed
+        out[r] += x[_COL_SPILL] * spill + x[_COL_TRANSPOSE] * transposed
     return out
 
 
@@ -425,7 +425,7 @@ def fit_roofline(
     fit_overhead: bool = True,
     weight_floor: float = 0.0,
     max_scale: float = 1.0,
-    fit_large_outputs: bool = True,
+    fit_byte_terms: bool = True,
     source: str = "",
 ) -> Calibration:
     """Fit per-class compute efficiencies, the memory efficiency and the per-op overhead.
@@ -435,6 +435,8 @@ def fit_roofline(
     and bandwidth up to ``max_scale`` times them): the fitted model then carries
     ``peak_flops_scale`` (the largest fitted efficiency, when above 1) and
     ``memory_bandwidth_scale``, with the efficiencies divided by them so each stays in (0, 1].
+    ``fit_byte_terms`` fits the spill and transposed-operand costs per byte (else they keep
+    ``start``'s values).
     """
     if not (max_scale >= 1 and math.isfinite(max_scale)):
         raise PartitionError(f"max_scale={max_scale!r} must be a finite number >= 1")
@@ -448,14 +450,14 @@ def fit_roofline(
     w = 1.0 / np.maximum(y, weight_floor * float(np.median(y)))
     # Which columns the samples exercise at all.
     used = np.zeros(_N_COLS, dtype=bool)
-    for cls, comp, _, large, transposed in feats:
+    for cls, comp, _, spill, transposed in feats:
         used[np.unique(cls[comp > 0])] = True
         used[_COL_MEM + np.unique(cls)] = True
         if fit_overhead:
             used[_COL_OVERHEAD + np.unique(cls)] = True
-        if fit_large_outputs and large > 0:
-            used[_COL_LARGE] = True
-        if fit_large_outputs and transposed > 0:
+        if fit_byte_terms and spill > 0:
+            used[_COL_SPILL] = True
+        if fit_byte_terms and transposed > 0:
             used[_COL_TRANSPOSE] = True
 
     start_x = np.empty(_N_COLS)
@@ -469,14 +471,14 @@ def fit_roofline(
         start_x[_COL_MEM + i] = 1.0 / (
             base.memory_efficiency_of(representative[c]) * base.memory_bandwidth_scale
         )
-    start_x[_COL_LARGE] = base.spill_s_per_byte
+    start_x[_COL_SPILL] = base.spill_s_per_byte
     start_x[_COL_TRANSPOSE] = base.transpose_s_per_byte
     # theta = 1 / (efficiency * scale) >= 1 / max_scale: a catalog figure may understate the
     # machine (the nominal cpu entry) by up to max_scale; overheads >= 0; efficiencies are kept
     # >= 1e-4 at the end.
     lower = np.where(used, 1.0 / max_scale, start_x)
     lower[_COL_OVERHEAD:] = np.where(used[_COL_OVERHEAD:], 0.0, start_x[_COL_OVERHEAD:])
-    # (the large-output column is among them: seconds per byte >= 0)
+    # (the spill and transposed-operand columns are among them: seconds per byte >= 0)
 
     def objective(x: np.ndarray) -> float:
         return float((((_predict(feats, x) - y) * w) ** 2).sum())
@@ -545,7 +547,7 @@ def fit_roofline(
         overhead_s=MappingProxyType(dict(sorted(overheads.items()))),
         dispatch_overhead_s=base.dispatch_overhead_s,
         spill_threshold_bytes=base.spill_threshold_bytes,
-        spill_s_per_byte=float(best_x[_COL_LARGE]),
+        spill_s_per_byte=float(best_x[_COL_SPILL]),
         transpose_s_per_byte=float(best_x[_COL_TRANSPOSE]),
     )
     class_overhead = {
