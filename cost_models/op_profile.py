@@ -20,8 +20,8 @@ scope is left unattributed and reported. Per layer and phase, times are summed o
 fusion within a layer loses nothing.
 
 The wall time of the step is measured separately, without the profiler (which slows small
-kernels), as the median of ``steps`` timed runs, less the median time of an empty ``tf.function``
-on the same inputs timed in the same rounds (the fixed cost of a call: Python, argument
+kernels), as the ``statistic`` (median, or least) of ``steps`` timed runs, less the same
+statistic of an empty ``tf.function`` on the same inputs timed in the same rounds (the fixed cost of a call: Python, argument
 handling, the result's copy; it is no op's cost).
 
 Threads: TensorFlow runs independent ops of a step side by side on a CPU (``inter_op``
