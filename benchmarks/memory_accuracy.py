@@ -120,16 +120,11 @@ def weight_read_bytes(graph: Any) -> int:
 
 def measured_step_peak_bytes(trace: Any, runs: int = 3) -> int:
     """Largest peak bytes the BFC allocator saw during ``runs`` steps, above what was in use."""
-    import numpy as np
     import tensorflow as tf
 
-    rng = np.random.default_rng(0)
-    inputs = [
-        tf.constant(rng.standard_normal(tuple(int(d) for d in sig.shape)), dtype=sig.dtype)
-        if sig.dtype.is_floating
-        else tf.zeros(sig.shape, sig.dtype)
-        for sig in trace.step_function.structured_input_signature[0]
-    ]
+    from cost_models.op_profile import step_inputs
+
+    inputs = step_inputs(trace)
     fn = trace.step_function
     _ = fn(*inputs)[0].numpy()  # warm-up: kernels built, constant buffers allocated
     best = 0

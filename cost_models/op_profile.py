@@ -56,6 +56,7 @@ __all__ = [
     "configure_serial_executor",
     "layer_phase_times",
     "profile_step_ops",
+    "random_inputs",
     "step_inputs",
 ]
 
@@ -213,21 +214,26 @@ def _read_events(logdir: str) -> list[KernelEvent]:
     return events
 
 
-def step_inputs(trace: Any, seed: int = 0) -> list[Any]:
-    """Tensors matching the traced step's inputs: standard normal floats, zeros for integers
-    (token ids: in range for every lookup)."""
+def random_inputs(specs: Iterable[Any], seed: int = 0) -> list[Any]:
+    """Tensors for ``tf.TensorSpec`` objects with static shapes: standard normal floats, zeros for the
+    other dtypes (token ids: in range for every lookup)."""
     import numpy as np
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)
     out = []
-    for sig in trace.step_function.structured_input_signature[0]:
-        shape = tuple(int(d) for d in sig.shape)
-        if sig.dtype.is_floating:
-            out.append(tf.constant(rng.standard_normal(shape), dtype=sig.dtype))
+    for spec in specs:
+        shape = tuple(int(d) for d in spec.shape)
+        if spec.dtype.is_floating:
+            out.append(tf.constant(rng.standard_normal(shape), dtype=spec.dtype))
         else:
-            out.append(tf.zeros(shape, dtype=sig.dtype))
+            out.append(tf.zeros(shape, dtype=spec.dtype))
     return out
+
+
+def step_inputs(trace: Any, seed: int = 0) -> list[Any]:
+    """Tensors matching the traced step's inputs (:func:`random_inputs`)."""
+    return random_inputs(trace.step_function.structured_input_signature[0], seed)
 
 
 def profile_step_ops(

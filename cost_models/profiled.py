@@ -426,20 +426,10 @@ def _recording(units: Sequence[Any], calls: dict[str, list[_Call]], inputs: Sequ
 
 
 def _model_inputs(model: Any, batch_size: int, input_shape: Sequence[int] | None, seed: int) -> list[Any]:
-    import numpy as np
-    import tensorflow as tf
-
+    from cost_models.op_profile import random_inputs
     from passes.trace import input_specs
 
-    rng = np.random.default_rng(seed)
-    values = []
-    for spec in input_specs(model, batch_size, input_shape):
-        shape = tuple(int(d) for d in spec.shape)
-        if spec.dtype.is_floating:
-            values.append(tf.constant(rng.standard_normal(shape), dtype=spec.dtype))
-        else:  # token ids and the like: zeros are in range for every lookup
-            values.append(tf.zeros(shape, dtype=spec.dtype))
-    return values
+    return random_inputs(input_specs(model, batch_size, input_shape), seed)
 
 
 def _capture_calls(
