@@ -7,7 +7,7 @@ Logical CPU devices in one process share one thread pool, so parallel speed is m
 separate processes: a TensorFlow cluster of two ``partition worker`` processes on 127.0.0.1,
 each pinned to its own core with one intra-op thread (each kernel on one core) and the worker's
 default of two inter-op threads (with one, a stage's sends wait behind its queued forwards:
-see :mod:`partitioner.worker`), and this process as the client (:func:`passes.cluster.connect`),
+see :mod:`partitioner.cli.worker`), and this process as the client (:func:`passes.cluster.runtime.connect`),
 not pinned (it mostly waits; its CPU share is shown).
 
 The model is a balanced two-stage MLP: ``2 x layers`` Dense layers of ``width`` units (ReLU, the
@@ -19,10 +19,10 @@ Rows (median wall time of one ``train_on_batch`` step of ``batch`` samples, afte
 * ``1 process, 1 core``: the plain model in a separate process pinned to core 0, threads = 1;
 * ``2 workers, placed``: the layers split over the two workers, no micro-batches (the stages
   run one after the other: no speed-up expected);
-* ``2 workers, GPipe M`` / ``2 workers, 1F1B M``: :func:`passes.pipeline.pipeline_model` over
+* ``2 workers, GPipe M`` / ``2 workers, 1F1B M``: :func:`passes.rewrite.pipeline.pipeline_model` over
   the two workers with ``M`` micro-batches.
 
-Prediction (``predicted``): :func:`partitioner.pipeline_sim.simulate_stages` on two stages whose
+Prediction (``predicted``): :func:`partitioner.simulation.pipeline.simulate_stages` on two stages whose
 per-micro-batch forward and backward times were timed on one core (in the calibration process,
 at the micro-batch size, times ``M``; the backward plus ``M - 1`` additions of a micro-batch's
 gradients into the running sums, which the pipelined step does and a plain step does not) and whose activation/gradient transfers cross a link
@@ -366,8 +366,8 @@ def predict(
     cfg: Config, cal: Calibration, link: LinkFit, schedule_name: str, num_microbatches: int
 ) -> float:
     """The simulator's step time for the two-worker run (see the module docstring)."""
-    from partitioner.ir import Device, Link, Phase, Schedule, Topology
-    from partitioner.pipeline_sim import Stage, StageTransfer, simulate_stages
+    from partitioner.core.ir import Device, Link, Phase, Schedule, Topology
+    from partitioner.simulation.pipeline import Stage, StageTransfer, simulate_stages
 
     m = num_microbatches
     if m == 1:
@@ -418,9 +418,9 @@ def busy_s(cfg: Config, cal: Calibration, num_microbatches: int) -> tuple[float,
 
 
 def run_cluster(cfg: Config, cal: Calibration, cores: tuple[int, int]) -> tuple[list[Row], LinkFit]:
-    from partitioner.ir import Schedule
-    from partitioner.worker import start_local_workers
-    from passes.cluster import connect, place_on_cluster, remote_device_strings
+    from partitioner.cli.worker import start_local_workers
+    from partitioner.core.ir import Schedule
+    from passes.cluster.runtime import connect, place_on_cluster, remote_device_strings
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))

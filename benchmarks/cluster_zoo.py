@@ -26,19 +26,19 @@ For each model:
    ``M`` micro-batches (the plan's own pipeline, its schedule replaced for GPipe).
 3. **Predict** with the product's machinery and one-core measurements: every op of the traced
    training step timed inside the step on the pinned core
-   (:func:`cost_models.op_profile.profile_step_ops`, the least of several steps; glue ops such
-   as the loss included) merged with :func:`cost_models.op_profile.apply_op_profile` into the
+   (:func:`cost_models.measure.op_profile.profile_step_ops`, the least of several steps; glue ops such
+   as the loss included) merged with :func:`cost_models.measure.op_profile.apply_op_profile` into the
    graph costed for the measured topology, plus the calibrated executor cost per op (what
    ``partition --profile-ops`` does);
 
-   * ``1 process, 1 core``: :func:`partitioner.simulate.simulate_step` with every layer on one
+   * ``1 process, 1 core``: :func:`partitioner.simulation.step.simulate_step` with every layer on one
      device, plus the optimizer's update of all variables (timed on the core);
-   * ``placed``: :func:`~partitioner.simulate.simulate_step` of the plan's placement (op-level:
+   * ``placed``: :func:`~partitioner.simulation.step.simulate_step` of the plan's placement (op-level:
      independent branches on the two devices overlap), plus the slower device's update, the
      batch fed from the client over the link and the client's fixed cost of one step on the
      cluster (a no-op step function, :func:`benchmarks.cluster_pipeline.measure_link`);
-   * ``GPipe`` / ``1F1B``: :func:`partitioner.pipeline_sim.simulate_stages` on the plan's stages
-     (:func:`~partitioner.pipeline_sim.pipeline_stages`) with op times profiled at the
+   * ``GPipe`` / ``1F1B``: :func:`partitioner.simulation.pipeline.simulate_stages` on the plan's stages
+     (:func:`~partitioner.simulation.pipeline.pipeline_stages`) with op times profiled at the
      micro-batch size (times ``M``: the simulator divides by ``M``) and each stage's backward
      plus ``M - 1`` additions of its gradients into the running sums (timed), plus the same
      update, feed and client terms. ``linear`` in the table is the same simulation from the
@@ -79,8 +79,8 @@ from benchmarks.cluster_pipeline import (
     time_steps,
     time_steps_with_cpu,
 )
-from partitioner.ir import Device, Link, Phase, Schedule, Topology
-from partitioner.pipeline_sim import Stage, StageTransfer, simulate_stages
+from partitioner.core.ir import Device, Link, Phase, Schedule, Topology
+from partitioner.simulation.pipeline import Stage, StageTransfer, simulate_stages
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -211,9 +211,9 @@ class ZooCalibration:
     single_step_samples_s: tuple[float, ...]
     single_cpu_share: float
     single_compute_s: float
-    """:func:`partitioner.simulate.simulate_step` with every layer on one device."""
+    """:func:`partitioner.simulation.step.simulate_step` with every layer on one device."""
     placed_compute_s: float
-    """:func:`partitioner.simulate.simulate_step` of the plan's placement (whole batch)."""
+    """:func:`partitioner.simulation.step.simulate_step` of the plan's placement (whole batch)."""
     full_stages: tuple[Stage, ...]
     """The plan's stages costed with the whole-batch profile."""
     micro_stages: tuple[Stage, ...]
@@ -550,13 +550,13 @@ def calibrate(
     spec: ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path
 ) -> ZooCalibration:
     """Plan, profile and time ``spec`` on this process's core (see the module docstring)."""
-    from cost_models.analytic import calibrated_roofline
-    from cost_models.costs import cost_graph
-    from cost_models.op_profile import apply_op_profile, profile_step_ops, step_inputs
-    from cost_models.topology import load_topology
+    from cost_models.devices.topology import load_topology
+    from cost_models.estimate.analytic import calibrated_roofline
+    from cost_models.estimate.costs import cost_graph
+    from cost_models.measure.op_profile import apply_op_profile, profile_step_ops, step_inputs
     from partitioner.api import partition
-    from partitioner.pipeline_sim import pipeline_stages
-    from partitioner.simulate import simulate_step
+    from partitioner.simulation.pipeline import pipeline_stages
+    from partitioner.simulation.step import simulate_step
     from passes.trace import placement_units, trace_model
 
     topo_path = _topology_file(work / "topology.json", link)
@@ -681,7 +681,7 @@ def measure_model(
     warmup: int,
 ) -> ModelResult:
     """The placed, GPipe and 1F1B rows of ``spec`` on the connected workers."""
-    from partitioner.plan import Plan
+    from partitioner.plan.model import Plan
 
     plan = Plan.from_json_dict(json.loads(cal.plan_json))
     if plan.pipeline is None or plan.num_devices != 2:
@@ -746,8 +746,8 @@ def run(
     specs: Sequence[ModelSpec], *, steps: int, warmup: int, say: Any
 ) -> tuple[list[ModelResult], LinkFit]:
     """Start the two workers, fit the link, then calibrate and measure each model."""
-    from partitioner.worker import start_local_workers
-    from passes.cluster import connect, remote_device_strings
+    from partitioner.cli.worker import start_local_workers
+    from passes.cluster.runtime import connect, remote_device_strings
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -807,7 +807,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = "\n\n".join(table(r, link, steps, warmup) for r in results)
     sys.stdout.write(text + "\n")
     if args.json:
-        from partitioner.plan import write_atomic
+        from partitioner.core.files import write_atomic
 
         out = [rec for r in results for rec in records(r)]
         write_atomic(args.json, json.dumps({"records": out}, indent=1) + "\n")

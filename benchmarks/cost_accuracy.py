@@ -5,8 +5,8 @@
 
 For five models (ResNet50 and MobileNetV2 from keras.applications with ``weights=None``, a
 Transformer encoder, a two-layer LSTM, an MLP) it traces the training step, measures every layer's
-forward and backward time (:func:`cost_models.profiled.profile_model`, a fresh cache) and the
-whole model's gradient step (:func:`cost_models.profiled.time_model_step`), then predicts the same
+forward and backward time (:func:`cost_models.measure.profiled.profile_model`, a fresh cache) and the
+whole model's gradient step (:func:`cost_models.measure.profiled.time_model_step`), then predicts the same
 times with the roofline calibrated **leave-one-model-out**: the efficiencies used for a model are
 fitted on the other four models' layers only, so no model is scored on data it was fitted on.
 
@@ -41,7 +41,7 @@ DEFAULT_DATA = ROOT / "benchmarks" / "results" / "cost_accuracy_cpu.json"
 CALIBRATION_PATH = ROOT / "cost_models" / "data" / "calibration_cpu.json"
 
 FIT_OPTIONS: dict[str, float] = {"weight_floor": 1.0, "max_scale": 8.0}
-"""How the benchmark calibrates (see :func:`cost_models.calibrate.fit_roofline`): samples shorter
+"""How the benchmark calibrates (see :func:`cost_models.estimate.calibrate.fit_roofline`): samples shorter
 than the median sample weigh as the median one (tiny layers are mostly timer noise), and the
 nominal cpu catalog figures may understate this machine by up to 8x."""
 
@@ -312,13 +312,13 @@ def measure(
     """Trace the step, then time every op inside it and the step's wall time; the raw record.
 
     Per-layer times are the sums of the layer's ops' kernel times within the whole step
-    (:func:`cost_models.op_profile.profile_step_ops`), so a layer's figure and the model's total
+    (:func:`cost_models.measure.op_profile.profile_step_ops`), so a layer's figure and the model's total
     come from the same runs of the same graph. ``statistic`` is kept in the metadata.
     """
     import keras
 
-    from cost_models.analytic import ZERO_WORK_OPS
-    from cost_models.op_profile import layer_phase_times, profile_step_ops, step_inputs
+    from cost_models.estimate.analytic import ZERO_WORK_OPS
+    from cost_models.measure.op_profile import layer_phase_times, profile_step_ops, step_inputs
     from passes.trace import trace_model
 
     keras.utils.set_random_seed(0)
@@ -377,8 +377,8 @@ def measure(
 
 def samples_of(record: dict[str, Any]) -> list[Any]:
     """The fitting samples of a record: one per layer and phase (its ops' measured kernels)."""
-    from cost_models.calibrate import OPAQUE_OPS, LayerSample, OpWork
-    from partitioner.ir import Phase
+    from cost_models.estimate.calibrate import OPAQUE_OPS, LayerSample, OpWork
+    from partitioner.core.ir import Phase
 
     grouped: dict[tuple[str, str], list[Any]] = {}
     for layer, phase, op_type, flops, moved, dtype, out_bytes, transposed in record["ops"]:
@@ -432,9 +432,9 @@ class Score:
 
 
 def score(record: dict[str, Any], roofline: Any) -> tuple[Score, list[tuple[str, float, float]]]:
-    from cost_models.calibrate import LayerSample, OpWork, predict_sample_s
-    from cost_models.catalog import get_device_type
-    from partitioner.ir import Phase
+    from cost_models.devices.catalog import get_device_type
+    from cost_models.estimate.calibrate import LayerSample, OpWork, predict_sample_s
+    from partitioner.core.ir import Phase
 
     device = get_device_type("cpu")
     per_layer: dict[str | None, list[Any]] = {}
@@ -543,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         import tensorflow as tf
 
-        from cost_models.op_profile import configure_serial_executor
+        from cost_models.measure.op_profile import configure_serial_executor
 
         configure_serial_executor()
         specs = _specs(args.quick)
@@ -553,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"measuring {n} ...")
             records[n] = measure(specs[n], args.quick, args.statistic, log)
             log(f"  {n}: {time.perf_counter() - t0:.1f} s")
-        from cost_models.profiled import device_kind
+        from cost_models.measure.profiled import device_kind
 
         meta = {
             "device": device_kind("/device:CPU:0"),
@@ -564,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "measure_time_s": time.perf_counter() - t_all,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        from partitioner.plan import write_atomic
+        from partitioner.core.files import write_atomic
 
         data_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(
@@ -572,9 +572,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         log(f"raw data written to {data_path}")
 
-    from cost_models.analytic import DEFAULT_ROOFLINE
-    from cost_models.calibrate import fit_dispatch_overhead, fit_roofline, save_calibration
-    from cost_models.catalog import get_device_type
+    from cost_models.devices.catalog import get_device_type
+    from cost_models.estimate.analytic import DEFAULT_ROOFLINE
+    from cost_models.estimate.calibrate import fit_dispatch_overhead, fit_roofline, save_calibration
 
     device = get_device_type("cpu")
     samples = {n: samples_of(r) for n, r in records.items()}

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.zoo import trace_zoo_model, zoo_model
-from cost_models.costs import cost_graph
-from cost_models.topology import load_topology, topology_summary
-from partitioner.errors import PartitionError
-from partitioner.ir import CostedGraph, Schedule, Topology
-from partitioner.pipeline_sim import simulate_pipeline
+from cost_models.devices.topology import load_topology, topology_summary
+from cost_models.estimate.costs import cost_graph
+from partitioner.core.errors import PartitionError
+from partitioner.core.ir import CostedGraph, Schedule, Topology
+from partitioner.simulation.pipeline import simulate_pipeline
 from partitioner.solvers import get_solver
 from partitioner.solvers.ilp import throughput_objective_s
 from partitioner.solvers.stages import make_acyclic

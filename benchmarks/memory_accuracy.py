@@ -1,10 +1,10 @@
-"""Memory-model accuracy: cost_models.memory's prediction vs TensorFlow's own figures.
+"""Memory-model accuracy: cost_models.estimate.memory's prediction vs TensorFlow's own figures.
 
     python -m benchmarks.memory_accuracy [--quick] [--models resnet50,mlp] [--optimizer adam]
 
 For the models of :mod:`benchmarks.cost_accuracy` (same inputs and batch sizes) it compares:
 
-* **static** -- predicted parameters + optimizer slots (``cost_models.memory.layer_memory``) with
+* **static** -- predicted parameters + optimizer slots (``cost_models.estimate.memory.layer_memory``) with
   the bytes of the real variables: ``model.weights`` plus ``optimizer.variables`` after
   ``optimizer.build(model.trainable_variables)`` (slots, iteration counter, learning rate);
 * **step** -- predicted activations kept for backward + gradients with TensorFlow's peak memory
@@ -94,7 +94,7 @@ def weight_read_bytes(graph: Any) -> int:
     ``LayerNode.activation_bytes`` counts every forward tensor a backward op reads; the outputs of
     ``ReadVariableOp`` (and identities of them) alias the variable and take no new memory.
     """
-    from partitioner.ir import Phase
+    from partitioner.core.ir import Phase
 
     ops = graph.ops
     index = graph.op_index
@@ -122,7 +122,7 @@ def measured_step_peak_bytes(trace: Any, runs: int = 3) -> int:
     """Largest peak bytes the BFC allocator saw during ``runs`` steps, above what was in use."""
     import tensorflow as tf
 
-    from cost_models.op_profile import step_inputs
+    from cost_models.measure.op_profile import step_inputs
 
     inputs = step_inputs(trace)
     fn = trace.step_function
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # before TensorFlow starts: a measurable peak
     import keras
 
-    from cost_models.memory import layer_memory, parse_optimizer
+    from cost_models.estimate.memory import layer_memory, parse_optimizer
     from passes.trace import trace_model
 
     opt = parse_optimizer(args.optimizer)

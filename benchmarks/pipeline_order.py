@@ -4,10 +4,10 @@
                                         [--repeats 3]
 
 A 3-stage MLP (two Dense layers per stage) is pipelined over three logical CPU devices with
-:func:`passes.pipeline.pipeline_model`, for GPipe and 1F1B, once with the schedule enforced by
+:func:`passes.rewrite.pipeline.pipeline_model`, for GPipe and 1F1B, once with the schedule enforced by
 control dependencies and once with the order left to the executor (``enforce_order=False``). Each
 run's tasks are timed with in-graph ``tf.timestamp()`` probes
-(:func:`passes.pipeline.measure_task_times`); the table gives, per device, the order the tasks
+(:func:`passes.rewrite.pipeline.measure_task_times`); the table gives, per device, the order the tasks
 started in, whether it is the schedule's order, and how many pairs of tasks on one device
 overlapped in time. ``step_ms`` is the median wall time of one ``train_on_batch`` step.
 
@@ -47,8 +47,8 @@ def main() -> int:
     import keras
     import numpy as np
 
-    from partitioner.ir import Schedule
-    from passes.pipeline import measure_task_times, pipeline_model
+    from partitioner.core.ir import Schedule
+    from passes.rewrite.pipeline import measure_task_times, pipeline_model
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((args.width,))

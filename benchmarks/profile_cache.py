@@ -2,7 +2,7 @@
 
     python -m benchmarks.profile_cache [--model resnet50|mlp] [--cli]
 
-Profiles the model twice with :func:`cost_models.profiled.profile_model` into a fresh cache
+Profiles the model twice with :func:`cost_models.measure.profiled.profile_model` into a fresh cache
 directory and prints both wall times, the layer-device pairs measured and read from the cache,
 and the speed-up (target: >= 3x). ``--cli`` instead times the whole command
 ``partition examples/<model>.py --gpus 2 --device-type cpu --profile`` twice in fresh processes
@@ -27,7 +27,7 @@ def library(model_name: str) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
 
-    from cost_models.profiled import profile_model
+    from cost_models.measure.profiled import profile_model
 
     def build() -> keras.Model:
         keras.utils.set_random_seed(0)

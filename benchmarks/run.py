@@ -6,25 +6,25 @@
 
 Each model of :data:`benchmarks.zoo.ZOO` is traced once (one training step at its batch size) and
 costed on 2, 4 and 8 devices of its catalog device type, joined by ``pcie`` or ``nvlink`` (the
-device's own generation of each, :func:`cost_models.communication.resolve_link`); every solver of
+device's own generation of each, :func:`cost_models.devices.communication.resolve_link`); every solver of
 :func:`partitioner.solvers.solver_names` then places it (``time_limit_s`` for the ones that use
 it: ``ilp`` and ``auto``).
 
 Columns (one row per model, devices, topology, solver; every time is *predicted* by the cost model
 and simulator, not measured):
 
-* ``step_s``: the simulated plain training step (:func:`partitioner.placement.evaluate`: one batch
+* ``step_s``: the simulated plain training step (:func:`partitioner.simulation.evaluate.evaluate`: one batch
   forward through every device, then backward, no pipelining), ``step/LB`` its ratio to the
-  step lower bound (:attr:`partitioner.bounds.LowerBounds.best_s`: work, op critical path,
+  step lower bound (:attr:`partitioner.simulation.bounds.LowerBounds.best_s`: work, op critical path,
   largest layer).
 * ``pipe_s``: the pipelined time per batch, :func:`partitioner.solvers.ilp.throughput_objective_s`
   -- the slowest device's compute plus the transfer time of every cut edge it sends or receives,
   i.e. the steady-state time per batch of a pipeline fed with many micro-batches; ``pipe/LB`` its
-  ratio to :attr:`~partitioner.bounds.LowerBounds.throughput_s` (work, largest layer). ``auto``
+  ratio to :attr:`~partitioner.simulation.bounds.LowerBounds.throughput_s` (work, largest layer). ``auto``
   and ``ilp`` minimise this figure, so the comparisons below use it.
 * ``1f1b_ms``: the simulated 1F1B (PipeDream-Flush) training step of the placement with ``M``
   micro-batches (``M = 4 x devices``, at most the batch size),
-  :func:`partitioner.pipeline_sim.simulate_pipeline`: bubbles, transfers overlapped with
+  :func:`partitioner.simulation.pipeline.simulate_pipeline`: bubbles, transfers overlapped with
   compute; ``-`` where the placement is not a pipeline (stages that send both ways, as
   round-robin's do).
 * ``mem``: the fullest device's training memory (weights, gradients, Adam state, saved
@@ -71,13 +71,13 @@ from typing import Any, Literal
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from benchmarks.zoo import ZOO, TracedZooModel, trace_zoo_model, zoo_model
-from cost_models.costs import cost_graph
-from partitioner.bounds import costed_lower_bounds
-from partitioner.errors import InfeasibleError, PartitionError
-from partitioner.ir import CostedGraph, Graph, Schedule
-from partitioner.pipeline_sim import simulate_pipeline
-from partitioner.placement import evaluate
-from partitioner.plan import write_atomic
+from cost_models.estimate.costs import cost_graph
+from partitioner.core.errors import InfeasibleError, PartitionError
+from partitioner.core.files import write_atomic
+from partitioner.core.ir import CostedGraph, Graph, Schedule
+from partitioner.simulation.bounds import costed_lower_bounds
+from partitioner.simulation.evaluate import evaluate
+from partitioner.simulation.pipeline import simulate_pipeline
 from partitioner.solvers import get_solver, solver_names
 from partitioner.solvers.ilp import throughput_objective_s
 
@@ -160,7 +160,7 @@ class Record:
     link: str
     batch_size: int
     pipeline_1f1b_s: float | None = None
-    """The simulated 1F1B step (:func:`partitioner.pipeline_sim.simulate_pipeline`) with
+    """The simulated 1F1B step (:func:`partitioner.simulation.pipeline.simulate_pipeline`) with
     ``num_microbatches`` micro-batches; None where the placement is not a pipeline."""
     num_microbatches: int | None = None
     measured_time_s: float | None = None
@@ -187,7 +187,7 @@ def _ratio(x: float | None, lb: float | None) -> float | None:
 
 def _memory(costed: CostedGraph, assignment: Sequence[int]) -> tuple[int, float]:
     """The fullest device's memory and its fraction of that device's limit."""
-    from cost_models.memory import peak_memory_bytes
+    from cost_models.estimate.memory import peak_memory_bytes
 
     used = list(peak_memory_bytes(costed.layer_memory, assignment, costed.topology.num_devices))
     fractions = [u / dev.memory_bytes for u, dev in zip(used, costed.topology.devices, strict=True)]

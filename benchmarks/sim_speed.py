@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from partitioner.ir import (
+from partitioner.core.ir import (
     CostedGraph,
     Device,
     Edge,
@@ -33,8 +33,8 @@ from partitioner.ir import (
     Schedule,
     Topology,
 )
-from partitioner.pipeline_sim import pipeline_stages, simulate_pipeline
-from partitioner.simulate import simulate_step
+from partitioner.simulation.pipeline import pipeline_stages, simulate_pipeline
+from partitioner.simulation.step import simulate_step
 
 
 def make_costed(n_ops: int, n_layers: int, n_dev: int, seed: int) -> CostedGraph:

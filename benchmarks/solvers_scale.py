@@ -14,8 +14,8 @@ import argparse
 import sys
 import time
 
-from partitioner.errors import PartitionError
-from partitioner.ir import Device, Link, PartitionProblem, Topology
+from partitioner.core.errors import PartitionError
+from partitioner.core.ir import Device, Link, PartitionProblem, Topology
 from partitioner.solvers import get_solver
 
 SOLVERS = ("metis", "even", "params", "time", "dp", "etf", "round-robin", "single", "auto")

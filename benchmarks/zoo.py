@@ -42,7 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
 
-from partitioner.ir import Graph
+from partitioner.core.ir import Graph
 from passes.trace import trace_model
 
 __all__ = [

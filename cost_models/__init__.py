@@ -1,10 +1,10 @@
 """Cost models: device catalog, roofline, communication, memory. Pure Python; no TensorFlow."""
 
-from cost_models.analytic import DEFAULT_ROOFLINE, RooflineModel, estimate_op_times_s
-from cost_models.catalog import DeviceType, device_type_names, get_device_type, load_catalog
-from cost_models.communication import get_link, link_names, resolve_link
-from cost_models.costs import cost_graph
-from cost_models.memory import Optimizer, layer_memory, parse_optimizer, peak_memory_bytes
+from cost_models.devices.catalog import DeviceType, device_type_names, get_device_type, load_catalog
+from cost_models.devices.communication import get_link, link_names, resolve_link
+from cost_models.estimate.analytic import DEFAULT_ROOFLINE, RooflineModel, estimate_op_times_s
+from cost_models.estimate.costs import cost_graph
+from cost_models.estimate.memory import Optimizer, layer_memory, parse_optimizer, peak_memory_bytes
 
 __all__ = [
     "DEFAULT_ROOFLINE",

@@ -1,7 +1,7 @@
 """partitioner: a graph-partitioning, model-parallel compiler for TensorFlow/Keras.
 
 ``partitioner.partition(model, gpus=2)`` traces a Keras model, costs it, solves a placement and
-returns a :class:`~partitioner.plan.Plan`; ``plan.apply(model)`` rewrites the model onto devices.
+returns a :class:`~partitioner.plan.model.Plan`; ``plan.apply(model)`` rewrites the model onto devices.
 TensorFlow is imported lazily, so the IR, cost models and solvers load without it.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from partitioner.errors import PartitionError
+from partitioner.core.errors import PartitionError
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from partitioner.api import load_plan, partition
-    from partitioner.plan import Plan
+    from partitioner.plan.model import Plan
 
 __all__ = ["PartitionError", "Plan", "__version__", "load_plan", "partition"]
 
@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     if name == "Plan":
-        from partitioner.plan import Plan
+        from partitioner.plan.model import Plan
 
         return Plan
     raise AttributeError(f"module 'partitioner' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m partitioner`` runs the CLI."""
 
-from partitioner.cli import main
+from partitioner.cli.main import main
 
 raise SystemExit(main())

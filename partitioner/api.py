@@ -13,24 +13,31 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from cost_models.catalog import get_device_type
-from cost_models.costs import cost_graph
-from cost_models.memory import parse_optimizer
-from cost_models.topology import load_topology, topology_summary
-from partitioner.errors import PartitionError, PlanError, UsageError
-from partitioner.ir import CostedGraph, Schedule, SolverResult, SolveStatus, Topology, peak_bytes
-from partitioner.placement import PlanEvaluation, evaluate, evaluate_pipeline, solve
-from partitioner.plan import (
+from cost_models.devices.catalog import get_device_type
+from cost_models.devices.topology import load_topology, topology_summary
+from cost_models.estimate.costs import cost_graph
+from cost_models.estimate.memory import parse_optimizer
+from partitioner.core.errors import PartitionError, PlanError, UsageError
+from partitioner.core.ir import (
+    CostedGraph,
+    Schedule,
+    SolverResult,
+    SolveStatus,
+    Topology,
+    peak_bytes,
+)
+from partitioner.core.units import format_bytes, format_seconds
+from partitioner.plan.model import (
     BaselineResult,
     PipelineInfo,
     Plan,
     load_plan,
     plan_from_solution,
 )
-from partitioner.simulate import simulate_step
-from partitioner.solvers import get_solver
+from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
+from partitioner.simulation.step import simulate_step
+from partitioner.solvers import get_solver, solve
 from partitioner.solvers.stages import make_acyclic
-from partitioner.units import format_bytes, format_seconds
 
 __all__ = ["BASELINES", "Progress", "load_plan", "partition"]
 
@@ -96,20 +103,20 @@ def partition(
     """Trace, cost and place ``model`` on ``gpus`` devices of ``device_type``.
 
     ``topology`` is ``pcie``, ``nvlink``, a catalog link kind, ``tf-config`` or a JSON/TOML
-    topology file (:func:`cost_models.topology.load_topology`; a file names its own devices and
+    topology file (:func:`cost_models.devices.topology.load_topology`; a file names its own devices and
     ``gpus`` may then be ``None``). With ``pipeline``, the plan's stages run ``num_microbatches``
     micro-batches under ``schedule`` (default: the most micro-batches up to 4 x devices that
     divide the batch) and its predictions are the pipelined step's. With ``profile``, every
     layer is timed (forward and backward) on the devices of the topology that are present here
-    (:func:`cost_models.profiled.profile_model`; cached on disk in ``cache_dir``, default
+    (:func:`cost_models.measure.profiled.profile_model`; cached on disk in ``cache_dir``, default
     ``$PARTITIONER_CACHE_DIR`` or the user's cache directory) and those times replace the
     estimates; the plan records which layers were measured. With ``profile_ops``, every op of
     the traced training step is timed inside the step on this machine's CPU
-    (:func:`cost_models.op_profile.profile_step_ops`) and those times replace the estimates of
+    (:func:`cost_models.measure.op_profile.profile_step_ops`) and those times replace the estimates of
     the topology's cpu devices (glue ops included; not cached).
 
-    Returns a :class:`~partitioner.plan.Plan`; ``plan.apply(model)`` gives the placed model.
-    Raises a :class:`~partitioner.errors.PartitionError` subclass with a one-line message for
+    Returns a :class:`~partitioner.plan.model.Plan`; ``plan.apply(model)`` gives the placed model.
+    Raises a :class:`~partitioner.core.errors.PartitionError` subclass with a one-line message for
     every bad option, before any slow work is done.
     """
     if gpus is not None:
@@ -320,7 +327,7 @@ def _profile(
     say: Progress,
 ) -> tuple[CostedGraph, tuple[str, ...]]:
     """Measure the layers on the devices present and merge the times into ``costed``."""
-    from cost_models.profiled import apply_profile, profile_model
+    from cost_models.measure.profiled import apply_profile, profile_model
 
     topo = costed.topology
     rows = _profile_rows(topo)
@@ -378,8 +385,8 @@ def _profile_ops(
     """Time every op inside the traced step on this machine's CPU; merge into the cpu rows."""
     import tensorflow as tf
 
-    from cost_models.analytic import calibrated_roofline
-    from cost_models.op_profile import apply_op_profile, profile_step_ops, step_inputs
+    from cost_models.estimate.analytic import calibrated_roofline
+    from cost_models.measure.op_profile import apply_op_profile, profile_step_ops, step_inputs
 
     topo = costed.topology
     rows = _cpu_rows(topo)

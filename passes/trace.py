@@ -35,8 +35,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from partitioner.errors import TraceError
-from partitioner.ir import Edge, Graph, LayerInfo, Op, Phase
+from partitioner.core.errors import TraceError
+from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Local TensorFlow cluster workers for tests (``python -m partitioner.worker`` subprocesses).
+"""Local TensorFlow cluster workers for tests (``python -m partitioner.cli.worker`` subprocesses).
 
-``start_workers(n, directory)`` is :func:`partitioner.worker.start_local_workers` with the
+``start_workers(n, directory)`` is :func:`partitioner.cli.worker.start_local_workers` with the
 repository importable by the children: free 127.0.0.1 ports, a cluster file, one subprocess per
 task, a bounded wait until each serves. ``LocalWorkers.stop()`` ends them (SIGTERM, then
 SIGKILL); call it in a ``finally`` or a fixture finalizer so no worker outlives its test.
@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from partitioner.worker import LocalWorkers, free_ports, start_local_workers
+from partitioner.cli.worker import LocalWorkers, free_ports, start_local_workers
 
 __all__ = ["REPO_ROOT", "LocalWorkers", "free_ports", "start_workers", "worker_env"]
 

@@ -3,14 +3,14 @@
 A drawn :class:`FuzzCase` is what a traced and costed model looks like to the solvers and the
 simulators:
 
-* an op-level :class:`~partitioner.ir.Graph` of one training step: an ``input`` glue op, each
+* an op-level :class:`~partitioner.core.ir.Graph` of one training step: an ``input`` glue op, each
   layer's forward ops (layers in order, so forward data flows from a layer to itself or a later
   one), an optional ``loss`` glue op, then each layer's backward ops in reverse layer order
   (gradients flow from a layer to itself or an earlier one), with optional backward glue ops
   (gradient sums) in between. Backward ops also read forward outputs (saved activations). A layer
   may own no op at all. Every tensor has one size, and a tensor may have two outputs read by
   different consumers;
-* a :class:`~partitioner.ir.Topology` of 1 to 4 devices of up to three device types (different
+* a :class:`~partitioner.core.ir.Topology` of 1 to 4 devices of up to three device types (different
   speeds and memories), on one or two hosts (an inter-host link; hosts need not be contiguous in
   device order), with optional per-pair link overrides;
 * per-device op times: a base time per op times a per-type speed, with per-(type, op) noise so
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from partitioner.ir import (
+from partitioner.core.ir import (
     CostedGraph,
     Device,
     Edge,
@@ -115,7 +115,7 @@ def op_graphs(
 ) -> Graph:
     """A training-step op graph (see the module docstring).
 
-    Glue ops take the layer of their first producer (:attr:`partitioner.ir.Graph.layer_graph`).
+    Glue ops take the layer of their first producer (:attr:`partitioner.core.ir.Graph.layer_graph`).
     By default the loss may read any layer's output and a gradient sum lists its producers in
     any order, so a glue op may carry data against the layer order (its merged layer feeds an
     earlier layer's forward, or a later layer's backward). With ``pipeline_safe`` the loss reads

@@ -6,8 +6,8 @@ The layer names include markup that must stay text in every report: an HTML tag 
 
 from __future__ import annotations
 
-from partitioner.ir import EventKind, Schedule, TimelineEvent
-from partitioner.plan import (
+from partitioner.core.ir import EventKind, Schedule, TimelineEvent
+from partitioner.plan.model import (
     BaselineResult,
     DevicePrediction,
     PipelineInfo,

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import partitioner
-from partitioner.errors import (
+from partitioner.cli.loader import load_model
+from partitioner.core.errors import (
     PartitionError,
     PlanError,
     RewriteError,
@@ -20,8 +21,7 @@ from partitioner.errors import (
     UnknownDeviceError,
     UsageError,
 )
-from partitioner.loader import load_model
-from partitioner.plan import Plan
+from partitioner.plan.model import Plan
 from passes.trace import placement_units
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,8 +135,8 @@ def test_apply_to_another_model(plan: Plan) -> None:
 
 def test_pure_parts_import_without_tensorflow() -> None:
     code = (
-        "import partitioner, partitioner.ir, partitioner.solvers, partitioner.placement, "
-        "cost_models.costs\n"
+        "import partitioner, partitioner.core.ir, partitioner.solvers, partitioner.simulation.evaluate, "
+        "cost_models.estimate.costs\n"
         "import sys\n"
         "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
         "assert 'keras' not in sys.modules, 'keras was imported'\n"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import partitioner
-from partitioner.errors import PlanError, UsageError
-from partitioner.ir import EventKind, Schedule
-from partitioner.loader import load_model
-from partitioner.plan import Plan, load_plan
+from partitioner.cli.loader import load_model
+from partitioner.core.errors import PlanError, UsageError
+from partitioner.core.ir import EventKind, Schedule
+from partitioner.plan.model import Plan, load_plan
 
 REPO = Path(__file__).resolve().parents[1]
 CPUS = ["/device:CPU:0", "/device:CPU:1"]

@@ -10,9 +10,9 @@ import pytest
 
 from benchmarks import run as bench
 from benchmarks.zoo import mlp
-from cost_models.costs import cost_graph
-from partitioner.ir import Graph
-from partitioner.placement import evaluate
+from cost_models.estimate.costs import cost_graph
+from partitioner.core.ir import Graph
+from partitioner.simulation.evaluate import evaluate
 from partitioner.solvers import get_solver, solver_names
 from passes.trace import trace_model
 

@@ -6,14 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from partitioner.bounds import (
-    LowerBounds,
-    costed_lower_bounds,
-    lower_bounds,
-    min_devices_for_memory,
-)
-from partitioner.errors import InfeasibleError
-from partitioner.ir import (
+from partitioner.core.errors import InfeasibleError
+from partitioner.core.ir import (
     CostedGraph,
     Device,
     Edge,
@@ -26,7 +20,13 @@ from partitioner.ir import (
     Phase,
     Topology,
 )
-from partitioner.placement import evaluate, lower_bound_s
+from partitioner.simulation.bounds import (
+    LowerBounds,
+    costed_lower_bounds,
+    lower_bounds,
+    min_devices_for_memory,
+)
+from partitioner.simulation.evaluate import evaluate, lower_bound_s
 from partitioner.solvers import get_solver
 from partitioner.solvers.ilp import step_objective_s, throughput_objective_s
 

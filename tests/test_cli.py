@@ -84,7 +84,7 @@ def test_partition_mnist_prints_report(good_run: GoodRun) -> None:
 
 
 def test_partition_mnist_plan_json(good_run: GoodRun) -> None:
-    from partitioner.loader import load_model
+    from partitioner.cli.loader import load_model
     from passes.trace import placement_units
 
     assert good_run.proc.returncode == 0, good_run.proc.stderr

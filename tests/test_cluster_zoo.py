@@ -15,8 +15,8 @@ import pytest
 from benchmarks import cluster_zoo as cz
 from benchmarks.cluster_pipeline import LinkFit
 from benchmarks.run import load_measured
-from partitioner.ir import Phase, Schedule
-from partitioner.pipeline_sim import Stage, StageTransfer
+from partitioner.core.ir import Phase, Schedule
+from partitioner.simulation.pipeline import Stage, StageTransfer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FREE_LINK = LinkFit(latency_s=0.0, bandwidth_bytes_per_s=1e30, dispatch_s=0.0, samples=())

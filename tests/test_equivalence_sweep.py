@@ -6,8 +6,8 @@ ResNet50, InceptionV3 and DenseNet121 from keras.applications at small inputs, m
 convolutional models run in float64, see ``tests/sweep_models.py`` for why) is rewritten with a
 contiguous layer -> device split over the logical CPU devices that tests/conftest.py configures:
 
-* placed (``passes.device_placement.place_model``) on 2 and on 4 devices;
-* pipelined (``passes.pipeline.pipeline_model``) on 2 devices with M = 2 (GPipe) and M = 4 (1F1B)
+* placed (``passes.rewrite.device_placement.place_model``) on 2 and on 4 devices;
+* pipelined (``passes.rewrite.pipeline.pipeline_model``) on 2 devices with M = 2 (GPipe) and M = 4 (1F1B)
   micro-batches and on 4 devices with M = 2 (GPipe) and M = 4 (1F1B). The Transformers and the
   LSTM (large graphs per micro-batch) get 2 devices M = 2 and 4 devices M = 4; each
   keras.applications CNN gets one placed and one pipelined setting (``HEAVY_SETTINGS``).
@@ -66,10 +66,10 @@ import sweep_models
 import tensorflow as tf
 
 import partitioner
-from partitioner.errors import RewriteError
-from partitioner.ir import Schedule
-from passes.device_placement import PlacedModel, place_model
-from passes.pipeline import PipelinedModel, pipeline_model
+from partitioner.core.errors import RewriteError
+from partitioner.core.ir import Schedule
+from passes.rewrite.device_placement import PlacedModel, place_model
+from passes.rewrite.pipeline import PipelinedModel, pipeline_model
 from passes.trace import placement_units
 
 BATCH = 4

@@ -37,9 +37,9 @@ from fuzz_strategies import FuzzCase, fuzz_cases
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from partitioner.bounds import costed_lower_bounds
-from partitioner.errors import InfeasibleError, PartitionError
-from partitioner.ir import (
+from partitioner.core.errors import InfeasibleError, PartitionError
+from partitioner.core.files import write_atomic
+from partitioner.core.ir import (
     CostedGraph,
     EventKind,
     PartitionProblem,
@@ -48,17 +48,17 @@ from partitioner.ir import (
     TimelineEvent,
     Topology,
 )
-from partitioner.pipeline_sim import Stage, simulate_pipeline
-from partitioner.placement import evaluate, solve
-from partitioner.plan import (
+from partitioner.plan.model import (
     BaselineResult,
     PipelineInfo,
     Plan,
     plan_from_solution,
-    write_atomic,
 )
-from partitioner.simulate import channel_resource, device_resource, simulate_step
-from partitioner.solvers import get_solver, solver_names
+from partitioner.simulation.bounds import costed_lower_bounds
+from partitioner.simulation.evaluate import evaluate
+from partitioner.simulation.pipeline import Stage, simulate_pipeline
+from partitioner.simulation.step import channel_resource, device_resource, simulate_step
+from partitioner.solvers import get_solver, solve, solver_names
 from partitioner.solvers.base import colocation_roots, device_memory_bytes
 from partitioner.solvers.stages import make_acyclic
 

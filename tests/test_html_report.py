@@ -14,17 +14,17 @@ import pytest
 from headless_chromium import Browser, chromium_path
 from report_plans import RICH_MARKUP, XSS_IMG, XSS_SCRIPT, make_plan
 
-from partitioner.errors import OutputError
-from partitioner.html_report import (
+from partitioner.core.errors import OutputError
+from partitioner.core.ir import EventKind, TimelineEvent
+from partitioner.core.units import format_bytes
+from partitioner.plan.model import Plan
+from partitioner.report.html import (
     layer_positions,
     merge_events,
     render_html,
     report_data,
     write_html_report,
 )
-from partitioner.ir import EventKind, TimelineEvent
-from partitioner.plan import Plan
-from partitioner.units import format_bytes
 
 PLAN = make_plan()
 NO_TIMELINE = make_plan(pipelined=False, with_timeline=False, over_memory=True)

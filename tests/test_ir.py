@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from partitioner.errors import InvalidGraphError
-from partitioner.ir import Edge, Graph, LayerInfo, Link, Op, Phase
+from partitioner.core.errors import InvalidGraphError
+from partitioner.core.ir import Edge, Graph, LayerInfo, Link, Op, Phase
 
 F, B = Phase.FORWARD, Phase.BACKWARD
 
@@ -142,7 +142,7 @@ def test_weight_reads_the_backward_uses_are_not_saved_activations() -> None:
 def test_an_input_joins_its_earliest_consumer_in_layer_order() -> None:
     """Two towers read one input; the op edges list tower b first (TF built it first), but the
     input belongs to tower a, the first in layer order, so its layer edge points a -> b."""
-    from partitioner.ir import Edge, Graph, LayerInfo, Op, Phase
+    from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
 
     def op(id: str, layer: str | None) -> Op:
         return Op(id, "MatMul" if layer else "Placeholder", layer, Phase.FORWARD, ((4, 4),), ("float32",), 64)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from partitioner.plan import load_plan
+from partitioner.plan.model import load_plan
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST = REPO / "examples" / "mnist_mlp.py"

@@ -8,8 +8,8 @@ from pathlib import Path
 import keras
 import pytest
 
-from partitioner.errors import ModelLoadError
-from partitioner.loader import check_model_path, load_model, split_spec
+from partitioner.cli.loader import check_model_path, load_model, split_spec
+from partitioner.core.errors import ModelLoadError
 
 MODEL = """
 import keras

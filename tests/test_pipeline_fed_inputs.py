@@ -4,9 +4,9 @@ The traced model input (a layer-less placeholder) is merged for costing into one
 that read it -- not necessarily the first in layer order (``Graph.layer_graph``). Read as that
 tower's output, it made every other tower's device wait for that tower's device, while the towers
 feed the head the other way: solvers' placements that the layer graph calls acyclic (metis, auto)
-were refused as a cycle by the pipeline simulator. The pipelined rewrite (``passes.pipeline``)
+were refused as a cycle by the pipeline simulator. The pipelined rewrite (``passes.rewrite.pipeline``)
 feeds every stage its slice of the model's inputs, so the inputs order nothing: the simulator now
-says so (:func:`partitioner.pipeline_sim.fed_ops`), and ``auto`` falls back to a candidate that
+says so (:func:`partitioner.simulation.pipeline.fed_ops`), and ``auto`` falls back to a candidate that
 pipelines when its own placement does not.
 """
 
@@ -23,8 +23,8 @@ import pytest
 import partitioner
 import partitioner.api as api
 from benchmarks.zoo import multi_tower
-from partitioner.errors import PlanError
-from partitioner.ir import (
+from partitioner.core.errors import PlanError
+from partitioner.core.ir import (
     CostedGraph,
     Device,
     Edge,
@@ -37,7 +37,7 @@ from partitioner.ir import (
     Schedule,
     Topology,
 )
-from partitioner.pipeline_sim import fed_ops, pipeline_stages, simulate_pipeline
+from partitioner.simulation.pipeline import fed_ops, pipeline_stages, simulate_pipeline
 from partitioner.solvers.stages import make_acyclic
 
 F, B = Phase.FORWARD, Phase.BACKWARD

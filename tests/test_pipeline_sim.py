@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partitioner.errors import PlanError, UsageError
-from partitioner.ir import (
+from partitioner.core.errors import PlanError, UsageError
+from partitioner.core.ir import (
     CostedGraph,
     Device,
     Edge,
@@ -25,7 +25,7 @@ from partitioner.ir import (
     TimelineEvent,
     Topology,
 )
-from partitioner.pipeline_sim import (
+from partitioner.simulation.pipeline import (
     PipelineSimulation,
     SimTask,
     Stage,
@@ -37,7 +37,7 @@ from partitioner.pipeline_sim import (
     simulate_stages,
     stage_order,
 )
-from partitioner.simulate import simulate_step
+from partitioner.simulation.step import simulate_step
 
 F, B = Phase.FORWARD, Phase.BACKWARD
 # latency 0.25 s + bytes / 100 B/s: 75 bytes take 1.0 s, 25 bytes take 0.5 s.
@@ -647,7 +647,7 @@ def test_a_loss_reading_two_heads_joins_the_later_head_so_any_contiguous_split_p
     producer), it would make H1's device wait for H2's and H2's wait for H1's gradient: no
     pipeline. Glue ops join the producer latest in the layer order (backward glue: the earliest
     backward producer), so data flows with the layer order and every contiguous split works."""
-    from partitioner.ir import Device, Edge, Graph, LayerInfo, LayerMemory, Link, Op, Topology
+    from partitioner.core.ir import Device, Edge, Graph, LayerInfo, LayerMemory, Link, Op, Topology
     from partitioner.solvers.stages import make_acyclic
 
     f, b = Phase.FORWARD, Phase.BACKWARD

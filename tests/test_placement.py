@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from partitioner.ir import (
+from partitioner.core.ir import (
     CostedGraph,
     Device,
     Edge,
@@ -17,8 +17,8 @@ from partitioner.ir import (
     SolveStatus,
     Topology,
 )
-from partitioner.placement import PlanEvaluation, evaluate, lower_bound_s, solve
-from partitioner.solvers import get_solver
+from partitioner.simulation.evaluate import PlanEvaluation, evaluate, lower_bound_s
+from partitioner.solvers import get_solver, solve
 
 
 def chain(times: list[float], n_dev: int, nbytes: int = 100, dev_memory: int = 1000) -> CostedGraph:

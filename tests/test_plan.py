@@ -11,14 +11,14 @@ import keras
 import pytest
 
 import partitioner
-from partitioner.errors import OutputError, PlanError
-from partitioner.plan import (
+from partitioner.core.errors import OutputError, PlanError
+from partitioner.core.files import write_atomic
+from partitioner.plan.model import (
     SCHEMA_VERSION,
     DevicePrediction,
     Plan,
     PlanDevice,
     SolverInfo,
-    write_atomic,
 )
 from passes.trace import placement_units
 
@@ -258,7 +258,7 @@ def test_write_atomic_error_while_writing_leaves_no_temp(tmp_path: Path) -> None
 
 
 def test_write_atomic_gives_the_usual_mode_not_0600(tmp_path: Path) -> None:
-    from partitioner.plan import _umask
+    from partitioner.plan.model import _umask
 
     new = write_atomic(tmp_path / "new.json", "{}\n")
     assert new.stat().st_mode & 0o777 == 0o666 & ~_umask()

@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 from report_plans import XSS_IMG, make_plan
 
-from partitioner.errors import PlanError
-from partitioner.ir import EventKind, Schedule
-from partitioner.plan import SCHEMA_VERSION, Plan
-from partitioner.plan_schema import check_plan_matches_model, plan_schema, validate_plan_data
+from partitioner.core.errors import PlanError
+from partitioner.core.ir import EventKind, Schedule
+from partitioner.plan.model import SCHEMA_VERSION, Plan
+from partitioner.plan.schema import check_plan_matches_model, plan_schema, validate_plan_data
 
 PLANS = {
     "pipelined": make_plan(),

@@ -11,11 +11,16 @@ import pytest
 from report_plans import RICH_MARKUP, XSS_IMG, make_plan
 from rich.console import Console
 
-from partitioner.ir import EventKind, TimelineEvent
-from partitioner.plan import Plan, load_plan
-from partitioner.plan_schema import validate_plan_data
-from partitioner.report import PhaseProgress, render_plan, resource_sort_key, time_breakdown
-from partitioner.units import format_seconds
+from partitioner.core.ir import EventKind, TimelineEvent
+from partitioner.core.units import format_seconds
+from partitioner.plan.model import Plan, load_plan
+from partitioner.plan.schema import validate_plan_data
+from partitioner.report.terminal import (
+    PhaseProgress,
+    render_plan,
+    resource_sort_key,
+    time_breakdown,
+)
 
 
 def rendered(plan: Plan, *, verbose: bool = False, styles: bool = False) -> str:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partitioner.errors import PlanError
-from partitioner.ir import (
+from partitioner.core.errors import PlanError
+from partitioner.core.ir import (
     CostedGraph,
     Device,
     Edge,
@@ -24,7 +24,7 @@ from partitioner.ir import (
     TimelineEvent,
     Topology,
 )
-from partitioner.simulate import channel_resource, simulate_step
+from partitioner.simulation.step import channel_resource, simulate_step
 
 # latency 0.5 s + bytes / 100 B/s: 100 bytes take exactly 1.5 s.
 SLOW_LINK = Link("test", latency_s=0.5, bandwidth_bytes_per_s=100.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from partitioner.units import format_bytes, format_seconds, parse_bytes
+from partitioner.core.units import format_bytes, format_seconds, parse_bytes
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,17 @@ converted to the option's type).
 
 from __future__ import annotations
 
+import logging
+import time
 import typing
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from types import MappingProxyType
 from typing import Any
 
-from partitioner.errors import SolverError
+from partitioner.core.errors import SolverError
+from partitioner.core.ir import CostedGraph, SolverResult
+from partitioner.simulation.evaluate import PlanEvaluation, evaluate
 from partitioner.solvers.auto import AutoSolver
 from partitioner.solvers.base import Solver
 from partitioner.solvers.baselines import (
@@ -38,7 +42,9 @@ from partitioner.solvers.etf import EtfSolver
 from partitioner.solvers.ilp import IlpSolver
 from partitioner.solvers.metis import MetisSolver
 
-__all__ = ["SOLVERS", "Solver", "get_solver", "solver_names"]
+__all__ = ["SOLVERS", "Solver", "get_solver", "solve", "solver_names"]
+
+logger = logging.getLogger(__name__)
 
 _CLASSES: tuple[type[Solver], ...] = (
     MetisSolver,
@@ -101,3 +107,14 @@ def get_solver(name: str, **options: Any) -> Solver:
         return cls(**converted)
     except TypeError as exc:
         raise SolverError(f"solver {name!r}: bad options {options}: {exc}") from exc
+
+
+def solve(costed: CostedGraph, solver: Solver) -> tuple[SolverResult, PlanEvaluation]:
+    """Run ``solver`` on ``costed.problem()`` (timed) and evaluate its placement."""
+    problem = costed.problem()
+    t0 = time.perf_counter()
+    result = solver.solve(problem)
+    elapsed = time.perf_counter() - t0
+    result = replace(result, solve_time_s=elapsed)
+    logger.info("solver %s placed %d layers in %.3f s", solver.name, problem.num_layers, elapsed)
+    return result, evaluate(costed, result.assignment)

@@ -2,7 +2,7 @@
 
 1. Run the fast solvers -- metis, even, params, time, dp, etf, round-robin, single -- each with
    this solver's seed and time limit. One that raises
-   :class:`~partitioner.errors.InfeasibleError` is noted and skipped. Each placement has its
+   :class:`~partitioner.core.errors.InfeasibleError` is noted and skipped. Each placement has its
    colocation groups moved onto the device of their first layer (most fast solvers ignore
    ``problem.colocate``); one that then exceeds device memory is skipped, and so is one that
    leaves a device empty while there are at least as many placement units (layers, a colocation
@@ -23,7 +23,7 @@ The result therefore never scores worse than any candidate. ``notes`` lists ever
 its score (``"metis: 1.234 ms"``, ``"even: infeasible (memory)"``), then the choice. Status:
 the ILP's (OPTIMAL or FEASIBLE) when it won or proved optimality, else HEURISTIC. ``best_bound``
 is the larger of the ILP's proven bound and the work / largest-layer bound of
-:func:`partitioner.bounds.lower_bounds` (both valid for this score).
+:func:`partitioner.simulation.bounds.lower_bounds` (both valid for this score).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from partitioner.bounds import lower_bounds
-from partitioner.errors import InfeasibleError, PartitionError, SolverError
-from partitioner.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.errors import InfeasibleError, PartitionError, SolverError
+from partitioner.core.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.units import format_seconds
+from partitioner.simulation.bounds import lower_bounds
 from partitioner.solvers.base import (
     Solver,
     SolverOptions,
@@ -56,7 +57,6 @@ from partitioner.solvers.dp import PipeDreamSolver
 from partitioner.solvers.etf import EtfSolver
 from partitioner.solvers.ilp import IlpSolver, throughput_model_terms, throughput_objective_s
 from partitioner.solvers.metis import MetisSolver
-from partitioner.units import format_seconds
 
 __all__ = ["CANDIDATES", "AutoSolver", "auto_score_s", "colocate_groups"]
 

@@ -1,6 +1,6 @@
 """The solver interface and the helpers every solver shares.
 
-A solver maps a :class:`~partitioner.ir.PartitionProblem` (layers in order, per-device layer
+A solver maps a :class:`~partitioner.core.ir.PartitionProblem` (layers in order, per-device layer
 times, per-layer memory, layer traffic, devices) to an assignment ``layer index -> device index``.
 Every solver is a frozen dataclass whose fields are its options (``seed``, ``time_limit_s`` and
 any of its own); ``name`` and ``description`` are class constants.
@@ -19,7 +19,7 @@ Helpers:
 * :func:`fill_empty_devices` gives every empty device one layer, greedily choosing the move that
   most reduces (least increases) the max load;
 * :func:`repair_memory` moves layers off over-full devices until the assignment fits, or raises
-  :class:`~partitioner.errors.InfeasibleError` naming the memory the model needs;
+  :class:`~partitioner.core.errors.InfeasibleError` naming the memory the model needs;
 * :func:`check_memory` raises the same error without repairing (for baselines);
 * :func:`link_matrix` and :func:`link_classes` give the link between every pair of devices (a
   topology may join different pairs by different links: NVLink within a host, Ethernet between
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
-from partitioner.errors import InfeasibleError, SolverError
-from partitioner.ir import Link, PartitionProblem, SolverResult, Topology
-from partitioner.units import format_bytes
+from partitioner.core.errors import InfeasibleError, SolverError
+from partitioner.core.ir import Link, PartitionProblem, SolverResult, Topology
+from partitioner.core.units import format_bytes
 
 __all__ = [
     "Solver",

@@ -1,7 +1,7 @@
 """Baseline placements, the yardsticks a real solver must beat.
 
 * ``single``: every layer on device 0 (no model parallelism); raises
-  :class:`~partitioner.errors.InfeasibleError` when the model does not fit, which is the point.
+  :class:`~partitioner.core.errors.InfeasibleError` when the model does not fit, which is the point.
 * ``even``: contiguous layers in problem order, split evenly by count -- layer ``k`` of ``L`` goes
   to device ``k * D // L``; what an expert writes by hand.
 * ``round-robin``: layer ``k`` to device ``k % D``.
@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from partitioner.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.ir import PartitionProblem, SolverResult, SolveStatus
 from partitioner.solvers.base import (
     SolverOptions,
     check_memory,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from partitioner.errors import SolverError
+from partitioner.core.errors import SolverError
 
 __all__ = ["ContiguousSplit", "linear_partition", "min_bottleneck_split"]
 

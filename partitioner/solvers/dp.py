@@ -28,7 +28,7 @@ which is exact because every term is monotone in the stage's extent -- see
 Stage ``m`` runs on device ``m``: with devices of different types the times ``T_m`` are those of
 device ``m``, so a faster device gets a longer stage. The objective reported is ``A(L, D-1)``,
 the bottleneck in seconds. Raises
-:class:`~partitioner.errors.InfeasibleError` when no contiguous split fits device memory.
+:class:`~partitioner.core.errors.InfeasibleError` when no contiguous split fits device memory.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from partitioner.errors import InfeasibleError
-from partitioner.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.errors import InfeasibleError
+from partitioner.core.ir import PartitionProblem, SolverResult, SolveStatus
 from partitioner.solvers.base import SolverOptions, memory_infeasible_message, validate_problem_for
 from partitioner.solvers.contiguous import min_bottleneck_split
 

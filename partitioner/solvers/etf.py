@@ -22,7 +22,7 @@ not serialised. Afterwards every empty device gets one layer
 
 Cost ``O((L + E) D)`` (``O(L D + E)`` on a uniform topology, where the latest remote arrival is
 the largest or second-largest producer time): 10,000 layers x 8 devices take well under a second. Raises
-:class:`~partitioner.errors.InfeasibleError` when a layer fits on no device's remaining memory.
+:class:`~partitioner.core.errors.InfeasibleError` when a layer fits on no device's remaining memory.
 The objective reported is the schedule's makespan in seconds.
 """
 
@@ -32,8 +32,9 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from partitioner.errors import InfeasibleError
-from partitioner.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.errors import InfeasibleError
+from partitioner.core.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.units import format_bytes
 from partitioner.solvers.base import (
     SolverOptions,
     fill_empty_devices,
@@ -42,7 +43,6 @@ from partitioner.solvers.base import (
     transfer_time_s,
     validate_problem_for,
 )
-from partitioner.units import format_bytes
 
 __all__ = ["EtfSolver", "etf_schedule"]
 

@@ -33,7 +33,7 @@ compute):
    colocation groups counted once): every pipeline stage holds a layer;
 8. ``T >= L[d] = sum_k t[d][k] x[k, d] + sum_{e, C} c[e](d, C) z[e, d, C]``; minimise ``T``.
 
-9. hosts share their network link (:meth:`~partitioner.ir.Topology.channel_between`): with
+9. hosts share their network link (:meth:`~partitioner.core.ir.Topology.channel_between`): with
    several hosts, some holding more than one device, for every host pair ``h < g``
    ``w[e, h, g] >= X[a, h] + X[b, g] - 1`` and ``w[e, h, g] >= X[a, g] + X[b, h] - 1`` with
    ``X[v, h] = sum_{d on h} x[v, d]``, and ``T >= sum_e c_host[e] w[e, h, g]``: the channel
@@ -106,8 +106,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar, Literal
 
-from partitioner.errors import InfeasibleError, PartitionError, SolverError
-from partitioner.ir import Link, PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.errors import InfeasibleError, PartitionError, SolverError
+from partitioner.core.ir import Link, PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.units import format_bytes
 from partitioner.solvers.base import (
     SolverOptions,
     checked_assignment,
@@ -121,7 +122,6 @@ from partitioner.solvers.base import (
 )
 from partitioner.solvers.baselines import EvenSolver, RoundRobinSolver, SingleSolver
 from partitioner.solvers.metis import MetisSolver
-from partitioner.units import format_bytes
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
@@ -200,7 +200,7 @@ def throughput_objective_s(problem: PartitionProblem, assignment: Sequence[int])
 
     A device's load is its compute plus the transfer time of every cut edge it touches (both ends
     pay it, over the link between them); a channel's load is the transfer time of every cut edge
-    between its two hosts (:meth:`~partitioner.ir.Topology.channel_between`, both directions
+    between its two hosts (:meth:`~partitioner.core.ir.Topology.channel_between`, both directions
     together). This is the pipeline step time the ``throughput`` objective minimises (see the
     module docstring).
     """

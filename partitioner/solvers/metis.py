@@ -31,8 +31,8 @@ from typing import ClassVar
 
 import pymetis
 
-from partitioner.errors import SolverError
-from partitioner.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.errors import SolverError
+from partitioner.core.ir import PartitionProblem, SolverResult, SolveStatus
 from partitioner.solvers.base import (
     SolverOptions,
     fill_empty_devices,

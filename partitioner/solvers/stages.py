@@ -35,7 +35,7 @@ import heapq
 import logging
 from collections.abc import Sequence
 
-from partitioner.ir import PartitionProblem
+from partitioner.core.ir import PartitionProblem
 from partitioner.solvers.base import checked_assignment
 
 __all__ = ["is_acyclic_stages", "make_acyclic", "stage_graph"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from partitioner.ir import Edge, Graph, LayerInfo, Op, Phase
+from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
 
 F32 = 4
 

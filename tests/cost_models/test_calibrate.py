@@ -8,14 +8,15 @@ import random
 import pytest
 from cost_model_graphs import mlp
 
-from cost_models.analytic import (
+from cost_models.devices.catalog import get_device_type
+from cost_models.estimate.analytic import (
     DEFAULT_ROOFLINE,
     RooflineModel,
     calibrated_roofline,
     device_family,
     estimate_op_times_s,
 )
-from cost_models.calibrate import (
+from cost_models.estimate.calibrate import (
     LayerSample,
     OpClass,
     OpWork,
@@ -27,9 +28,8 @@ from cost_models.calibrate import (
     predict_sample_s,
     save_calibration,
 )
-from cost_models.catalog import get_device_type
-from partitioner.errors import CatalogError, PartitionError
-from partitioner.ir import Edge, Graph, LayerInfo, Op, Phase
+from partitioner.core.errors import CatalogError, PartitionError
+from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
 
 CPU = get_device_type("cpu")
 TRUE = RooflineModel(

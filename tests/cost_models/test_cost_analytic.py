@@ -7,16 +7,16 @@ import time
 import pytest
 from cost_model_graphs import mlp, op, single_op_graph
 
-from cost_models.analytic import (
+from cost_models.devices.catalog import get_device_type
+from cost_models.estimate.analytic import (
     DEFAULT_ROOFLINE,
     MATMUL_LIKE_OPS,
     ZERO_WORK_OPS,
     RooflineModel,
     estimate_op_times_s,
 )
-from cost_models.catalog import get_device_type
-from partitioner.errors import CatalogError
-from partitioner.ir import Edge, Graph, LayerInfo, Op, Phase
+from partitioner.core.errors import CatalogError
+from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
 
 
 def big_matmul(dtype: str = "bfloat16") -> Graph:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cost_models.catalog import (
+from cost_models.devices.catalog import (
     Precision,
     catalog,
     device_type_names,
@@ -17,7 +17,7 @@ from cost_models.catalog import (
     load_catalog,
     load_catalog_from,
 )
-from partitioner.errors import CatalogError, UnknownDeviceError
+from partitioner.core.errors import CatalogError, UnknownDeviceError
 
 REQUIRED = {"cpu", "t4", "l4", "v100", "v100-16gb", "a100-40gb", "a100-80gb", "h100", "h200"}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cost_models.catalog import get_device_type
-from cost_models.communication import get_link, link_names, resolve_link
-from partitioner.errors import CatalogError
+from cost_models.devices.catalog import get_device_type
+from cost_models.devices.communication import get_link, link_names, resolve_link
+from partitioner.core.errors import CatalogError
 
 EXPECTED = {
     "pcie3", "pcie4", "pcie5", "nvlink2", "nvlink3", "nvlink4",

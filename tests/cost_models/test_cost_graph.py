@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from cost_model_graphs import mlp
 
-from cost_models.analytic import estimate_op_times_s
-from cost_models.catalog import get_device_type
-from cost_models.communication import get_link
-from cost_models.costs import cost_graph
-from cost_models.memory import Optimizer, layer_memory
-from partitioner.errors import CatalogError, PartitionError, UnknownDeviceError
+from cost_models.devices.catalog import get_device_type
+from cost_models.devices.communication import get_link
+from cost_models.estimate.analytic import estimate_op_times_s
+from cost_models.estimate.costs import cost_graph
+from cost_models.estimate.memory import Optimizer, layer_memory
+from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError
 
 
 def test_cost_graph_builds_a_valid_problem() -> None:

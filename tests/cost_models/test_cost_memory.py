@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from cost_model_graphs import act, mlp
 
-from cost_models.memory import Optimizer, layer_memory, parse_optimizer, peak_memory_bytes
-from partitioner.errors import PartitionError
+from cost_models.estimate.memory import Optimizer, layer_memory, parse_optimizer, peak_memory_bytes
+from partitioner.core.errors import PartitionError
 
 
 def test_slots() -> None:
@@ -65,7 +65,7 @@ def shared_weight_graph(steps: int) -> tuple[object, int]:
     by tf.gradients' AddN (as an unrolled RNN does)."""
     from cost_model_graphs import op
 
-    from partitioner.ir import Edge, Graph, LayerInfo, Phase
+    from partitioner.core.ir import Edge, Graph, LayerInfo, Phase
 
     w = act(64, 64)
     ops = [op("x", "Placeholder", None, shape=(8, 64))]
@@ -83,7 +83,7 @@ def shared_weight_graph(steps: int) -> tuple[object, int]:
 
 
 def test_partial_gradients_are_a_transient_counted_once_per_device() -> None:
-    from partitioner.ir import LayerMemory, peak_bytes
+    from partitioner.core.ir import LayerMemory, peak_bytes
 
     graph, w = shared_weight_graph(steps=6)
     (mem,) = layer_memory(graph, Optimizer.SGD)

@@ -7,8 +7,8 @@ import math
 import pytest
 from cost_model_graphs import mlp
 
-from cost_models.op_profile import KernelEvent, attribute_events, layer_phase_times
-from partitioner.errors import PartitionError
+from cost_models.measure.op_profile import KernelEvent, attribute_events, layer_phase_times
+from partitioner.core.errors import PartitionError
 
 
 def ev(node: str, dur_ms: float, start: float = 0.0, op_type: str = "X") -> KernelEvent:
@@ -69,7 +69,7 @@ def test_profile_of_a_real_step_covers_every_layer() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from cost_models.op_profile import profile_step_ops
+    from cost_models.measure.op_profile import profile_step_ops
     from passes.trace import trace_model
 
     keras.utils.set_random_seed(0)
@@ -96,8 +96,8 @@ def test_profile_of_a_real_step_covers_every_layer() -> None:
 
 
 def test_measured_op_times_replace_the_estimates_on_the_given_rows() -> None:
-    from cost_models.costs import cost_graph
-    from cost_models.op_profile import apply_op_profile
+    from cost_models.estimate.costs import cost_graph
+    from cost_models.measure.op_profile import apply_op_profile
 
     g = mlp()
     costed = cost_graph(g, device_type="cpu", num_devices=2)

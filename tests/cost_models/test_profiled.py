@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from cost_model_graphs import mlp
 
-from cost_models.costs import cost_graph
-from cost_models.profiled import (
+from cost_models.estimate.costs import cost_graph
+from cost_models.measure.profiled import (
     LayerTiming,
     ProfileResult,
     ProfileSettings,
     apply_profile,
     default_cache_dir,
 )
-from partitioner.errors import PartitionError
-from partitioner.ir import Phase
+from partitioner.core.errors import PartitionError
+from partitioner.core.ir import Phase
 
 FAST = ProfileSettings(warmup=0, min_repeats=1, max_repeats=1, min_time_s=0.0)
 
@@ -81,7 +81,7 @@ def test_apply_profile_device_rows() -> None:
 def test_apply_profile_spreads_time_over_zero_estimates() -> None:
     costed = cost_graph(mlp(), device_type="cpu", num_devices=1)
     zero_rows = (tuple(0.0 for _ in costed.graph.ops),)
-    from partitioner.ir import CostedGraph
+    from partitioner.core.ir import CostedGraph
 
     zeroed = CostedGraph(costed.graph, costed.topology, zero_rows, costed.layer_memory)
     merged = apply_profile(zeroed, fake_result({"dense2": (6e-3, 0.0)}))
@@ -126,7 +126,7 @@ def entries(cache: Path) -> list[Path]:
 
 
 def test_second_profile_measures_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from cost_models.profiled import profile_model
+    from cost_models.measure.profiled import profile_model
 
     monkeypatch.setenv("PARTITIONER_CACHE_DIR", str(tmp_path))
     model = tiny_model()
@@ -156,7 +156,7 @@ def test_second_profile_measures_nothing(monkeypatch: pytest.MonkeyPatch, tmp_pa
 def test_identical_layers_share_one_measurement(tmp_path: Path) -> None:
     import keras
 
-    from cost_models.profiled import profile_model
+    from cost_models.measure.profiled import profile_model
 
     model = keras.Sequential(
         [keras.Input((32,))] + [keras.layers.Dense(32, name=f"same_{k}") for k in range(3)]
@@ -170,7 +170,7 @@ def test_identical_layers_share_one_measurement(tmp_path: Path) -> None:
 def test_interrupted_profile_leaves_only_complete_entries(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import cost_models.profiled as profiled
+    import cost_models.measure.profiled as profiled
 
     real = profiled._measure_unit
     calls = {"n": 0}
@@ -189,8 +189,8 @@ def test_interrupted_profile_leaves_only_complete_entries(
 
 
 def test_interrupted_cache_write_leaves_no_entry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import partitioner.plan as plan
-    from cost_models.profiled import profile_model
+    import partitioner.plan.model as plan
+    from cost_models.measure.profiled import profile_model
 
     def interrupted_fsync(fd: int) -> None:
         raise KeyboardInterrupt  # Ctrl-C after part of the entry was written
@@ -202,7 +202,7 @@ def test_interrupted_cache_write_leaves_no_entry(monkeypatch: pytest.MonkeyPatch
 
 
 def test_profiled_costs_enter_the_costed_graph(tmp_path: Path) -> None:
-    from cost_models.profiled import profile_model
+    from cost_models.measure.profiled import profile_model
     from passes.trace import trace_model
 
     model = tiny_model()
@@ -219,7 +219,7 @@ def test_profiled_costs_enter_the_costed_graph(tmp_path: Path) -> None:
 
 
 def test_unknown_device_and_bad_batch(tmp_path: Path) -> None:
-    from cost_models.profiled import profile_model
+    from cost_models.measure.profiled import profile_model
 
     with pytest.raises(PartitionError, match="not present"):
         profile_model(tiny_model(), batch_size=8, devices=["/device:GPU:9"], cache_dir=tmp_path)

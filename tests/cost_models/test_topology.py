@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 from cost_model_graphs import op
 
-from cost_models.analytic import DEFAULT_ROOFLINE, RooflineModel, estimate_op_times_s
-from cost_models.catalog import get_device_type
-from cost_models.communication import get_link
-from cost_models.costs import cost_graph
-from cost_models.topology import (
+from cost_models.devices.catalog import get_device_type
+from cost_models.devices.communication import get_link
+from cost_models.devices.topology import (
     load_topology,
     parse_topology,
     topology_from_tf_config,
     topology_summary,
 )
-from partitioner.errors import CatalogError, PartitionError, UnknownDeviceError, UsageError
-from partitioner.ir import Device, Edge, Graph, LayerInfo, Link, Phase, Topology
+from cost_models.estimate.analytic import DEFAULT_ROOFLINE, RooflineModel, estimate_op_times_s
+from cost_models.estimate.costs import cost_graph
+from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError, UsageError
+from partitioner.core.ir import Device, Edge, Graph, LayerInfo, Link, Phase, Topology
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "topologies"
 GIB = 1 << 30

@@ -1,6 +1,6 @@
-"""passes.cluster and partitioner.worker: a plan placed on a two-worker TensorFlow cluster.
+"""passes.cluster.runtime and partitioner.cli.worker: a plan placed on a two-worker TensorFlow cluster.
 
-Workers are real ``python -m partitioner.worker`` subprocesses on free 127.0.0.1 ports
+Workers are real ``python -m partitioner.cli.worker`` subprocesses on free 127.0.0.1 ports
 (tests/cluster_util.py), stopped by the tests themselves. A process that connected to a cluster
 keeps global TensorFlow state, so the client side of each cluster test runs in its own
 subprocess too: this file run as a script (``python tests/passes/test_cluster.py SCENARIO
@@ -90,8 +90,8 @@ def _max_diff(a: list[Any], b: list[Any]) -> float:
 def client_equivalence(cluster_file: str) -> dict[str, Any]:
     import keras
 
-    from partitioner.ir import Schedule
-    from passes.cluster import connect, place_on_cluster, remote_device_strings
+    from partitioner.core.ir import Schedule
+    from passes.cluster.runtime import connect, place_on_cluster, remote_device_strings
 
     model = _build_mlp()
     x, y = _data(16)
@@ -151,8 +151,8 @@ def client_fault(cluster_file: str) -> dict[str, Any]:
     """Train until the test breaks a worker (it waits for ``TRAINING`` on stdout)."""
     import keras
 
-    from partitioner.errors import PartitionError
-    from passes.cluster import connect, place_on_cluster, remote_device_strings
+    from partitioner.core.errors import PartitionError
+    from passes.cluster.runtime import connect, place_on_cluster, remote_device_strings
 
     model = _build_mlp()
     x, y = _data(4096)
@@ -188,9 +188,9 @@ def client_pipeline_timeline(cluster_file: str) -> dict[str, Any]:
     import keras
     import numpy as np
 
-    from partitioner.ir import Schedule
-    from passes.cluster import connect, place_on_cluster, remote_device_strings
-    from passes.pipeline import measure_task_times
+    from partitioner.core.ir import Schedule
+    from passes.cluster.runtime import connect, place_on_cluster, remote_device_strings
+    from passes.rewrite.pipeline import measure_task_times
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((TIMELINE_WIDTH,), name="x")
@@ -287,7 +287,7 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_cluster_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from passes.cluster import load_cluster
+    from passes.cluster.runtime import load_cluster
 
     spec = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
     by_map = load_cluster(spec)
@@ -315,8 +315,8 @@ def test_cluster_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_bad_cluster_files(tmp_path: Path, data: Any, needle: str) -> None:
-    from partitioner.errors import UsageError
-    from passes.cluster import load_cluster
+    from partitioner.core.errors import UsageError
+    from passes.cluster.runtime import load_cluster
 
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(data))
@@ -329,8 +329,8 @@ def test_bad_cluster_files(tmp_path: Path, data: Any, needle: str) -> None:
 def test_missing_cluster_file_and_tf_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from partitioner.errors import UsageError
-    from passes.cluster import load_cluster
+    from partitioner.core.errors import UsageError
+    from passes.cluster.runtime import load_cluster
 
     with pytest.raises(UsageError, match="cannot read cluster file"):
         load_cluster(tmp_path / "nope.json")
@@ -340,7 +340,7 @@ def test_missing_cluster_file_and_tf_config(
 
 
 def _handle(tasks: int, gpus_per_task: int = 0) -> Any:
-    from passes.cluster import ClusterHandle, WorkerCluster
+    from passes.cluster.runtime import ClusterHandle, WorkerCluster
 
     cluster = WorkerCluster("worker", tuple(f"127.0.0.1:{2000 + t}" for t in range(tasks)))
     names = []
@@ -351,8 +351,8 @@ def _handle(tasks: int, gpus_per_task: int = 0) -> Any:
 
 
 def test_remote_device_strings_rules() -> None:
-    from partitioner.plan import PlanDevice
-    from passes.cluster import ClusterError, remote_device_strings
+    from partitioner.plan.model import PlanDevice
+    from passes.cluster.runtime import ClusterError, remote_device_strings
 
     cpu = _handle(2)
     assert remote_device_strings(cpu, [0, 1]) == (
@@ -385,7 +385,7 @@ def test_remote_device_strings_rules() -> None:
 
 
 def test_connect_to_a_down_cluster_fails_fast(tmp_path: Path) -> None:
-    from passes.cluster import ClusterError, connect
+    from passes.cluster.runtime import ClusterError, connect
 
     ports = free_ports(2)
     path = tmp_path / "cluster.json"
@@ -400,8 +400,8 @@ def test_connect_to_a_down_cluster_fails_fast(tmp_path: Path) -> None:
 
 
 def test_worker_rejects_a_task_outside_the_cluster(tmp_path: Path) -> None:
-    from partitioner.errors import UsageError
-    from partitioner.worker import run_worker
+    from partitioner.cli.worker import run_worker
+    from partitioner.core.errors import UsageError
 
     with pytest.raises(UsageError, match=r"--task 2 is not a task of job 'worker'.*0\.\.1"):
         run_worker(2, {"worker": ["127.0.0.1:1", "127.0.0.1:2"]})

@@ -1,4 +1,4 @@
-"""passes.codegen: the emitted module, imported, rebuilds the model on the planned devices.
+"""passes.rewrite.codegen: the emitted module, imported, rebuilds the model on the planned devices.
 
 Every example model (and ResNet50) is emitted for plans over the logical CPU devices of
 tests/conftest.py, written with ``write_placed_module``, imported from the file, built, loaded with
@@ -28,11 +28,11 @@ import pytest
 import tensorflow as tf
 from example_models import EXAMPLE_NAMES, EXAMPLES_DIR, build_example, random_input
 
-from partitioner.errors import RewriteError
-from partitioner.ir import Schedule
-from partitioner.loader import load_model
-from partitioner.plan import PipelineInfo, Plan, PlanDevice, SolverInfo
-from passes.codegen import (
+from partitioner.cli.loader import load_model
+from partitioner.core.errors import RewriteError
+from partitioner.core.ir import Schedule
+from partitioner.plan.model import PipelineInfo, Plan, PlanDevice, SolverInfo
+from passes.rewrite.codegen import (
     emit_placed_module,
     emit_plan_module,
     plan_device_strings,

@@ -1,4 +1,4 @@
-"""passes.device_placement: a placed copy computes what the original computes, where the plan says.
+"""passes.rewrite.device_placement: a placed copy computes what the original computes, where the plan says.
 
 Every example model (and ResNet50, marked slow) is placed on 2 and 4 of the logical CPU devices
 that tests/conftest.py configures, and checked for: equal outputs, equal gradients, weights (and
@@ -18,8 +18,8 @@ import pytest
 import tensorflow as tf
 from example_models import EXAMPLE_NAMES, build_example, random_input
 
-from partitioner.errors import RewriteError
-from passes.device_placement import PlacedModel, place_model
+from partitioner.core.errors import RewriteError
+from passes.rewrite.device_placement import PlacedModel, place_model
 from passes.trace import _CallRecorder, placement_units
 
 BATCH = 4

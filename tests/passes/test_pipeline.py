@@ -1,4 +1,4 @@
-"""passes.pipeline: micro-batched training is the unpipelined training, stage by stage, in order.
+"""passes.rewrite.pipeline: micro-batched training is the unpipelined training, stage by stage, in order.
 
 Three tiny models (an MLP, a CNN and a functional Transformer block with a residual that skips a
 stage) are pipelined over 3 of the logical CPU devices that tests/conftest.py configures, with
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from partitioner.errors import PartitionError, PlanError, RewriteError, UsageError
-from partitioner.ir import EventKind, Schedule
-from passes.pipeline import (
+from partitioner.core.errors import PartitionError, PlanError, RewriteError, UsageError
+from partitioner.core.ir import EventKind, Schedule
+from passes.rewrite.pipeline import (
     PipelinedModel,
     PipelineTask,
     measure_task_times,
@@ -495,7 +495,7 @@ def test_batch_statistics_and_random_layers_are_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     model, plan = bn_model()
-    with caplog.at_level(logging.WARNING, logger="passes.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="passes.rewrite.pipeline"):
         pipelined = pipelined_copy(model, plan, 2)
     assert any("BatchNormalization" in w and "'bn'" in w for w in pipelined.warnings)
     assert any("random" in w and "'drop'" in w for w in pipelined.warnings)

@@ -16,8 +16,8 @@ import keras
 import pytest
 from example_models import EXAMPLE_NAMES, build_example
 
-from partitioner.errors import TraceError
-from partitioner.ir import Graph, Op, Phase
+from partitioner.core.errors import TraceError
+from partitioner.core.ir import Graph, Op, Phase
 from passes.trace import TraceResult, placement_units, trace_model
 
 BATCH = 8

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from partitioner.errors import InfeasibleError, SolverError
-from partitioner.ir import Device, Link, PartitionProblem, SolveStatus, Topology
+from partitioner.core.errors import InfeasibleError, SolverError
+from partitioner.core.ir import Device, Link, PartitionProblem, SolveStatus, Topology
 from partitioner.solvers import get_solver
 from partitioner.solvers.auto import CANDIDATES, AutoSolver, auto_score_s, colocate_groups
 from partitioner.solvers.base import device_memory_bytes

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partitioner.errors import InfeasibleError, SolverError
-from partitioner.ir import Device, Link, PartitionProblem, SolveStatus, Topology
+from partitioner.core.errors import InfeasibleError, SolverError
+from partitioner.core.ir import Device, Link, PartitionProblem, SolveStatus, Topology
 from partitioner.solvers import get_solver
 from partitioner.solvers.base import device_loads_s, device_memory_bytes
 from partitioner.solvers.contiguous import linear_partition, min_bottleneck_split

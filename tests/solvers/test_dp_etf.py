@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from partitioner.errors import InfeasibleError
-from partitioner.ir import Device, Link, PartitionProblem, SolveStatus, Topology
+from partitioner.core.errors import InfeasibleError
+from partitioner.core.ir import Device, Link, PartitionProblem, SolveStatus, Topology
 from partitioner.solvers import get_solver
 from partitioner.solvers.base import device_memory_bytes
 from partitioner.solvers.dp import PipeDreamSolver, boundary_transfer_s

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.costs import cost_graph
-from cost_models.topology import load_topology, parse_topology
-from partitioner.ir import (
+from cost_models.devices.topology import load_topology, parse_topology
+from cost_models.estimate.costs import cost_graph
+from partitioner.core.ir import (
     Device,
     Edge,
     Graph,

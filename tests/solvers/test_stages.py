@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partitioner.errors import SolverError
-from partitioner.ir import Device, Link, PartitionProblem, Topology
+from partitioner.core.errors import SolverError
+from partitioner.core.ir import Device, Link, PartitionProblem, Topology
 from partitioner.solvers.stages import is_acyclic_stages, make_acyclic, stage_graph
 
 LINK = Link("nvlink", latency_s=1e-5, bandwidth_bytes_per_s=1e11)

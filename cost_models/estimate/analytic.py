@@ -1,0 +1,386 @@
+"""The analytic (roofline) cost model: an op's time from its FLOPs, its bytes, and the datasheet.
+
+For an op on a device::
+
+    time_s = dispatch_s + kernel_overhead_s + max(flops / (peak_flops(dtype) * compute_eff),
+                                                  bytes_moved / (memory_bandwidth * memory_eff))
+             + max(0, bytes_moved - spill_threshold_bytes) * spill_s_per_byte
+             + transposed_bytes * transpose_s_per_byte
+
+where ``bytes_moved`` is the op's input bytes (its in-edges) plus its output bytes. Ops in
+:data:`ZERO_WORK_OPS` (metadata, handles, graph plumbing) cost only ``dispatch_s`` (the
+executor's per-op cost; 0 unless calibrated). The last term (0 unless calibrated) is a CPU's extra
+cost for the bytes beyond what its core's cache holds, and the next (0 unless calibrated) a
+CPU matmul's reordering of an operand it reads transposed. ``compute_eff`` is per op
+type, and so is ``memory_eff`` where calibrated (else one figure for all); ``kernel_overhead_s`` is
+the device's catalog figure unless the model overrides it.
+
+Calibrated models: :mod:`cost_models.estimate.calibrate` fits the efficiencies and the per-op overhead to
+measured layer times; a fitted model is stored as ``cost_models/data/calibration_<name>.json``
+(:func:`roofline_to_dict` / :func:`roofline_from_dict`), and :func:`calibrated_roofline` returns
+the packaged one that applies to a device type (its own, or one fitted on a device of the same
+family), else :data:`DEFAULT_ROOFLINE`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+from cost_models.devices.catalog import DeviceType
+from partitioner.core.errors import CatalogError
+from partitioner.core.ir import Graph
+
+__all__ = [
+    "DEFAULT_ROOFLINE",
+    "DEVICE_FAMILIES",
+    "MATMUL_LIKE_OPS",
+    "ZERO_WORK_OPS",
+    "RooflineModel",
+    "calibrated_roofline",
+    "device_family",
+    "estimate_op_times_s",
+    "roofline_from_dict",
+    "roofline_to_dict",
+]
+
+logger = logging.getLogger(__name__)
+
+ZERO_WORK_OPS: frozenset[str] = frozenset(
+    {
+        "Placeholder",
+        "PlaceholderWithDefault",
+        "Const",
+        "HostConst",
+        "NoOp",
+        "Identity",
+        "IdentityN",
+        "ReadVariableOp",
+        "VarHandleOp",
+        "VariableV2",
+        "Shape",
+        "ShapeN",
+        "Size",
+        "Rank",
+        "StopGradient",
+        "PreventGradient",
+        "Reshape",
+        "Squeeze",
+        "ExpandDims",
+        "EnsureShape",
+        "_Arg",
+        "_Retval",
+        "Switch",
+        "Merge",
+        "Enter",
+        "Exit",
+        "NextIteration",
+    }
+)
+"""Op types that do no device work: they read metadata (shape, size, rank), hand out a resource
+handle or constant, or forward a tensor without copying it (identity, reshape-like views, control
+flow plumbing). The roofline gives them 0 s and no launch overhead. Ops that write memory
+(``ZerosLike``, ``Fill``, ``Snapshot``, ``Transpose``) are *not* here."""
+
+MATMUL_LIKE_OPS: frozenset[str] = frozenset(
+    {
+        "MatMul",
+        "BatchMatMul",
+        "BatchMatMulV2",
+        "BatchMatMulV3",
+        "Einsum",
+        "Conv1D",
+        "Conv2D",
+        "Conv3D",
+        "Conv2DBackpropInput",
+        "Conv2DBackpropFilter",
+        "Conv3DBackpropInputV2",
+        "Conv3DBackpropFilterV2",
+        "DepthwiseConv2dNative",
+        "DepthwiseConv2dNativeBackpropInput",
+        "DepthwiseConv2dNativeBackpropFilter",
+        "_FusedMatMul",
+        "_FusedConv2D",
+    }
+)
+"""Op types that run on the dense-math units (tensor cores) and reach a good fraction of peak."""
+
+_MATMUL_EFFICIENCY = 0.6
+
+
+def _default_efficiency() -> Mapping[str, float]:
+    return MappingProxyType({op: _MATMUL_EFFICIENCY for op in sorted(MATMUL_LIKE_OPS)})
+
+
+@dataclass(frozen=True)
+class RooflineModel:
+    """Achieved fractions of the datasheet peaks.
+
+    ``efficiency`` maps an op type to the fraction of peak FLOP/s it achieves; other op types get
+    ``default_compute_efficiency``. ``memory_efficiency`` is the achieved fraction of peak memory
+    bandwidth (all op types). Every fraction must lie in (0, 1]. ``kernel_overhead_s``, when set,
+    replaces the device's catalog launch overhead per op (a calibrated figure); ``overhead_s``
+    gives op types their own fixed cost per op (calibrated: on a CPU a small matmul costs far
+    more than its FLOPs say).
+    """
+
+    efficiency: Mapping[str, float] = field(default_factory=_default_efficiency, compare=False)
+    default_compute_efficiency: float = 0.3
+    memory_efficiency: float = 0.7
+    memory_efficiency_by_type: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False
+    )
+    """Op types with their own fraction of the memory bandwidth (calibrated); others get
+    ``memory_efficiency``."""
+    kernel_overhead_s: float | None = None
+    overhead_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+    peak_flops_scale: float = 1.0
+    """Measured peak over the catalog's figure (calibration: the ``cpu`` entry is nominal)."""
+    memory_bandwidth_scale: float = 1.0
+    """Measured bandwidth over the catalog's figure (calibration; cache-resident tensors move
+    faster than the DRAM figure)."""
+    dispatch_overhead_s: float = 0.0
+    """The executor's cost per op between kernels, paid by every op including the zero-work
+    ones (calibrated on CPUs from the step's wall time less its kernels' times; on a GPU the
+    host enqueues ahead of the device, so 0)."""
+    spill_threshold_bytes: int = 1 << 18
+    """On a CPU, the bytes an op moves beyond this many leave the core's cache (and large
+    outputs land in freshly mapped memory, page faults on first touch) ..."""
+    spill_s_per_byte: float = 0.0
+    """... and each costs this much on top: calibrated; 0 unless fitted."""
+    transpose_s_per_byte: float = 0.0
+    """Cost per byte of a matmul operand read transposed (a CPU kernel reorders a transposed
+    weight on every call: a dense layer's input gradient ``dY @ W^T``): calibrated; 0 unless
+    fitted."""
+
+    def __post_init__(self) -> None:
+        for what, scale in (
+            ("peak_flops_scale", self.peak_flops_scale),
+            ("memory_bandwidth_scale", self.memory_bandwidth_scale),
+        ):
+            if not (scale > 0 and math.isfinite(scale)):
+                raise CatalogError(f"roofline {what}={scale!r} must be a finite number > 0")
+        for op_type, value in self.overhead_s.items():
+            if not (value >= 0 and math.isfinite(value)):
+                raise CatalogError(
+                    f"roofline overhead_s[{op_type!r}]={value!r} must be a finite number >= 0"
+                )
+        for what, amount in (
+            ("dispatch_overhead_s", self.dispatch_overhead_s),
+            ("spill_s_per_byte", self.spill_s_per_byte),
+            ("transpose_s_per_byte", self.transpose_s_per_byte),
+        ):
+            if not (amount >= 0 and math.isfinite(amount)):
+                raise CatalogError(f"roofline {what}={amount!r} must be a finite number >= 0")
+        if self.spill_threshold_bytes < 0:
+            raise CatalogError(
+                f"roofline spill_threshold_bytes={self.spill_threshold_bytes!r} must be >= 0"
+            )
+        if self.kernel_overhead_s is not None and not (
+            self.kernel_overhead_s >= 0 and math.isfinite(self.kernel_overhead_s)
+        ):
+            raise CatalogError(
+                f"roofline kernel_overhead_s={self.kernel_overhead_s!r} must be a finite number >= 0"
+            )
+        checks = [
+            ("default_compute_efficiency", self.default_compute_efficiency),
+            ("memory_efficiency", self.memory_efficiency),
+            *((f"efficiency[{k!r}]", v) for k, v in self.efficiency.items()),
+            *(
+                (f"memory_efficiency_by_type[{k!r}]", v)
+                for k, v in self.memory_efficiency_by_type.items()
+            ),
+        ]
+        for what, value in checks:
+            if not (0.0 < value <= 1.0):
+                raise CatalogError(f"roofline {what}={value!r} must lie in (0, 1]")
+
+    def compute_efficiency(self, op_type: str) -> float:
+        """Fraction of peak FLOP/s that ``op_type`` achieves."""
+        return self.efficiency.get(op_type, self.default_compute_efficiency)
+
+    def memory_efficiency_of(self, op_type: str) -> float:
+        """Fraction of the (scaled) memory bandwidth that ``op_type`` achieves."""
+        return self.memory_efficiency_by_type.get(op_type, self.memory_efficiency)
+
+
+DEFAULT_ROOFLINE = RooflineModel()
+"""Matmul-like ops at 60% of peak, other compute at 30%, memory traffic at 70% of bandwidth."""
+
+
+def estimate_op_times_s(
+    graph: Graph, device: DeviceType, model: RooflineModel | None = None
+) -> tuple[float, ...]:
+    """Roofline time in seconds of every op of ``graph`` on ``device``, aligned with ``graph.ops``.
+
+    An op's dtype is its first output dtype (``'float32'`` when it has no outputs).
+    """
+    m = DEFAULT_ROOFLINE if model is None else model
+    index = graph.op_index
+    input_bytes = [0] * len(graph.ops)
+    for e in graph.edges:
+        input_bytes[index[e.dst]] += e.bytes
+
+    default_overhead_s = (
+        device.kernel_overhead_s if m.kernel_overhead_s is None else m.kernel_overhead_s
+    )
+    overheads = m.overhead_s
+    dispatch_s = m.dispatch_overhead_s
+    spill_bytes, spill_s_per_byte = m.spill_threshold_bytes, m.spill_s_per_byte
+    transpose_s_per_byte = m.transpose_s_per_byte
+    bandwidth = device.memory_bandwidth_bytes_per_s * m.memory_bandwidth_scale
+    inv_bandwidth = 1.0 / (bandwidth * m.memory_efficiency)
+    by_type = m.memory_efficiency_by_type
+    # Peak FLOP/s * efficiency, memoised per (op type, dtype): few distinct pairs in practice.
+    rate_cache: dict[tuple[str, str], float] = {}
+    times: list[float] = []
+    append = times.append
+    for op, in_bytes in zip(graph.ops, input_bytes, strict=True):
+        op_type = op.op_type
+        if op_type in ZERO_WORK_OPS:
+            append(dispatch_s)
+            continue
+        moved = in_bytes + op.output_bytes
+        if by_type and op_type in by_type:
+            memory_s = moved / (bandwidth * by_type[op_type])
+        else:
+            memory_s = moved * inv_bandwidth
+        overhead_s = overheads.get(op_type, default_overhead_s) if overheads else default_overhead_s
+        overhead_s += dispatch_s
+        if spill_s_per_byte and moved > spill_bytes:
+            overhead_s += (moved - spill_bytes) * spill_s_per_byte
+        if transpose_s_per_byte and op.transposed_bytes:
+            overhead_s += op.transposed_bytes * transpose_s_per_byte
+        if op.flops:
+            dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
+            key = (op_type, dtype)
+            rate = rate_cache.get(key)
+            if rate is None:
+                rate = device.peak_flops(dtype) * m.peak_flops_scale * m.compute_efficiency(op_type)
+                rate_cache[key] = rate
+            compute_s = op.flops / rate
+            append(overhead_s + (compute_s if compute_s > memory_s else memory_s))
+        else:
+            append(overhead_s + memory_s)
+    return tuple(times)
+
+
+DEVICE_FAMILIES: Mapping[str, str] = MappingProxyType(
+    {
+        "cpu": "cpu",
+        "t4": "turing",
+        "l4": "ada",
+        "v100": "volta",
+        "v100-16gb": "volta",
+        "a100-40gb": "ampere",
+        "a100-80gb": "ampere",
+        "h100": "hopper",
+        "h200": "hopper",
+    }
+)
+"""Catalog device type -> architecture family: a calibration fitted on one member applies to the
+others (efficiencies are fractions of each device's own datasheet peaks)."""
+
+
+def device_family(device_type: str) -> str:
+    """The family of a catalog device type name (the name itself when it has none)."""
+    key = device_type.strip().lower()
+    return DEVICE_FAMILIES.get(key, key)
+
+
+def roofline_to_dict(model: RooflineModel) -> dict[str, Any]:
+    """A JSON-ready form of ``model`` (read back by :func:`roofline_from_dict`)."""
+    return {
+        "efficiency": dict(sorted(model.efficiency.items())),
+        "default_compute_efficiency": model.default_compute_efficiency,
+        "memory_efficiency": model.memory_efficiency,
+        "memory_efficiency_by_type": dict(sorted(model.memory_efficiency_by_type.items())),
+        "kernel_overhead_s": model.kernel_overhead_s,
+        "overhead_s": dict(sorted(model.overhead_s.items())),
+        "peak_flops_scale": model.peak_flops_scale,
+        "memory_bandwidth_scale": model.memory_bandwidth_scale,
+        "dispatch_overhead_s": model.dispatch_overhead_s,
+        "spill_threshold_bytes": model.spill_threshold_bytes,
+        "spill_s_per_byte": model.spill_s_per_byte,
+        "transpose_s_per_byte": model.transpose_s_per_byte,
+    }
+
+
+def roofline_from_dict(raw: Mapping[str, Any], origin: str = "roofline") -> RooflineModel:
+    """The model stored by :func:`roofline_to_dict`; raises CatalogError naming ``origin``."""
+
+    def number(key: str, value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CatalogError(f"{origin}: field {key!r} must be a number, got {value!r}")
+        return float(value)
+
+    eff_raw = raw.get("efficiency", {})
+    if not isinstance(eff_raw, Mapping):
+        raise CatalogError(f"{origin}: 'efficiency' must map op types to fractions")
+    overhead = raw.get("kernel_overhead_s")
+    mem_raw = raw.get("memory_efficiency_by_type", {})
+    if not isinstance(mem_raw, Mapping):
+        raise CatalogError(f"{origin}: 'memory_efficiency_by_type' must map op types to fractions")
+    per_op_raw = raw.get("overhead_s", {})
+    if not isinstance(per_op_raw, Mapping):
+        raise CatalogError(f"{origin}: 'overhead_s' must map op types to seconds")
+    return RooflineModel(
+        overhead_s=MappingProxyType(
+            {str(k): number(f"overhead_s.{k}", v) for k, v in per_op_raw.items()}
+        ),
+        efficiency=MappingProxyType(
+            {str(k): number(f"efficiency.{k}", v) for k, v in eff_raw.items()}
+        ),
+        default_compute_efficiency=number(
+            "default_compute_efficiency", raw.get("default_compute_efficiency")
+        ),
+        memory_efficiency=number("memory_efficiency", raw.get("memory_efficiency")),
+        memory_efficiency_by_type=MappingProxyType(
+            {str(k): number(f"memory_efficiency_by_type.{k}", v) for k, v in mem_raw.items()}
+        ),
+        kernel_overhead_s=None if overhead is None else number("kernel_overhead_s", overhead),
+        peak_flops_scale=number("peak_flops_scale", raw.get("peak_flops_scale", 1.0)),
+        memory_bandwidth_scale=number(
+            "memory_bandwidth_scale", raw.get("memory_bandwidth_scale", 1.0)
+        ),
+        dispatch_overhead_s=number("dispatch_overhead_s", raw.get("dispatch_overhead_s", 0.0)),
+        spill_threshold_bytes=int(
+            number("spill_threshold_bytes", raw.get("spill_threshold_bytes", 1 << 18))
+        ),
+        spill_s_per_byte=number("spill_s_per_byte", raw.get("spill_s_per_byte", 0.0)),
+        transpose_s_per_byte=number("transpose_s_per_byte", raw.get("transpose_s_per_byte", 0.0)),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _packaged_calibration(family: str) -> RooflineModel | None:
+    ref = resources.files("cost_models").joinpath("data", f"calibration_{family}.json")
+    try:
+        text = ref.read_text(encoding="utf-8")
+    except (OSError, FileNotFoundError):
+        return None
+    origin = f"data/calibration_{family}.json"
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CatalogError(f"{origin}: not valid JSON ({exc.msg}); reinstall the package") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("roofline"), dict):
+        raise CatalogError(f"{origin}: needs a 'roofline' object; reinstall the package")
+    return roofline_from_dict(raw["roofline"], origin)
+
+
+def calibrated_roofline(device_type: str) -> RooflineModel:
+    """The packaged calibrated model for ``device_type``'s family, else :data:`DEFAULT_ROOFLINE`.
+
+    Packaged calibrations are ``cost_models/data/calibration_<family>.json`` (see
+    :data:`DEVICE_FAMILIES`); the one for ``cpu`` was fitted on the reference 2-core machine.
+    """
+    found = _packaged_calibration(device_family(device_type))
+    return DEFAULT_ROOFLINE if found is None else found

@@ -1,0 +1,149 @@
+"""Turn a traced :class:`~partitioner.core.ir.Graph` into a :class:`~partitioner.core.ir.CostedGraph`.
+
+Two ways to say where the graph runs:
+
+* ``topology=`` a :class:`~partitioner.core.ir.Topology` (from
+  :func:`cost_models.devices.topology.load_topology`, or built by hand): each device's row of op times
+  comes from the roofline of *its own* device type, so devices of different types get different
+  times (computed once per type);
+* ``device_type=``, ``num_devices=``, ``link=``: ``num_devices`` identical devices on one host,
+  every pair joined by ``link`` (``pcie``, ``nvlink`` or a catalog kind).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+
+from cost_models.devices.catalog import get_device_type
+from cost_models.devices.communication import resolve_link
+from cost_models.estimate.analytic import RooflineModel, calibrated_roofline, estimate_op_times_s
+from cost_models.estimate.memory import Optimizer, layer_memory, parse_optimizer
+from partitioner.core.errors import CatalogError
+from partitioner.core.ir import CostedGraph, Device, Graph, Topology
+
+__all__ = ["cost_graph"]
+
+logger = logging.getLogger(__name__)
+
+
+def _check_limit(memory_limit_bytes: int | None) -> None:
+    if memory_limit_bytes is not None and (
+        isinstance(memory_limit_bytes, bool)
+        or not isinstance(memory_limit_bytes, int)
+        or memory_limit_bytes <= 0
+    ):
+        raise CatalogError(
+            f"memory_limit_bytes={memory_limit_bytes!r} must be a positive integer (or omitted to "
+            "use the catalog figure)"
+        )
+
+
+def _uniform_topology(
+    device_type: str | None, num_devices: int | None, link: str, memory_limit_bytes: int | None
+) -> Topology:
+    if device_type is None or num_devices is None:
+        raise CatalogError(
+            "cost_graph needs a topology, or device_type and num_devices (e.g. "
+            "device_type='h100', num_devices=2)"
+        )
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise CatalogError(f"num_devices={num_devices!r} must be an integer >= 1")
+    dtype = get_device_type(device_type)
+    limit = dtype.memory_bytes if memory_limit_bytes is None else memory_limit_bytes
+    return Topology(
+        devices=tuple(Device(i, dtype.name, limit) for i in range(num_devices)),
+        link=resolve_link(link, dtype),
+    )
+
+
+def cost_graph(
+    graph: Graph,
+    *,
+    topology: Topology | None = None,
+    device_type: str | None = None,
+    num_devices: int | None = None,
+    link: str | None = None,
+    optimizer: Optimizer | str = Optimizer.ADAM,
+    memory_limit_bytes: int | None = None,
+    roofline: RooflineModel | Mapping[str, RooflineModel] | None = None,
+) -> CostedGraph:
+    """Cost ``graph`` on ``topology``, or on ``num_devices`` identical ``device_type`` devices
+    joined by ``link`` (default ``pcie``).
+
+    With ``topology``, ``device_type``/``num_devices``/``link`` must be left out (a
+    ``num_devices`` that matches is accepted); each device's op times come from its own device
+    type. ``memory_limit_bytes``, when given, becomes every device's memory (default: the
+    topology's, else the catalog's ``memory_bytes``).
+
+    ``roofline`` is one :class:`~cost_models.estimate.analytic.RooflineModel` for every device, or a
+    mapping from device type (catalog name or alias) to the model of that type -- e.g. each
+    type's calibrated model -- where types it leaves out use the default roofline.
+    """
+    start = time.perf_counter()
+    _check_limit(memory_limit_bytes)
+    opt = parse_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
+    if topology is None:
+        topo = _uniform_topology(
+            device_type, num_devices, "pcie" if link is None else link, memory_limit_bytes
+        )
+    else:
+        if not isinstance(topology, Topology):
+            raise CatalogError(
+                f"topology must be a partitioner.core.ir.Topology, got {type(topology).__name__}"
+            )
+        if device_type is not None or link is not None:
+            raise CatalogError(
+                "cost_graph: give either topology= or device_type=/link=, not both (the "
+                "topology names each device's type and the links)"
+            )
+        if num_devices is not None and num_devices != topology.num_devices:
+            raise CatalogError(
+                f"num_devices={num_devices!r} but the topology has {topology.num_devices} devices"
+            )
+        topo = topology
+        if memory_limit_bytes is not None:
+            topo = dataclasses.replace(
+                topology,
+                devices=tuple(
+                    dataclasses.replace(d, memory_bytes=memory_limit_bytes)
+                    for d in topology.devices
+                ),
+            )
+    per_type: dict[str, RooflineModel] = {}
+    if isinstance(roofline, Mapping):
+        for name, given in roofline.items():
+            if not isinstance(given, RooflineModel):
+                raise CatalogError(
+                    f"roofline[{name!r}] must be a RooflineModel, got {type(given).__name__}"
+                )
+            per_type[get_device_type(name).name] = given
+    rows: dict[str, tuple[float, ...]] = {}
+    for d in topo.devices:
+        if d.device_type not in rows:
+            dtype = get_device_type(d.device_type)
+            chosen = per_type.get(dtype.name) if isinstance(roofline, Mapping) else roofline
+            if chosen is None:
+                # The packaged calibration of the type's family where one exists (cpu: fitted
+                # on the reference machine), else the catalog's plain roofline.
+                chosen = calibrated_roofline(dtype.name)
+            rows[d.device_type] = estimate_op_times_s(graph, dtype, chosen)
+    costed = CostedGraph(
+        graph=graph,
+        topology=topo,
+        op_compute_time_s=tuple(rows[d.device_type] for d in topo.devices),
+        layer_memory=layer_memory(graph, opt),
+    )
+    logger.debug(
+        "costed graph %r (%d ops, %d layers) on %d devices (%s) over %s in %.3f s",
+        graph.name,
+        len(graph.ops),
+        len(graph.layers),
+        topo.num_devices,
+        ", ".join(sorted(rows)),
+        topo.link.kind,
+        time.perf_counter() - start,
+    )
+    return costed

@@ -1,0 +1,368 @@
+"""Per-op profiling: every op's time inside the traced training step, from TensorFlow's profiler.
+
+:mod:`cost_models.measure.profiled` times each layer on its own, as a separate ``tf.function``; that is
+what a plan needs for layers that may run on another device, but a layer called alone pays costs
+the whole step does not (a function call, a cold cache) and misses some it does (the executor's
+work between ops). This module measures the ops where they actually run: the step function that
+:func:`passes.trace.trace_model` traced is run ``steps`` times under
+``tf.profiler.experimental`` (host tracer only), and the kernel events of its executor threads are
+read back from the profile (``*.xplane.pb``, an ``XSpace`` protocol buffer).
+
+Matching events to ops
+----------------------
+A kernel event is named ``"<node name>:<op type>"``. The node names are the traced graph's op
+names, except for nodes grappler made (``.../ArithmeticOptimizer/AddOpsRewrite_...``) and ops it
+fused into another (their time appears under the fused node's name, for example a Dense layer's
+``MatMul`` + ``BiasAdd`` + ``Relu`` under ``.../Relu``). An event whose node is a traced op is
+that op's; any other is given to the traced op whose name scope is the longest prefix of the node
+name (grappler keeps the scope of the ops it rewrote), in the phase of that op; what matches no
+scope is left unattributed and reported. Per layer and phase, times are summed over its ops, so
+fusion within a layer loses nothing.
+
+The wall time of the step is measured separately, without the profiler (which slows small
+kernels), as the ``statistic`` (median, or least) of ``steps`` timed runs, less the same
+statistic of an empty ``tf.function`` on the same inputs timed in the same rounds (the fixed cost of a call: Python, argument
+handling, the result's copy; it is no op's cost).
+
+Threads: TensorFlow runs independent ops of a step side by side on a CPU (``inter_op``
+threads), so ops' event times overlap and their sum exceeds the wall time. The planner's device
+runs one op at a time (as a GPU stream does), so the accuracy benchmark sets one inter-op thread
+before TensorFlow starts (:func:`configure_serial_executor`); the figures are then comparable.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+from partitioner.core.errors import PartitionError
+from partitioner.core.ir import CostedGraph, Graph, Phase
+
+__all__ = [
+    "KernelEvent",
+    "Statistic",
+    "StepOpProfile",
+    "apply_op_profile",
+    "attribute_events",
+    "configure_serial_executor",
+    "layer_phase_times",
+    "profile_step_ops",
+    "random_inputs",
+    "step_inputs",
+]
+
+logger = logging.getLogger(__name__)
+
+Statistic = Literal["median", "min"]
+"""How repeated measurements are summarised."""
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One kernel execution read from the profile: its node, op type, start and seconds."""
+
+    node: str
+    op_type: str
+    duration_s: float
+    start_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepOpProfile:
+    """Per-op times of one traced step (means over the profiled steps) and the step's wall time."""
+
+    model: str
+    op_time_s: Mapping[str, float]
+    """Traced op name -> seconds per step (own events plus grappler's nodes in its scope)."""
+    step_time_s: float
+    """Wall seconds of one step run without the profiler (the statistic over the timed runs),
+    less the fixed cost of calling a ``tf.function`` (an empty one on the same inputs, timed in
+    the same rounds)."""
+    call_overhead_s: float
+    """That fixed cost: seconds of the empty function (the same statistic)."""
+    unattributed_time_s: float
+    """Seconds per step of kernel events that matched no traced op or scope."""
+    profiled_steps: int
+    num_events: int
+
+    @property
+    def ops_total_s(self) -> float:
+        return math.fsum(self.op_time_s.values())
+
+
+def configure_serial_executor() -> None:
+    """One inter-op thread: the step's ops run one at a time (each kernel still uses every core).
+
+    Must run before TensorFlow initialises its runtime (before the first op); raises
+    PartitionError naming the next step otherwise.
+    """
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError as exc:
+        raise PartitionError(
+            "cannot set one inter-op thread: TensorFlow has already started; call "
+            f"configure_serial_executor() before running any op ({exc})"
+        ) from None
+
+
+def _scope_owners(graph: Graph) -> dict[str, str]:
+    """Name scope -> the traced op whose scope it is (the first op seen in that scope)."""
+    owners: dict[str, str] = {}
+    for op in graph.ops:
+        scope = op.id.rpartition("/")[0]
+        while scope and scope not in owners:
+            owners[scope] = op.id
+            scope = scope.rpartition("/")[0]
+    return owners
+
+
+def attribute_events(
+    graph: Graph, events: Iterable[KernelEvent], steps: int, statistic: Statistic = "median"
+) -> tuple[dict[str, float], float]:
+    """Seconds per step per traced op, and the unattributed seconds per step (pure).
+
+    See the module docstring for the matching rules. An op's events, in time order, are cut into
+    ``steps`` equal runs (an op in an unrolled or repeated region runs several times a step);
+    the op's time is the ``statistic`` (``"median"`` or ``"min"``) of the runs' sums. ``"min"``
+    is the steadier on a shared machine: another process can only add time to a kernel.
+    """
+    if steps < 1:
+        raise PartitionError(f"steps={steps} must be >= 1")
+    if statistic not in ("median", "min"):
+        raise PartitionError(f"statistic={statistic!r} must be 'median' or 'min'")
+    known = graph.op_index
+    owners = _scope_owners(graph)
+    per_op: dict[str, list[KernelEvent]] = {}
+    lost = 0.0
+    for ev in events:
+        target: str | None = ev.node if ev.node in known else None
+        if target is None:
+            scope = ev.node.rpartition("/")[0]
+            while scope and scope not in owners:
+                scope = scope.rpartition("/")[0]
+            target = owners.get(scope) if scope else None
+        if target is None:
+            lost += ev.duration_s
+        else:
+            per_op.setdefault(target, []).append(ev)
+    out: dict[str, float] = {}
+    for op_id, evs in per_op.items():
+        evs.sort(key=lambda e: e.start_s)
+        if len(evs) % steps:
+            # Not a whole number of runs per step (a grappler node shared out unevenly): the mean.
+            out[op_id] = math.fsum(e.duration_s for e in evs) / steps
+            continue
+        k = len(evs) // steps
+        sums = [math.fsum(e.duration_s for e in evs[i * k : (i + 1) * k]) for i in range(steps)]
+        out[op_id] = min(sums) if statistic == "min" else statistics.median(sums)
+    return out, lost / steps
+
+
+def layer_phase_times(
+    graph: Graph, op_time_s: Mapping[str, float]
+) -> dict[str, tuple[float, float]]:
+    """``{layer: (forward_s, backward_s)}`` summed over each layer's own ops (pure).
+
+    Ops without a layer (glue) are left out; layers with no measured op are absent.
+    """
+    out: dict[str, list[float]] = {}
+    for op in graph.ops:
+        t = op_time_s.get(op.id)
+        if t is None or op.layer is None:
+            continue
+        slot = out.setdefault(op.layer, [0.0, 0.0])
+        slot[0 if op.phase is Phase.FORWARD else 1] += t
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def _read_events(logdir: str) -> list[KernelEvent]:
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    files = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        raise PartitionError(f"TensorFlow's profiler wrote no trace under {logdir!r}")
+    events: list[KernelEvent] = []
+    for path in files:
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as fh:
+            space.ParseFromString(fh.read())
+        for plane in space.planes:
+            meta = plane.event_metadata
+            for line in plane.lines:
+                # Kernels run on the executor's inter-op threads ("tf_Compute/...") or, for
+                # inline ops, on the Eigen pool's threads; python/host API lines are not kernels.
+                if not (line.name.startswith("tf_Compute") or line.name.startswith("tf_numa")):
+                    continue
+                for ev in line.events:
+                    name = meta[ev.metadata_id].name
+                    if "::" in name or ":" not in name:
+                        continue
+                    node, _, op_type = name.rpartition(":")
+                    start_s = (line.timestamp_ns * 1e3 + ev.offset_ps) * 1e-12
+                    events.append(KernelEvent(node, op_type, ev.duration_ps * 1e-12, start_s))
+    return events
+
+
+def random_inputs(specs: Iterable[Any], seed: int = 0) -> list[Any]:
+    """Tensors for ``tf.TensorSpec`` objects with static shapes: standard normal floats, zeros for the
+    other dtypes (token ids: in range for every lookup)."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in specs:
+        shape = tuple(int(d) for d in spec.shape)
+        if spec.dtype.is_floating:
+            out.append(tf.constant(rng.standard_normal(shape), dtype=spec.dtype))
+        else:
+            out.append(tf.zeros(shape, dtype=spec.dtype))
+    return out
+
+
+def step_inputs(trace: Any, seed: int = 0) -> list[Any]:
+    """Tensors matching the traced step's inputs (:func:`random_inputs`)."""
+    return random_inputs(trace.step_function.structured_input_signature[0], seed)
+
+
+def profile_step_ops(
+    trace: Any,
+    inputs: Sequence[Any],
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    statistic: Statistic = "median",
+) -> StepOpProfile:
+    """Run the traced step (``trace.step_function``) and time its ops (see the module docstring).
+
+    ``trace`` is a :class:`passes.trace.TraceResult`; ``inputs`` are tensors matching its specs.
+    """
+    import tensorflow as tf
+
+    if steps < 1 or warmup < 0:
+        raise PartitionError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
+    fn = trace.step_function
+    if fn is None:
+        raise PartitionError("the trace has no step function; trace the model with passes.trace")
+    graph: Graph = trace.graph
+
+    def run() -> None:
+        out = fn(*inputs)
+        flat = [t for t in tf.nest.flatten(out) if tf.is_tensor(t)]
+        if flat:
+            _ = flat[0].numpy()
+
+    empty = tf.function(lambda *xs: tf.identity(xs[0]), autograph=False)
+
+    def run_empty() -> None:
+        _ = empty(*inputs).numpy()
+
+    for _ in range(warmup):
+        run()
+        run_empty()
+    walls: list[float] = []
+    empties: list[float] = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        run_empty()
+        t1 = time.perf_counter()
+        run()
+        walls.append(time.perf_counter() - t1)
+        empties.append(t1 - t0)
+    with tempfile.TemporaryDirectory(prefix="partitioner-xplane-") as logdir:
+        options = tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=2, python_tracer_level=0, device_tracer_level=0
+        )
+        tf.profiler.experimental.start(logdir, options=options)
+        try:
+            for _ in range(steps):
+                run()
+        finally:
+            tf.profiler.experimental.stop()
+        events = _read_events(logdir)
+    op_time, lost = attribute_events(graph, events, steps, statistic)
+    summary = min if statistic == "min" else statistics.median
+    logger.debug(
+        "op profile of %s: %d events, %.3f ms attributed, %.3f ms not, wall %.3f ms",
+        graph.name,
+        len(events),
+        1e3 * math.fsum(op_time.values()),
+        1e3 * lost,
+        1e3 * statistics.median(walls),
+    )
+    return StepOpProfile(
+        model=graph.name,
+        op_time_s=MappingProxyType(op_time),
+        step_time_s=max(0.0, summary(walls) - summary(empties)),
+        call_overhead_s=summary(empties),
+        unattributed_time_s=lost,
+        profiled_steps=steps,
+        num_events=len(events),
+    )
+
+
+def apply_op_profile(
+    costed: CostedGraph,
+    op_time_s: Mapping[str, float],
+    device_rows: Iterable[int],
+    *,
+    dispatch_s: float = 0.0,
+) -> CostedGraph:
+    """A new CostedGraph whose ``device_rows`` take the measured op times (pure).
+
+    On each row, an op with a measured time gets it; an op without one keeps its estimate unless
+    it belongs to a layer phase with measured ops (grappler fused it into one of them, or pruned
+    it: its work is in their times), where it gets 0. Every op then pays ``dispatch_s`` (the
+    executor's cost per op, which kernel times leave out). Layers with any measured op are
+    recorded as measured.
+    """
+    if not (dispatch_s >= 0 and math.isfinite(dispatch_s)):
+        raise PartitionError(f"dispatch_s={dispatch_s!r} must be a finite number >= 0")
+    n_rows = costed.topology.num_devices
+    rows = set(device_rows)
+    bad = sorted(r for r in rows if not 0 <= r < n_rows)
+    if bad:
+        raise PartitionError(
+            f"device rows {bad} are outside the topology's devices 0..{n_rows - 1}"
+        )
+    ops = costed.graph.ops
+    covered = {(op.layer, op.phase) for op in ops if op.layer is not None and op.id in op_time_s}
+    new_rows = []
+    for d, row in enumerate(costed.op_compute_time_s):
+        if d not in rows:
+            new_rows.append(row)
+            continue
+        times = []
+        for op, estimate in zip(ops, row, strict=True):
+            measured = op_time_s.get(op.id)
+            if measured is not None:
+                times.append(max(0.0, measured) + dispatch_s)
+            elif (op.layer, op.phase) in covered:
+                times.append(dispatch_s)
+            else:
+                times.append(estimate)
+        new_rows.append(tuple(times))
+    measured_layers = {layer for layer, _ in covered}
+    order = tuple(
+        info.name
+        for info in costed.graph.layers
+        if info.name in measured_layers or info.name in costed.measured
+    )
+    return CostedGraph(
+        graph=costed.graph,
+        topology=costed.topology,
+        op_compute_time_s=tuple(new_rows),
+        layer_memory=costed.layer_memory,
+        measured=order,
+    )

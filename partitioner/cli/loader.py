@@ -1,0 +1,147 @@
+"""Load a Keras model from a Python file named on the command line: ``PATH[:ATTR]``.
+
+The file is imported as a module under a private name, so its ``if __name__ == "__main__":``
+block does not run (but everything else in it does, as any import would). ``ATTR`` names a
+``keras.Model`` or a zero-argument function returning one; without it the loader looks for
+``build_model``, ``create_model``, ``get_model``, ``make_model`` and then for a single module-level
+model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import logging
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from partitioner.core.errors import ModelLoadError
+
+__all__ = ["BUILDER_NAMES", "check_model_path", "load_model", "split_spec"]
+
+logger = logging.getLogger(__name__)
+
+BUILDER_NAMES = ("build_model", "create_model", "get_model", "make_model")
+
+
+def split_spec(spec: str) -> tuple[Path, str | None]:
+    """``"models/net.py:build"`` -> (Path("models/net.py"), "build")."""
+    path, sep, attr = spec.rpartition(":")
+    if sep and path.endswith(".py") and attr and "/" not in attr and "\\" not in attr:
+        return Path(path), attr
+    return Path(spec), None
+
+
+def check_model_path(spec: str) -> Path:
+    """The file of ``PATH[:ATTR]``, checked without importing anything (fails fast)."""
+    path, _ = split_spec(spec)
+    _check_path(path)
+    return path
+
+
+def _check_path(path: Path) -> None:
+    if path.suffix != ".py":
+        raise ModelLoadError(f"{path} is not a .py file; give a Python file that builds a Keras model")
+    if not path.exists():
+        raise ModelLoadError(f"no such file: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is not a file; give a Python file that builds a Keras model")
+
+
+def _import_file(path: Path) -> ModuleType:
+    _check_path(path)
+    module_name = f"_partitioner_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(f"cannot import {path}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    directory = str(path.resolve().parent)
+    sys.path.insert(0, directory)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise ModelLoadError(
+            f"{path}:{exc.lineno}: syntax error: {exc.msg}; fix the file and run again"
+        ) from None
+    except SystemExit as exc:
+        raise ModelLoadError(f"importing {path} called sys.exit({exc.code})") from None
+    except Exception as exc:
+        raise ModelLoadError(f"importing {path} failed: {_brief(exc, path)}") from None
+    finally:
+        if sys.path and sys.path[0] == directory:
+            sys.path.pop(0)
+    return module
+
+
+def _brief(exc: BaseException, path: Path) -> str:
+    """``Type: message (file:line)`` with the innermost frame in the user's file."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+    where = f" (line {frames[-1].lineno})" if frames else ""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}{where}"
+
+
+def _as_model(value: Any, what: str, path: Path) -> Any:
+    import keras
+
+    if isinstance(value, keras.Model):
+        return value
+    if callable(value) and not isinstance(value, type):
+        try:
+            required = [
+                p
+                for p in inspect.signature(value).parameters.values()
+                if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            ]
+        except (TypeError, ValueError):
+            required = []
+        if required:
+            raise ModelLoadError(
+                f"{path}:{what} needs arguments ({', '.join(p.name for p in required)}); "
+                "name a zero-argument function or a model"
+            )
+        try:
+            built = value()
+        except Exception as exc:
+            raise ModelLoadError(f"{path}:{what}() failed: {_brief(exc, path)}") from None
+        if isinstance(built, keras.Model):
+            return built
+        raise ModelLoadError(
+            f"{path}:{what}() returned a {type(built).__name__}, not a keras.Model"
+        )
+    raise ModelLoadError(
+        f"{path}:{what} is of type {type(value).__name__}, not a keras.Model or a function "
+        "returning one"
+    )
+
+
+def load_model(spec: str) -> Any:
+    """The model named by ``PATH[:ATTR]`` (see the module docstring)."""
+    import keras
+
+    path, attr = split_spec(spec)
+    module = _import_file(path)
+    if attr is not None:
+        if not hasattr(module, attr):
+            raise ModelLoadError(f"{path} has no attribute {attr!r}")
+        return _as_model(getattr(module, attr), attr, path)
+    for name in BUILDER_NAMES:
+        if callable(getattr(module, name, None)):
+            logger.debug("using %s() from %s", name, path)
+            return _as_model(getattr(module, name), name, path)
+    models = [k for k, v in vars(module).items() if isinstance(v, keras.Model) and not k.startswith("_")]
+    if len(models) == 1:
+        return getattr(module, models[0])
+    if len(models) > 1:
+        raise ModelLoadError(
+            f"{path} defines several models ({', '.join(sorted(models))}); pick one with "
+            f"{path}:NAME"
+        )
+    raise ModelLoadError(
+        f"no model found in {path}: define build_model() returning a keras.Model, or name one "
+        f"with {path}:NAME"
+    )

@@ -1,0 +1,367 @@
+"""``partition worker``: one task of a TensorFlow cluster that a client places layers on.
+
+``run_worker(task_index, cluster)`` starts a ``tf.distribute.Server`` for task ``task_index`` of
+the ``worker`` job (the cluster comes from a mapping, a JSON file, or the ``TF_CONFIG``
+environment variable; see :func:`passes.cluster.runtime.load_cluster`), with ``threads`` intra-op
+threads (default 1: each kernel on one core), ``inter_op_threads`` inter-op threads (default
+``max(2, threads)``, see below) and, optionally, the process pinned to given CPU cores. It
+serves until SIGTERM or SIGINT and then returns 0; it never writes a traceback for a stop.
+
+Thread pools. A client's functions run on a worker in an eager context that the *client*
+creates there, configured by the session config the client ships when it connects
+(``tf.config.experimental_connect_to_cluster`` sends a copy of the client's own config); the
+worker's server config does not reach it. Where the client leaves a thread count at 0 (the
+default), TensorFlow takes it from the worker's ``TF_NUM_INTEROP_THREADS`` /
+``TF_NUM_INTRAOP_THREADS`` environment, else from the cores the worker may use. So
+:func:`run_worker` sets those two variables from ``inter_op_threads`` and ``threads``.
+
+Why two inter-op threads. With one inter-op thread, a worker whose stage tasks are chained
+(:mod:`passes.rewrite.pipeline`) hands micro-batch 0's activations to the next stage only after it has
+computed *every* forward: measured with ``passes.rewrite.pipeline.measure_task_times`` on
+``benchmarks.cluster_pipeline``'s model (8 x Dense(1024), M = 8, workers pinned to one core
+each), stage 1's first forward ended 94 ms after it could start instead of 11-15 ms, and the
+same happened with 1 inter-op thread set by the client, not with 2 (our reading: the executor
+runs a chain of ready kernels on its thread and queues the other ready ones, the ``_Send``
+among them, on the pool, whose only thread is that one). With two inter-op threads the sends
+go out at once. A worker pinned to one core still computes on that one core (kernels are
+single-threaded with ``threads = 1``); the second thread mostly runs sends and waits.
+
+A client (:func:`passes.cluster.runtime.connect`) adds itself to the cluster as its own job, so the
+cluster file lists only the workers::
+
+    {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+
+or, in ``TF_CONFIG`` form, ``{"cluster": {"worker": [...]}, "task": {"type": "worker",
+"index": 0}}`` (then ``--task`` may be left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from partitioner.core.errors import PartitionError, UsageError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LocalWorkers", "free_ports", "main", "run_worker", "start_local_workers"]
+
+READY_PREFIX = "partition worker ready:"
+"""The first line a worker writes to stdout once its server accepts connections."""
+
+
+def _pin_to_cores(cores: Sequence[int]) -> None:
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    bad = [c for c in cores if c not in available]
+    if bad or not cores:
+        raise UsageError(
+            f"--cores {','.join(map(str, cores)) or '(none)'}: this machine's process may use "
+            f"cores {available}; pick cores from that list"
+        )
+    os.sched_setaffinity(0, set(cores))
+
+
+def run_worker(
+    task_index: int | None,
+    cluster_spec: Mapping[str, Any] | str | Path | None,
+    *,
+    job_name: str = "worker",
+    threads: int = 1,
+    inter_op_threads: int | None = None,
+    cores: Sequence[int] | None = None,
+    on_ready: Callable[[int, str], None] | None = None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Serve task ``task_index`` of job ``job_name`` until SIGTERM/SIGINT (or ``stop`` is set).
+
+    ``cluster_spec`` is a ``{job: [addresses]}`` or TF_CONFIG-style mapping, a path to a JSON
+    file holding one, or None for the ``TF_CONFIG`` environment variable; ``task_index`` None
+    takes TF_CONFIG's ``task.index``. ``threads`` sets TensorFlow's intra-op thread pool and
+    ``inter_op_threads`` its inter-op pool (None: ``max(2, threads)``), for the server and, via
+    ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``, for the functions a client runs here
+    (unless the client's own config sets them; see the module docstring); ``cores`` pins the process to those CPU cores (Linux). ``on_ready(task, address)``
+    is called once the server listens. Returns the exit status (0 after a stop). Signal handlers
+    are installed only when called from the main thread.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise UsageError(f"--threads {threads!r} must be an integer >= 1")
+    inter_op = max(2, threads) if inter_op_threads is None else inter_op_threads
+    if isinstance(inter_op, bool) or not isinstance(inter_op, int) or inter_op < 1:
+        raise UsageError(f"--inter-op-threads {inter_op!r} must be an integer >= 1")
+    from passes.cluster.runtime import load_cluster
+
+    cluster = load_cluster(cluster_spec, job_name=job_name)
+    index = cluster.task_index if task_index is None else task_index
+    if index is None:
+        raise UsageError(
+            "no task index: pass --task I (or set TF_CONFIG's task.index) for this worker"
+        )
+    if isinstance(index, bool) or not 0 <= index < cluster.num_tasks:
+        raise UsageError(
+            f"--task {index} is not a task of job {job_name!r}, which has tasks "
+            f"0..{cluster.num_tasks - 1} ({', '.join(cluster.addresses)})"
+        )
+    if cores is not None:
+        _pin_to_cores(cores)
+    stop_event = stop if stop is not None else threading.Event()
+    if threading.current_thread() is threading.main_thread():
+
+        def request_stop(signum: int, frame: FrameType | None) -> None:
+            logger.info("worker task %d: signal %d, stopping", index, signum)
+            stop_event.set()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Read by TensorFlow when a client creates its eager context here (module docstring).
+    os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+    os.environ["TF_NUM_INTEROP_THREADS"] = str(inter_op)
+    import tensorflow as tf
+
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=threads,
+        inter_op_parallelism_threads=inter_op,
+        allow_soft_placement=False,
+    )
+    address = cluster.addresses[index]
+    try:
+        server = tf.distribute.Server(
+            tf.train.ClusterSpec(cluster.as_dict()),
+            job_name=job_name,
+            task_index=index,
+            config=config,
+            start=True,
+        )
+    except (tf.errors.OpError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"worker task {index} could not listen on {address}: {first}; is the port in use "
+            "by another process?"
+        ) from None
+    logger.info("worker task %d of job %r serving at %s (%s)", index, job_name, address, server)
+    if on_ready is not None:
+        on_ready(index, address)
+    # server.join() blocks in C++ where no signal handler runs; wait on the event instead.
+    while not stop_event.wait(0.5):
+        pass
+    logger.info("worker task %d stopped", index)
+    return 0
+
+
+def _parse_cores(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of core numbers like 0,1"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``partition worker`` options (also ``python -m partitioner.cli.worker``)."""
+    parser = argparse.ArgumentParser(
+        prog="partition worker",
+        description="Serve one task of a TensorFlow cluster until stopped (SIGTERM or Ctrl-C).",
+    )
+    parser.add_argument("--task", type=int, default=None, help="task index (default: TF_CONFIG)")
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        help='JSON file {"worker": ["host:port", ...]} or TF_CONFIG form (default: $TF_CONFIG)',
+    )
+    parser.add_argument("--job", default="worker", help="job name (default worker)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    parser.add_argument(
+        "--inter-op-threads",
+        type=int,
+        default=None,
+        help="inter-op threads (default: max(2, --threads); a pipeline stage needs >= 2 so "
+        "that its sends are not queued behind its computation)",
+    )
+    parser.add_argument(
+        "--cores", type=_parse_cores, default=None, help="pin to these CPU cores, e.g. 0 or 0,1"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse ``argv``, serve, return the exit status; errors print one line."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TensorFlow's native start-up lines go straight to file descriptor 2; keep them off the
+    # terminal so a bad command line still answers with one line.
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import passes.cluster.runtime  # noqa: F401  (imports TensorFlow)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+    def announce(task: int, address: str) -> None:
+        sys.stdout.write(f"{READY_PREFIX} task {task} at {address}\n")
+        sys.stdout.flush()
+
+    try:
+        return run_worker(
+            args.task,
+            args.cluster,
+            job_name=args.job,
+            threads=args.threads,
+            inter_op_threads=args.inter_op_threads,
+            cores=args.cores,
+            on_ready=announce,
+        )
+    except PartitionError as exc:
+        sys.stderr.write(f"partition worker: error: {exc}\n")
+        return exc.exit_code
+
+
+# -- local workers (tests, benchmarks, trying a plan on one machine) ------------------------------
+
+
+def free_ports(count: int) -> tuple[int, ...]:
+    """``count`` distinct TCP ports that were free on 127.0.0.1 a moment ago."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return tuple(s.getsockname()[1] for s in sockets)
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class LocalWorkers:
+    """Worker subprocesses serving one cluster file; :meth:`stop` ends them."""
+
+    cluster_file: Path
+    addresses: tuple[str, ...]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def kill(self, task: int) -> None:
+        """SIGKILL one worker (a crash: no goodbye)."""
+        proc = self.processes[task]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every live worker; SIGKILL any still alive after ``grace_s``."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + grace_s
+        for proc in self.processes:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    def log(self, task: int) -> str:
+        """What worker ``task`` wrote (stdout and stderr)."""
+        return self.logs[task].read_text(errors="replace")
+
+    def __enter__(self) -> LocalWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _accepts(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def start_local_workers(
+    num_tasks: int,
+    directory: Path,
+    *,
+    threads: int = 1,
+    inter_op_threads: int | None = None,
+    cores: Sequence[int | None] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> LocalWorkers:
+    """Start ``num_tasks`` workers (``python -m partitioner.cli.worker``) on free 127.0.0.1 ports.
+
+    Writes ``directory/cluster.json`` and one log per worker there, pins task ``i`` to
+    ``cores[i]`` when given, and waits (up to ``timeout_s``) until every worker says it is
+    ready and its port accepts connections; on failure the started workers are stopped and
+    :class:`~partitioner.core.errors.UsageError` says which one failed, with the tail of its log.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks))
+    cluster_file = directory / "cluster.json"
+    cluster_file.write_text(json.dumps({"worker": list(addresses)}), encoding="utf-8")
+    workers = LocalWorkers(cluster_file, addresses)
+    child_env = dict(os.environ if env is None else env)
+    child_env.pop("TF_CONFIG", None)
+    child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    try:
+        for task in range(num_tasks):
+            log = directory / f"worker{task}.log"
+            workers.logs.append(log)
+            cmd = [
+                sys.executable, "-m", "partitioner.cli.worker", "--task", str(task),
+                "--cluster", str(cluster_file), "--threads", str(threads),
+            ]  # fmt: skip
+            if inter_op_threads is not None:
+                cmd += ["--inter-op-threads", str(inter_op_threads)]
+            core = cores[task] if cores is not None else None
+            if core is not None:
+                cmd += ["--cores", str(core)]
+            with open(log, "wb") as out:
+                workers.processes.append(
+                    subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env)
+                )
+        deadline = time.monotonic() + timeout_s
+        for task, (proc, address) in enumerate(zip(workers.processes, addresses)):
+            while not (READY_PREFIX in workers.log(task) and _accepts(address)):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = " | ".join(workers.log(task).strip().splitlines()[-3:])
+                    state = (
+                        f"exited with status {proc.returncode}"
+                        if proc.poll() is not None
+                        else f"was not ready after {timeout_s:g} s"
+                    )
+                    raise UsageError(f"local worker task {task} ({address}) {state}: {tail}")
+                time.sleep(0.1)
+    except BaseException:
+        workers.stop()
+        raise
+    return workers
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The gRPC server has no clean shutdown in TF 2; leave without running its destructors.
+    os._exit(code)

@@ -1,0 +1,689 @@
+"""The shared vocabulary of `partitioner`: the op graph, its layer-level view, devices and links,
+the costed problem a solver sees, and a solver's result.
+
+Every type here is a frozen dataclass of tuples; nothing here imports TensorFlow. Every package may
+import this module (and :mod:`partitioner.core.errors`); this module imports nothing of ours but errors.
+
+Data flows one way::
+
+    model --trace--> Graph --costs--> CostedGraph --problem()--> PartitionProblem --solve--> SolverResult
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+
+from partitioner.core.errors import InvalidGraphError
+
+__all__ = [
+    "CostedGraph",
+    "Device",
+    "Edge",
+    "EventKind",
+    "Graph",
+    "LayerEdge",
+    "LayerGraph",
+    "LayerInfo",
+    "LayerMemory",
+    "LayerNode",
+    "Link",
+    "Op",
+    "PartitionProblem",
+    "Phase",
+    "Schedule",
+    "SolveStatus",
+    "SolverResult",
+    "TimelineEvent",
+    "Topology",
+    "peak_bytes",
+]
+
+
+_NOT_ACTIVATIONS = frozenset({"ReadVariableOp", "VarHandleOp", "Const"})
+"""Forward ops whose outputs the backward reads but that are no saved activations: reads of the
+weights (the runtime aliases the variable's buffer; the weights are counted as parameters) and
+constants."""
+_GRADIENT_SUMS = frozenset({"AddN", "AccumulateNV2"})
+"""Ops ``tf.gradients`` uses to add a tensor's partial gradients from its several consumers."""
+
+
+class Phase(enum.Enum):
+    """Which part of a training step an op belongs to."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+class Schedule(enum.Enum):
+    """How micro-batches flow through pipeline stages."""
+
+    NONE = "none"
+    """No pipelining: one batch goes forward through every stage, then backward."""
+    GPIPE = "gpipe"
+    """GPipe (Huang et al., 2019): all micro-batches forward, then all backward."""
+    ONE_F_ONE_B = "1f1b"
+    """1F1B (PipeDream-Flush, Narayanan et al., 2021): after a warm-up of forwards, each stage
+    alternates one forward and one backward, bounding live activations by the stage count."""
+
+
+class EventKind(enum.Enum):
+    """What a timeline event is: compute on a device, or a transfer on a link."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    TRANSFER = "transfer"
+    UPDATE = "update"
+    """The optimizer's update after the last backward."""
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One interval of a simulated step on one resource.
+
+    ``resource`` names a device (``"device 0"``) or a link channel (``"link 0->1"``,
+    ``"hosts 0->1"``); ``label`` names what ran (a layer, a stage, a tensor);
+    ``microbatch`` is 0 without pipelining.
+    """
+
+    resource: str
+    kind: EventKind
+    label: str
+    start_s: float
+    end_s: float
+    microbatch: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.start_s <= self.end_s) or not math.isfinite(self.end_s):
+            raise InvalidGraphError(
+                f"timeline event {self.label!r} on {self.resource}: start_s={self.start_s} and "
+                f"end_s={self.end_s} must satisfy 0 <= start <= end < inf"
+            )
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of the traced training step.
+
+    ``layer`` is the exact owning Keras layer (the innermost placement unit whose ``__call__``
+    created the op), or ``None`` for glue ops created outside every unit (inputs, loss, captures).
+    Backward ops are owned by the layer of the forward op they are the gradient of.
+    """
+
+    id: str
+    op_type: str
+    layer: str | None
+    phase: Phase
+    output_shapes: tuple[tuple[int, ...], ...] = ()
+    output_dtypes: tuple[str, ...] = ()
+    output_bytes: int = 0
+    flops: int = 0
+    transposed_bytes: int = 0
+    """Bytes of the operands the kernel reads transposed (``MatMul``'s ``transpose_a/b``,
+    ``BatchMatMul``'s ``adj_x/y``): a CPU kernel reorders a transposed weight on every call."""
+
+    def __post_init__(self) -> None:
+        if len(self.output_shapes) != len(self.output_dtypes):
+            raise InvalidGraphError(
+                f"op {self.id!r}: {len(self.output_shapes)} output shapes but "
+                f"{len(self.output_dtypes)} output dtypes"
+            )
+        if self.output_bytes < 0 or self.flops < 0:
+            raise InvalidGraphError(
+                f"op {self.id!r}: negative output_bytes={self.output_bytes} or flops={self.flops}"
+            )
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A tensor flowing from ``src`` (output ``output_index``) to ``dst``."""
+
+    src: str
+    dst: str
+    bytes: int
+    output_index: int = 0
+
+    @property
+    def tensor(self) -> tuple[str, int]:
+        """The tensor's identity: its producing op and output index."""
+        return (self.src, self.output_index)
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """A placement unit: a Keras layer (or an op that stands as a node of a functional graph)."""
+
+    name: str
+    class_name: str
+    num_params: int = 0
+    trainable_params: int = 0
+    param_bytes: int = 0
+    trainable_param_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class LayerNode:
+    """A layer in the layer-level view, with the totals of the ops it owns."""
+
+    name: str
+    class_name: str
+    index: int
+    op_ids: tuple[str, ...]
+    forward_flops: int
+    backward_flops: int
+    param_bytes: int
+    trainable_param_bytes: int
+    activation_bytes: int
+    """Bytes of this layer's forward outputs that the backward pass reads (kept alive)."""
+    gradient_partial_bytes: int = 0
+    """Bytes of the partial gradients this layer's backward sums (the inputs of its ``AddN`` ops:
+    a weight an unrolled RNN uses at every step gets one partial gradient per step, all alive
+    until they are added). Transient: alive during this layer's backward only."""
+
+
+@dataclass(frozen=True)
+class LayerEdge:
+    """Traffic between two layers, normalised so that ``src`` comes before ``dst`` in layer order.
+
+    ``forward_bytes`` counts each forward tensor once per consuming layer; ``backward_bytes``
+    counts tensors read by backward ops of the other layer (gradients flowing back, activations
+    re-read), also once per consuming layer.
+    """
+
+    src: str
+    dst: str
+    forward_bytes: int
+    backward_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.forward_bytes + self.backward_bytes
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    """The layer-level view of a :class:`Graph`: nodes in layer order, edges from lower to higher."""
+
+    nodes: tuple[LayerNode, ...]
+    edges: tuple[LayerEdge, ...]
+    op_owner: Mapping[str, str] = field(compare=False, repr=False)
+    """Effective owner of every op: its layer, or for glue ops the layer it is merged into."""
+
+    @cached_property
+    def index(self) -> Mapping[str, int]:
+        return MappingProxyType({n.name: i for i, n in enumerate(self.nodes)})
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The op graph of one training step, in topological order.
+
+    Validated on construction: unique op ids, edges between known ops, every edge from an earlier
+    op to a later one (so the order is topological and the graph acyclic), every op's layer known.
+    """
+
+    name: str
+    ops: tuple[Op, ...]
+    edges: tuple[Edge, ...]
+    layers: tuple[LayerInfo, ...]
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        position: dict[str, int] = {}
+        for i, op in enumerate(self.ops):
+            if op.id in position:
+                raise InvalidGraphError(f"graph {self.name!r}: duplicate op id {op.id!r}")
+            position[op.id] = i
+        layer_names = [layer.name for layer in self.layers]
+        if len(set(layer_names)) != len(layer_names):
+            dupes = sorted({n for n in layer_names if layer_names.count(n) > 1})
+            raise InvalidGraphError(f"graph {self.name!r}: duplicate layer names {dupes}")
+        known_layers = set(layer_names)
+        for op in self.ops:
+            if op.layer is not None and op.layer not in known_layers:
+                raise InvalidGraphError(
+                    f"graph {self.name!r}: op {op.id!r} names unknown layer {op.layer!r}"
+                )
+        for e in self.edges:
+            if e.src not in position or e.dst not in position:
+                missing = e.src if e.src not in position else e.dst
+                raise InvalidGraphError(f"graph {self.name!r}: edge names unknown op {missing!r}")
+            if position[e.src] >= position[e.dst]:
+                raise InvalidGraphError(
+                    f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r} goes backwards in the op "
+                    "order: the ops are not topologically sorted or the graph has a cycle"
+                )
+            if e.bytes < 0:
+                raise InvalidGraphError(
+                    f"graph {self.name!r}: edge {e.src!r} -> {e.dst!r} bytes < 0"
+                )
+        if self.batch_size < 1:
+            raise InvalidGraphError(f"graph {self.name!r}: batch_size={self.batch_size} < 1")
+
+    @cached_property
+    def op_index(self) -> Mapping[str, int]:
+        return MappingProxyType({op.id: i for i, op in enumerate(self.ops)})
+
+    @cached_property
+    def in_edges(self) -> tuple[tuple[Edge, ...], ...]:
+        """Edges into each op, by op position."""
+        incoming: list[list[Edge]] = [[] for _ in self.ops]
+        for e in self.edges:
+            incoming[self.op_index[e.dst]].append(e)
+        return tuple(tuple(x) for x in incoming)
+
+    @cached_property
+    def out_edges(self) -> tuple[tuple[Edge, ...], ...]:
+        """Edges out of each op, by op position."""
+        outgoing: list[list[Edge]] = [[] for _ in self.ops]
+        for e in self.edges:
+            outgoing[self.op_index[e.src]].append(e)
+        return tuple(tuple(x) for x in outgoing)
+
+    @cached_property
+    def layer_graph(self) -> LayerGraph:
+        """The layer-level view; glue ops are merged into a neighbouring layer."""
+        if not self.layers:
+            raise InvalidGraphError(f"graph {self.name!r} has no layers to place")
+        owner: list[str | None] = [op.layer for op in self.ops]
+        layer_pos = {layer.name: i for i, layer in enumerate(self.layers)}
+        # Glue ops join a producer's layer, chosen along the data's direction so that merging
+        # never makes data flow against the layer order (which a pipeline's stages follow): a
+        # forward glue op joins its latest producer layer (a loss reading two heads runs after
+        # both); a backward one joins the earliest layer among its backward producers (the
+        # gradient has come back that far). Else the earliest owned consumer (in layer order),
+        # else the first layer.
+        for i, op in enumerate(self.ops):
+            if owner[i] is not None:
+                continue
+            producers = [self.op_index[e.src] for e in self.in_edges[i]]
+            owned = [j for j in producers if owner[j] is not None]
+            if op.phase is Phase.BACKWARD:
+                backward = [j for j in owned if self.ops[j].phase is Phase.BACKWARD]
+                if backward:
+                    owner[i] = min((owner[j] for j in backward), key=lambda n: layer_pos[n or ""])
+                    continue
+            if owned:
+                owner[i] = max((owner[j] for j in owned), key=lambda n: layer_pos[n or ""])
+        for i in reversed(range(len(self.ops))):
+            if owner[i] is None:
+                # An op no layer feeds (a model input, a constant) joins its earliest consumer in
+                # layer order, so the layer edges it makes point the way the data flows.
+                consumer_layers = [
+                    c for e in self.out_edges[i] if (c := owner[self.op_index[e.dst]]) is not None
+                ]
+                if consumer_layers:
+                    owner[i] = min(consumer_layers, key=lambda n: layer_pos[n])
+        first = self.layers[0].name
+        resolved = [o if o is not None else first for o in owner]
+
+        op_ids: list[list[str]] = [[] for _ in self.layers]
+        fwd_flops = [0] * len(self.layers)
+        bwd_flops = [0] * len(self.layers)
+        for op, own in zip(self.ops, resolved):
+            k = layer_pos[own]
+            op_ids[k].append(op.id)
+            if op.phase is Phase.FORWARD:
+                fwd_flops[k] += op.flops
+            else:
+                bwd_flops[k] += op.flops
+
+        partial_bytes = [0] * len(self.layers)
+        for i, op in enumerate(self.ops):
+            if (
+                op.phase is Phase.BACKWARD
+                and op.op_type in _GRADIENT_SUMS
+                and len(self.in_edges[i]) > 1
+            ):
+                partial_bytes[layer_pos[resolved[i]]] += sum(e.bytes for e in self.in_edges[i])
+
+        saved: list[set[tuple[str, int]]] = [set() for _ in self.layers]
+        saved_bytes = [0] * len(self.layers)
+        traffic: dict[tuple[int, int], list[int]] = {}
+        seen: set[tuple[tuple[str, int], int]] = set()
+        for e in self.edges:
+            si, di = self.op_index[e.src], self.op_index[e.dst]
+            src_op, dst_op = self.ops[si], self.ops[di]
+            ks, kd = layer_pos[resolved[si]], layer_pos[resolved[di]]
+            if (
+                src_op.phase is Phase.FORWARD
+                and dst_op.phase is Phase.BACKWARD
+                and src_op.op_type not in _NOT_ACTIVATIONS
+            ):
+                if e.tensor not in saved[ks]:
+                    saved[ks].add(e.tensor)
+                    saved_bytes[ks] += e.bytes
+            if ks == kd or (e.tensor, kd) in seen:
+                continue
+            seen.add((e.tensor, kd))
+            key = (min(ks, kd), max(ks, kd))
+            slot = traffic.setdefault(key, [0, 0])
+            slot[0 if dst_op.phase is Phase.FORWARD else 1] += e.bytes
+
+        nodes = tuple(
+            LayerNode(
+                name=info.name,
+                class_name=info.class_name,
+                index=k,
+                op_ids=tuple(op_ids[k]),
+                forward_flops=fwd_flops[k],
+                backward_flops=bwd_flops[k],
+                param_bytes=info.param_bytes,
+                trainable_param_bytes=info.trainable_param_bytes,
+                activation_bytes=saved_bytes[k],
+                gradient_partial_bytes=partial_bytes[k],
+            )
+            for k, info in enumerate(self.layers)
+        )
+        edges = tuple(
+            LayerEdge(self.layers[a].name, self.layers[b].name, fb, bb)
+            for (a, b), (fb, bb) in sorted(traffic.items())
+        )
+        owner_map = MappingProxyType({op.id: own for op, own in zip(self.ops, resolved)})
+        return LayerGraph(nodes=nodes, edges=edges, op_owner=owner_map)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between two devices: time = latency + bytes / bandwidth."""
+
+    kind: str
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.latency_s >= 0 and self.bandwidth_bytes_per_s > 0):
+            raise InvalidGraphError(
+                f"link {self.kind!r}: latency_s={self.latency_s} must be >= 0 and "
+                f"bandwidth_bytes_per_s={self.bandwidth_bytes_per_s} > 0"
+            )
+
+    def transfer_time_s(self, num_bytes: int) -> float:
+        if num_bytes <= 0:
+            return 0.0
+        return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a topology.
+
+    ``host`` numbers the machine the device sits in (devices on different hosts talk over the
+    topology's ``inter_host_link``); ``name`` is the TensorFlow device string to place on
+    (``"/job:worker/replica:0/task:1/device:GPU:0"``), or ``""`` for the local default
+    (``/device:GPU:<index>`` style names chosen at rewrite time).
+    """
+
+    index: int
+    device_type: str
+    memory_bytes: int
+    host: int = 0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes < 0 or self.host < 0:
+            raise InvalidGraphError(
+                f"device {self.index} ({self.device_type}): memory_bytes={self.memory_bytes} and "
+                f"host={self.host} must be >= 0"
+            )
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Devices and the links between them.
+
+    ``link_between(a, b)`` is, in order: an explicit per-pair override from ``links`` (stored
+    with ``a < b``, symmetric), the ``inter_host_link`` when ``a`` and ``b`` sit on different
+    hosts, else the intra-host ``link``.
+
+    Transfers that share a physical link share its bandwidth: :meth:`channel_between` names
+    the queue a transfer waits in. Intra-host pairs each have their own directed channel
+    (point-to-point PCIe/NVLink); all traffic from host ``h`` to host ``g`` shares one
+    channel (one NIC per host and direction).
+    """
+
+    devices: tuple[Device, ...]
+    link: Link
+    inter_host_link: Link | None = None
+    links: tuple[tuple[int, int, Link], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise InvalidGraphError("a topology needs at least one device")
+        for i, d in enumerate(self.devices):
+            if d.index != i:
+                raise InvalidGraphError(f"device {i} has index {d.index}; indices must be 0..N-1")
+        n = len(self.devices)
+        seen: set[tuple[int, int]] = set()
+        for a, b, _ in self.links:
+            if not 0 <= a < b < n or (a, b) in seen:
+                raise InvalidGraphError(
+                    f"link override ({a}, {b}) must name two devices 0 <= a < b < {n}, once"
+                )
+            seen.add((a, b))
+        if self.num_hosts > 1 and self.inter_host_link is None:
+            raise InvalidGraphError(
+                f"devices sit on {self.num_hosts} hosts but the topology has no inter_host_link"
+            )
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @cached_property
+    def num_hosts(self) -> int:
+        return len({d.host for d in self.devices})
+
+    @cached_property
+    def _overrides(self) -> dict[tuple[int, int], Link]:
+        # A plain dict (not a MappingProxyType) so topologies stay picklable for solver workers.
+        return {(a, b): link for a, b, link in self.links}
+
+    def link_between(self, a: int, b: int) -> Link | None:
+        """The link from device ``a`` to ``b``; ``None`` when they are the same device."""
+        if a == b:
+            return None
+        key = (a, b) if a < b else (b, a)
+        override = self._overrides.get(key)
+        if override is not None:
+            return override
+        if self.inter_host_link is not None and self.devices[a].host != self.devices[b].host:
+            return self.inter_host_link
+        return self.link
+
+    def channel_between(self, a: int, b: int) -> tuple[str, int, int]:
+        """The queue a transfer ``a -> b`` waits in: shared per host pair across hosts."""
+        ha, hb = self.devices[a].host, self.devices[b].host
+        if ha != hb and (min(a, b), max(a, b)) not in self._overrides:
+            return ("host", ha, hb)
+        return ("device", a, b)
+
+    @cached_property
+    def is_uniform(self) -> bool:
+        """Whether every pair of distinct devices has the same link and every device the same type."""
+        n = self.num_devices
+        if len({(d.device_type, d.memory_bytes) for d in self.devices}) > 1:
+            return False
+        kinds = {self.link_between(a, b) for a in range(n) for b in range(a + 1, n)}
+        return len(kinds) <= 1
+
+    @cached_property
+    def slowest_link(self) -> Link | None:
+        """The link of lowest bandwidth between any two devices (``None`` for one device)."""
+        n = self.num_devices
+        links = [self.link_between(a, b) for a in range(n) for b in range(a + 1, n)]
+        present = [x for x in links if x is not None]
+        if not present:
+            return None
+        return min(present, key=lambda x: (x.bandwidth_bytes_per_s, -x.latency_s))
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """Memory a layer needs on its device during training, in bytes."""
+
+    layer: str
+    param_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    transient_bytes: int = 0
+    """Alive only while the layer's backward runs (its partial gradients before they are summed):
+    a device's peak is the sum of its layers' ``total_bytes`` plus the largest of their
+    ``transient_bytes`` (:func:`cost_models.estimate.memory.peak_memory_bytes`). Solvers count it in full
+    per layer (:attr:`footprint_bytes`), which never understates a device's peak."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Resident bytes: weights, gradients, optimizer slots and saved activations."""
+        return self.param_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+
+    @property
+    def footprint_bytes(self) -> int:
+        """Resident plus transient bytes: what the layer needs while its backward runs."""
+        return self.total_bytes + self.transient_bytes
+
+
+def peak_bytes(memories: Iterable[LayerMemory]) -> int:
+    """Peak memory of layers sharing a device: their resident bytes plus the largest transient."""
+    resident = transient = 0
+    for m in memories:
+        resident += m.total_bytes
+        transient = max(transient, m.transient_bytes)
+    return resident + transient
+
+
+@dataclass(frozen=True)
+class CostedGraph:
+    """A graph with costs for one topology.
+
+    ``op_compute_time_s[d][i]`` is the time of op ``i`` on device ``d``; ``layer_memory`` follows
+    the graph's layer order. ``measured`` names the layers whose times were profiled.
+    """
+
+    graph: Graph
+    topology: Topology
+    op_compute_time_s: tuple[tuple[float, ...], ...]
+    layer_memory: tuple[LayerMemory, ...]
+    measured: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        n_ops = len(self.graph.ops)
+        if len(self.op_compute_time_s) != self.topology.num_devices:
+            raise InvalidGraphError(
+                f"{len(self.op_compute_time_s)} rows of op times for "
+                f"{self.topology.num_devices} devices"
+            )
+        for row in self.op_compute_time_s:
+            if len(row) != n_ops or any(not (t >= 0 and math.isfinite(t)) for t in row):
+                raise InvalidGraphError(
+                    f"op times must be {n_ops} finite non-negative numbers per device"
+                )
+        if tuple(m.layer for m in self.layer_memory) != tuple(x.name for x in self.graph.layers):
+            raise InvalidGraphError("layer_memory must follow the graph's layer order")
+
+    @cached_property
+    def layer_compute_time_s(self) -> tuple[tuple[float, ...], ...]:
+        """Forward + backward time of each layer (layer order) on each device."""
+        lg = self.graph.layer_graph
+        rows = []
+        for d_times in self.op_compute_time_s:
+            per_layer = [0.0] * len(lg.nodes)
+            for op, t in zip(self.graph.ops, d_times):
+                per_layer[lg.index[lg.op_owner[op.id]]] += t
+            rows.append(tuple(per_layer))
+        return tuple(rows)
+
+    def problem(self) -> PartitionProblem:
+        """The layer-level problem a solver sees (built once per costed graph)."""
+        return self._problem
+
+    @cached_property
+    def _problem(self) -> PartitionProblem:
+        lg = self.graph.layer_graph
+        return PartitionProblem(
+            layers=tuple(n.name for n in lg.nodes),
+            compute_time_s=self.layer_compute_time_s,
+            memory_bytes=tuple(m.footprint_bytes for m in self.layer_memory),
+            edges=tuple((lg.index[e.src], lg.index[e.dst], e.total_bytes) for e in lg.edges),
+            topology=self.topology,
+        )
+
+
+@dataclass(frozen=True)
+class PartitionProblem:
+    """What a solver sees: layers in order, per-device times, memory, traffic, devices.
+
+    ``compute_time_s[d][k]`` is layer ``k``'s forward+backward time on device ``d``;
+    ``edges`` are ``(src, dst, bytes)`` with ``src < dst`` (layer order).
+    """
+
+    layers: tuple[str, ...]
+    compute_time_s: tuple[tuple[float, ...], ...]
+    memory_bytes: tuple[int, ...]
+    edges: tuple[tuple[int, int, int], ...]
+    topology: Topology
+    colocate: tuple[tuple[int, ...], ...] = ()
+    """Groups of layers (by index) that must share a device."""
+
+    def __post_init__(self) -> None:
+        n = len(self.layers)
+        for group in self.colocate:
+            if any(not 0 <= k < n for k in group):
+                raise InvalidGraphError(
+                    f"colocation group {group} names a layer outside 0..{n - 1}"
+                )
+        if n == 0:
+            raise InvalidGraphError("a partition problem needs at least one layer")
+        if len(self.memory_bytes) != n or any(len(r) != n for r in self.compute_time_s):
+            raise InvalidGraphError(
+                "compute_time_s rows and memory_bytes must have one entry per layer"
+            )
+        if len(self.compute_time_s) != self.topology.num_devices:
+            raise InvalidGraphError("compute_time_s needs one row per device")
+        for a, b, nbytes in self.edges:
+            if not (0 <= a < b < n) or nbytes < 0:
+                raise InvalidGraphError(f"bad layer edge ({a}, {b}, {nbytes}) for {n} layers")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_devices(self) -> int:
+        return self.topology.num_devices
+
+
+class SolveStatus(enum.Enum):
+    """How a solver's answer stands."""
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    """Feasible, found by a search that may have stopped at its time limit."""
+    HEURISTIC = "heuristic"
+    """Feasible, found by a heuristic or baseline that proves nothing about optimality."""
+
+
+@dataclass(frozen=True)
+class SolverResult:
+    """A solver's placement: ``assignment[k]`` is the device of layer ``k`` (problem order)."""
+
+    solver: str
+    assignment: tuple[int, ...]
+    status: SolveStatus
+    objective: float | None = None
+    solve_time_s: float = 0.0
+    notes: tuple[str, ...] = ()
+    best_bound: float | None = None
+    """A proven lower bound on the objective (from an exact solver), when one is known."""
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap between the objective and the best bound (0 when proven optimal)."""
+        if self.objective is None or self.best_bound is None or self.objective <= 0:
+            return None
+        return max(0.0, (self.objective - self.best_bound) / self.objective)

@@ -1,0 +1,176 @@
+"""Checks on plan files: the JSON Schema every saved plan must satisfy, and the model match.
+
+The schema (``partitioner/plan/plan.schema.json``, JSON Schema draft 2020-12, shipped in the
+package) documents exactly what :meth:`partitioner.plan.model.Plan.to_json_dict` writes for
+``schema_version`` 1. :func:`validate_plan_data` checks untrusted JSON data against it before a
+plan is rebuilt, and raises a :class:`~partitioner.core.errors.PlanError` whose one-line message names
+the file and the field path (``plan.json: field 'predicted.step_time_s' must be number, got
+string``). :func:`check_plan_matches_model` refuses to apply a plan to a model whose layers are
+not the ones it places, naming the missing and the extra layers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import ValidationError
+
+from partitioner.core.errors import PlanError
+
+__all__ = [
+    "PLAN_SCHEMA_RESOURCE",
+    "check_plan_matches_model",
+    "plan_schema",
+    "validate_plan_data",
+]
+
+PLAN_SCHEMA_RESOURCE = ("plan", "plan.schema.json")
+"""Where the schema lies inside the ``partitioner`` package."""
+
+_MAX_NAMES = 10
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_JSON_TYPE = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
+
+
+def plan_schema() -> dict[str, Any]:
+    """The plan JSON Schema as a fresh dict (safe to modify)."""
+    return json.loads(_schema_text())  # type: ignore[no-any-return]
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_text() -> str:
+    resource = resources.files("partitioner")
+    for part in PLAN_SCHEMA_RESOURCE:
+        resource = resource / part
+    return resource.read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def _validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads(_schema_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate_plan_data(data: Any, origin: str = "plan") -> None:
+    """Raise :class:`PlanError` unless ``data`` (parsed JSON) is a valid plan of this version.
+
+    The message is one line: ``origin``, the field path and what is wrong with it. Of several
+    problems the shallowest is reported (a missing top-level field before a bad list item).
+    """
+    errors = list(_validator().iter_errors(data))
+    if not errors:
+        return
+    version_errors = [e for e in errors if list(e.absolute_path) == ["schema_version"]]
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version_errors and isinstance(version, int) and not isinstance(version, bool):
+        raise PlanError(
+            f"{origin}: schema_version {version} is not supported (this "
+            "partitioner reads 1); make the plan again with this version"
+        )
+    first = min(
+        errors, key=lambda e: (len(e.absolute_path), _path(e.absolute_path), str(e.validator))
+    )
+    raise PlanError(f"{origin}: {_describe(first)}")
+
+
+def _path(parts: Iterable[str | int]) -> str:
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _IDENTIFIER.fullmatch(part):
+            text += f".{part}" if text else part
+        else:
+            text += f"[{json.dumps(part)}]"
+    return text
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPE.get(type(value), type(value).__name__)
+
+
+def _describe(error: ValidationError) -> str:
+    parts = list(error.absolute_path)
+    where = _path(parts) or "(top level)"
+    value = error.instance
+    rule = error.validator
+    expected: Any = error.validator_value
+    schema: Any = error.schema
+    if rule == "required" and isinstance(value, dict):
+        missing = [k for k in expected if k not in value]
+        name = _path([*parts, missing[0]]) if missing else where
+        return f"field {name!r} is missing"
+    if rule == "type":
+        wanted = " or ".join(expected) if isinstance(expected, list) else str(expected)
+        return f"field {where!r} must be {wanted}, got {_json_type(value)}"
+    if rule == "additionalProperties" and isinstance(value, dict):
+        known = schema.get("properties", {}) if isinstance(schema, dict) else {}
+        unknown = sorted(k for k in value if k not in known)
+        return (
+            f"field {where!r} has unknown field(s) {', '.join(repr(k) for k in unknown)}; "
+            "this is not a plan file of schema version 1 (make the plan again)"
+        )
+    if rule == "enum":
+        options = ", ".join(repr(v) for v in expected)
+        return f"field {where!r} must be one of {options}, got {value!r}"
+    if rule == "const":
+        return f"field {where!r} must be {expected!r}, got {value!r}"
+    if rule in ("minimum", "maximum"):
+        sign = ">=" if rule == "minimum" else "<="
+        return f"field {where!r} must be {sign} {expected}, got {value!r}"
+    if rule in ("minItems", "maxItems"):
+        bound = "at least" if rule == "minItems" else "at most"
+        count = len(value) if isinstance(value, list) else "?"
+        return f"field {where!r} must have {bound} {expected} items, got {count}"
+    return f"field {where!r}: {error.message}"
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:_MAX_NAMES])
+    more = f", +{len(names) - _MAX_NAMES} more" if len(names) > _MAX_NAMES else ""
+    return f"[{shown}{more}]"
+
+
+def check_plan_matches_model(
+    plan_layers: Sequence[str],
+    model_layers: Sequence[str],
+    model_name: str,
+    *,
+    applied_to: str | None = None,
+) -> None:
+    """Raise :class:`PlanError` unless the model's placement units are the plan's layers.
+
+    ``plan_layers`` are the layers the plan places (``Plan.layer_order``), ``model_layers``
+    the placement units of the model it is applied to, ``model_name`` the model the plan was
+    made for and ``applied_to`` (optional) the name of the model at hand. *Missing* layers are
+    placed by the plan but absent from the model; *extra* layers are in the model but the plan
+    does not place them. Order does not matter.
+    """
+    model_set = set(model_layers)
+    plan_set = set(plan_layers)
+    missing = [n for n in plan_layers if n not in model_set]
+    extra = [n for n in model_layers if n not in plan_set]
+    if not missing and not extra:
+        return
+    other = f" and not for {applied_to!r}" if applied_to and applied_to != model_name else ""
+    raise PlanError(
+        f"plan was made for model {model_name!r}{other} ({len(plan_layers)} layers; this model "
+        f"has {len(model_layers)}); missing layers {_names(missing)} (in the plan, not in the "
+        f"model), extra layers {_names(extra)} (in the model, not in the plan); make a new plan "
+        "for this model"
+    )

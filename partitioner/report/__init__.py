@@ -1,0 +1,2 @@
+"""Reports of a plan: the terminal tables (:mod:`.terminal`) and the self-contained HTML page
+(:mod:`.html`)."""

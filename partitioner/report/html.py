@@ -1,0 +1,835 @@
+"""The HTML report of a plan: one self-contained file that works offline.
+
+``partition ... --report report.html`` writes it with :func:`write_html_report`. The page holds
+
+* the layer graph, coloured by device, with cross-device edges highlighted and their bytes,
+* the simulated timeline per device and link (a Gantt chart; per-device compute bars when the
+  plan records no timeline),
+* where the time goes (compute, transfer, idle per device and link),
+* memory per device against its limit,
+* the solver comparison, the device and stage tables, the advice, and the warnings as a banner.
+
+Charts are drawn by plotly.js (the copy shipped with the ``plotly`` Python package, inlined in
+the page: no CDN, no network). The layer graph's layout is computed here: layers are placed in
+columns by longest-path depth (Kahn's topological layering) and ordered within a column by the
+mean position of their predecessors (one barycenter pass, Sugiyama et al., 1981).
+
+Safety: every name comes from the user's model, and Keras accepts any string as a layer name.
+The page's data travels as JSON inside ``<script type="application/json">`` with ``<``, ``>``
+and ``&`` written as ``\\u003c``/``\\u003e``/``\\u0026``, so no name can close the element; the
+page's script builds every table cell with ``textContent``, never ``innerHTML``; text handed to
+plotly (which reads a small HTML subset in labels) is entity-escaped first, so ``<b>`` shows as
+``<b>``; hover text is passed as plain ``hovertext``, never through a ``hovertemplate``. The one
+server-side string in the markup, the title, is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from partitioner.core.errors import OutputError
+from partitioner.core.files import write_atomic
+from partitioner.core.ir import EventKind, TimelineEvent
+from partitioner.core.units import format_bytes, format_seconds
+from partitioner.plan.model import Plan
+from partitioner.report.terminal import resource_sort_key, time_breakdown
+
+__all__ = [
+    "layer_positions",
+    "merge_events",
+    "plotly_js",
+    "render_html",
+    "report_data",
+    "write_html_report",
+]
+
+_PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+    "#d62728",
+)
+_KIND_COLOUR = {
+    EventKind.FORWARD: "#1f77b4",
+    EventKind.BACKWARD: "#ff7f0e",
+    EventKind.TRANSFER: "#d62728",
+    EventKind.UPDATE: "#2ca02c",
+}
+_CROSS_EDGE_COLOUR = "#d62728"
+_MAX_NODE_LABELS = 40
+"""Above this many layers the graph labels nodes on hover only."""
+_MAX_EDGE_LABELS = 30
+_MAX_OUTLINED_BARS = 400
+"""Above this many Gantt bars, bars have no outline (it would hide their colour)."""
+
+
+def _ptext(text: str) -> str:
+    """``text`` for a plotly label: its HTML subset is entity-escaped so it shows literally."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _device_label(plan: Plan, d: int) -> str:
+    device = plan.devices[d]
+    host = f", host {device.host}" if len({x.host for x in plan.devices}) > 1 else ""
+    return f"device {d} ({device.device_type}{host})"
+
+
+def _colour(d: int) -> str:
+    return _PALETTE[d % len(_PALETTE)]
+
+
+def layer_positions(
+    num_layers: int, edges: Sequence[tuple[int, int, int]]
+) -> tuple[tuple[float, float], ...]:
+    """``(x, y)`` of each layer for drawing: x is the longest-path depth, y the row in its column.
+
+    Layers without edges, or a graph with a cycle (a corrupt plan), fall back to one row in
+    layer order.
+    """
+    succ: list[list[int]] = [[] for _ in range(num_layers)]
+    preds: list[list[int]] = [[] for _ in range(num_layers)]
+    indegree = [0] * num_layers
+    for a, b, _ in edges:
+        if a != b:
+            succ[a].append(b)
+            preds[b].append(a)
+            indegree[b] += 1
+    depth = [0] * num_layers
+    ready = [k for k in range(num_layers) if indegree[k] == 0]
+    seen = 0
+    while ready:
+        k = ready.pop()
+        seen += 1
+        for b in succ[k]:
+            depth[b] = max(depth[b], depth[k] + 1)
+            indegree[b] -= 1
+            if indegree[b] == 0:
+                ready.append(b)
+    if seen < num_layers or not edges:
+        return tuple((float(k), 0.0) for k in range(num_layers))
+    columns: dict[int, list[int]] = {}
+    for k in range(num_layers):
+        columns.setdefault(depth[k], []).append(k)
+    y = [0.0] * num_layers
+    for x in sorted(columns):
+        members = columns[x]
+
+        def barycenter(k: int) -> tuple[float, int]:
+            ys = [y[p] for p in preds[k]]
+            return (sum(ys) / len(ys) if ys else 0.0, k)
+
+        members.sort(key=barycenter)
+        for row, k in enumerate(members):
+            y[k] = row - (len(members) - 1) / 2
+    return tuple((float(depth[k]), y[k]) for k in range(num_layers))
+
+
+def _edge_midpoint(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """Where an edge bends: halfway, lowered for an edge that skips columns so it does not run
+    over the layers between its ends (node labels sit above the nodes)."""
+    span = abs(b[0] - a[0])
+    bend = 0.0 if span <= 1 else 0.2 + 0.12 * min(span, 8.0)
+    return ((a[0] + b[0]) / 2, (a[1] + b[1]) / 2 - bend)
+
+
+def _graph_figure(plan: Plan) -> dict[str, Any]:
+    n = len(plan.layer_order)
+    pos = layer_positions(n, plan.layer_edges)
+    dev = plan.device_of_layer
+    traces: list[dict[str, Any]] = []
+    local_x: list[float | None] = []
+    local_y: list[float | None] = []
+    cross_x: list[float | None] = []
+    cross_y: list[float | None] = []
+    mid_x: list[float] = []
+    mid_y: list[float] = []
+    mid_text: list[str] = []
+    mid_hover: list[str] = []
+    for a, b, nbytes in plan.layer_edges:
+        xs, ys = (local_x, local_y) if dev[a] == dev[b] else (cross_x, cross_y)
+        mx, my = _edge_midpoint(pos[a], pos[b])
+        xs += [pos[a][0], mx, pos[b][0], None]
+        ys += [pos[a][1], my, pos[b][1], None]
+        if dev[a] != dev[b]:
+            mid_x.append(mx)
+            mid_y.append(my)
+            mid_text.append(format_bytes(nbytes))
+            mid_hover.append(
+                _ptext(
+                    f"{plan.layer_order[a]} → {plan.layer_order[b]}: {format_bytes(nbytes, exact=True)} "
+                    f"from device {dev[a]} to device {dev[b]}"
+                )
+            )
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "edge on one device",
+            "x": local_x,
+            "y": local_y,
+            "line": {"color": "#b0b0b0", "width": 1, "shape": "spline"},
+            "hoverinfo": "skip",
+        }
+    )
+    if cross_x:
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "cross-device edge",
+                "x": cross_x,
+                "y": cross_y,
+                "line": {"color": _CROSS_EDGE_COLOUR, "width": 2.5, "shape": "spline"},
+                "hoverinfo": "skip",
+            }
+        )
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers+text" if len(mid_x) <= _MAX_EDGE_LABELS else "markers",
+                "name": "bytes across devices",
+                "x": mid_x,
+                "y": mid_y,
+                "text": mid_text,
+                "textposition": "bottom center",
+                "textfont": {"color": _CROSS_EDGE_COLOUR, "size": 10},
+                "marker": {"symbol": "diamond", "size": 9, "color": _CROSS_EDGE_COLOUR},
+                "hovertext": mid_hover,
+                "hoverinfo": "text",
+            }
+        )
+    show_labels = n <= _MAX_NODE_LABELS
+    for d in range(plan.num_devices):
+        members = [k for k in range(n) if dev[k] == d]
+        hover = []
+        for k in members:
+            time = (
+                f"<br>compute {format_seconds(plan.layer_compute_s[k])}"
+                if plan.layer_compute_s
+                else ""
+            )
+            hover.append(f"{_ptext(plan.layer_order[k])}<br>device {d}{time}")
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers+text" if show_labels else "markers",
+                "name": _ptext(_device_label(plan, d)),
+                "x": [pos[k][0] for k in members],
+                "y": [pos[k][1] for k in members],
+                "text": [_ptext(plan.layer_order[k]) for k in members],
+                "textposition": "top center",
+                "textfont": {"size": 10},
+                "marker": {"size": 12, "color": _colour(d), "line": {"color": "#333", "width": 1}},
+                "hovertext": hover,
+                "hoverinfo": "text",
+            }
+        )
+    height = max(320, min(900, 70 * (1 + max((abs(p[1]) for p in pos), default=0) * 2) + 160))
+    return {
+        "data": traces,
+        "layout": {
+            "title": {"text": "Layers by device (left to right in dataflow order)"},
+            "height": height,
+            "showlegend": True,
+            "hovermode": "closest",
+            "xaxis": {"visible": False},
+            "yaxis": {"visible": False},
+            "margin": {"l": 20, "r": 20, "t": 50, "b": 20},
+        },
+    }
+
+
+def merge_events(events: Sequence[TimelineEvent]) -> tuple[TimelineEvent, ...]:
+    """The timeline as Gantt bars: back-to-back events of one kind and micro-batch on one
+    resource become one bar labelled ``first … last (n)``, so a stage's layers draw as one.
+    """
+    out: list[TimelineEvent] = []
+    counts: list[int] = []
+    firsts: list[str] = []
+    for e in sorted(events, key=lambda e: (e.resource, e.start_s, e.end_s)):
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last.resource == e.resource
+            and last.kind is e.kind
+            and last.microbatch == e.microbatch
+            and abs(e.start_s - last.end_s) <= 1e-12 + 1e-9 * e.start_s
+        ):
+            counts[-1] += 1
+            label = f"{firsts[-1]} … {e.label} ({counts[-1]})"
+            out[-1] = replace(last, label=label, end_s=max(last.end_s, e.end_s))
+        else:
+            out.append(e)
+            counts.append(1)
+            firsts.append(e.label)
+    return tuple(out)
+
+
+def _timeline_figure(plan: Plan) -> dict[str, Any]:
+    ms = 1e3
+    traces: list[dict[str, Any]] = []
+    if plan.timeline:
+        resources = sorted({e.resource for e in plan.timeline}, key=resource_sort_key)
+        bars = merge_events(plan.timeline)
+        outline = 0.5 if len(bars) <= _MAX_OUTLINED_BARS else 0.0
+        for kind in EventKind:
+            events = [b for b in bars if b.kind is kind]
+            if not events:
+                continue
+            traces.append(
+                {
+                    "type": "bar",
+                    "orientation": "h",
+                    "name": kind.value,
+                    "y": [_ptext(e.resource) for e in events],
+                    "base": [e.start_s * ms for e in events],
+                    "x": [(e.end_s - e.start_s) * ms for e in events],
+                    "marker": {
+                        "color": _KIND_COLOUR[kind],
+                        "line": {"color": "#ffffff", "width": outline},
+                    },
+                    "hovertext": [
+                        _ptext(
+                            f"{e.label} ({kind.value}, micro-batch {e.microbatch}) on "
+                            f"{e.resource}: {format_seconds(e.start_s)} → {format_seconds(e.end_s)}"
+                        )
+                        for e in events
+                    ],
+                    "hoverinfo": "text",
+                }
+            )
+        title = "Simulated step per device and link"
+    else:
+        resources = [f"device {d.device}" for d in plan.per_device]
+        traces.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": "compute",
+                "y": resources,
+                "base": [0.0] * len(resources),
+                "x": [d.compute_s * ms for d in plan.per_device],
+                "marker": {"color": _KIND_COLOUR[EventKind.FORWARD]},
+                "hovertext": [
+                    f"device {d.device}: compute {format_seconds(d.compute_s)}"
+                    for d in plan.per_device
+                ],
+                "hoverinfo": "text",
+            }
+        )
+        title = "Compute per device (the plan records no timeline)"
+    categories = [_ptext(r) for r in resources]
+    shapes = [
+        {
+            "type": "line",
+            "x0": plan.step_time_s * ms,
+            "x1": plan.step_time_s * ms,
+            "yref": "paper",
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": "#000", "width": 1.5},
+        },
+        {
+            "type": "line",
+            "x0": plan.lower_bound_s * ms,
+            "x1": plan.lower_bound_s * ms,
+            "yref": "paper",
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": "#888", "width": 1, "dash": "dash"},
+        },
+    ]
+    return {
+        "data": traces,
+        "layout": {
+            "title": {
+                "text": f"{title}: step {format_seconds(plan.step_time_s)} (solid), "
+                f"lower bound {format_seconds(plan.lower_bound_s)} (dashed)"
+            },
+            "barmode": "overlay",
+            "height": max(260, 60 + 38 * len(categories)),
+            "xaxis": {"title": {"text": "time (ms)"}, "rangemode": "tozero"},
+            "yaxis": {
+                "type": "category",
+                "categoryorder": "array",
+                "categoryarray": categories,
+                "autorange": "reversed",
+            },
+            "shapes": shapes,
+            "hovermode": "closest",
+            "margin": {"l": 110, "r": 20, "t": 50, "b": 50},
+        },
+    }
+
+
+def _memory_figure(plan: Plan) -> dict[str, Any]:
+    names = [f"device {d.device}" for d in plan.per_device]
+    top = max(max(d.memory_limit_bytes, d.memory_bytes) for d in plan.per_device)
+    unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
+    used = [d.memory_bytes / scale for d in plan.per_device]
+    limits = [d.memory_limit_bytes / scale for d in plan.per_device]
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "name": "memory limit",
+                "x": names,
+                "y": limits,
+                "marker": {
+                    "color": "rgba(120,120,120,0.25)",
+                    "line": {"color": "#666", "width": 1},
+                },
+                "hovertext": [format_bytes(d.memory_limit_bytes) for d in plan.per_device],
+                "hoverinfo": "text",
+            },
+            {
+                "type": "bar",
+                "name": "predicted memory",
+                "x": names,
+                "y": used,
+                "width": 0.5,
+                "text": [
+                    _memory_text(d.memory_bytes, d.memory_limit_bytes) for d in plan.per_device
+                ],
+                "textposition": "outside",
+                "constraintext": "none",
+                "textfont": {"size": 11},
+                "cliponaxis": False,
+                "marker": {
+                    "color": [
+                        "#d62728" if not d.fits else _colour(d.device) for d in plan.per_device
+                    ]
+                },
+                "hovertext": [
+                    f"{format_bytes(d.memory_bytes)} of {format_bytes(d.memory_limit_bytes)}"
+                    + (" (over the limit)" if not d.fits else "")
+                    for d in plan.per_device
+                ],
+                "hoverinfo": "text",
+            },
+        ],
+        "layout": {
+            "title": {"text": "Memory per device against its limit"},
+            "barmode": "overlay",
+            "height": 340,
+            "yaxis": {"title": {"text": unit}, "rangemode": "tozero"},
+            "margin": {"l": 60, "r": 20, "t": 50, "b": 40},
+        },
+    }
+
+
+def _time_figure(plan: Plan) -> dict[str, Any]:
+    rows = time_breakdown(plan)
+    names = [_ptext(r.resource) for r in rows]
+    ms = 1e3
+    parts = (
+        ("compute", [r.compute_s * ms for r in rows], "#1f77b4"),
+        ("transfer", [r.transfer_s * ms for r in rows], "#d62728"),
+        ("idle", [r.idle_s * ms for r in rows], "#d9d9d9"),
+    )
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": name,
+                "y": names,
+                "x": values,
+                "marker": {"color": colour},
+                "hovertext": [f"{name} {format_seconds(v / ms)}" for v in values],
+                "hoverinfo": "text",
+            }
+            for name, values, colour in parts
+        ],
+        "layout": {
+            "title": {"text": "Where the time goes"},
+            "barmode": "stack",
+            "height": max(220, 60 + 34 * len(rows)),
+            "xaxis": {"title": {"text": "time (ms)"}},
+            "yaxis": {"type": "category", "autorange": "reversed"},
+            "margin": {"l": 110, "r": 20, "t": 50, "b": 50},
+        },
+    }
+
+
+def _table(columns: Sequence[str], rows: Sequence[tuple[Sequence[str], str]]) -> dict[str, Any]:
+    return {
+        "columns": list(columns),
+        "rows": [{"cells": list(cells), "cls": cls} for cells, cls in rows],
+    }
+
+
+def _layers_text(layers: Sequence[str], limit: int = 6) -> str:
+    if not layers:
+        return "(none)"
+    more = f" +{len(layers) - limit} more" if len(layers) > limit else ""
+    return f"{len(layers)}: {', '.join(layers[:limit])}{more}"
+
+
+def _share(used: int, limit: int) -> str:
+    if limit <= 0:
+        return ""
+    share = used / limit
+    return " (<1%)" if 0 < share < 0.005 else f" ({share:.0%})"
+
+
+def _memory_text(used: int, limit: int) -> str:
+    share = _share(used, limit)
+    return f"{format_bytes(used)} / {format_bytes(limit)}{share}"
+
+
+def _tables(plan: Plan) -> dict[str, Any]:
+    devices = _table(
+        (
+            "device",
+            "type",
+            "host",
+            "TF device",
+            "layers",
+            "compute",
+            "memory / limit",
+            "sent",
+            "received",
+        ),
+        [
+            (
+                (
+                    str(d.device),
+                    plan.devices[d.device].device_type,
+                    str(plan.devices[d.device].host),
+                    plan.devices[d.device].name or "(local)",
+                    _layers_text(d.layers),
+                    format_seconds(d.compute_s),
+                    _memory_text(d.memory_bytes, d.memory_limit_bytes),
+                    format_bytes(d.bytes_sent),
+                    format_bytes(d.bytes_received),
+                ),
+                "" if d.fits else "over",
+            )
+            for d in plan.per_device
+        ],
+    )
+    stages = None
+    if plan.pipeline is not None:
+        pipe = plan.pipeline
+        stages = _table(
+            (
+                "stage",
+                "device",
+                "layers",
+                "compute",
+                "memory / limit",
+                "bytes in",
+                "bytes out",
+                "bubble",
+            ),
+            [
+                (
+                    (
+                        str(s),
+                        str(d),
+                        _layers_text(plan.per_device[d].layers),
+                        format_seconds(plan.per_device[d].compute_s),
+                        _memory_text(
+                            plan.per_device[d].memory_bytes, plan.per_device[d].memory_limit_bytes
+                        ),
+                        format_bytes(plan.per_device[d].bytes_received),
+                        format_bytes(plan.per_device[d].bytes_sent),
+                        f"{pipe.bubble_fraction[d]:.0%}" if d < len(pipe.bubble_fraction) else "-",
+                    ),
+                    "" if plan.per_device[d].fits else "over",
+                )
+                for s, d in enumerate(pipe.stage_devices)
+            ],
+        )
+
+    def versus(t: float) -> str:
+        return f"{t / plan.step_time_s:.2f}x" if plan.step_time_s > 0 else "-"
+
+    def bound(t: float) -> str:
+        return f"{t / plan.lower_bound_s:.2f}x" if plan.lower_bound_s > 0 else "-"
+
+    comparison_rows: list[tuple[Sequence[str], str]] = [
+        (
+            (
+                f"{plan.solver.name} (this plan, {plan.solver.status})",
+                format_seconds(plan.step_time_s),
+                "1.00x",
+                bound(plan.step_time_s),
+                f"solved in {format_seconds(plan.solver.solve_time_s)}",
+            ),
+            "this",
+        )
+    ]
+    for b in plan.baselines:
+        if b.step_time_s is None:
+            comparison_rows.append(((b.solver, "does not fit", "-", "-", b.note), "nofit"))
+        else:
+            faster = b.step_time_s < plan.step_time_s
+            comparison_rows.append(
+                (
+                    (
+                        b.solver,
+                        format_seconds(b.step_time_s),
+                        versus(b.step_time_s),
+                        bound(b.step_time_s),
+                        b.note,
+                    ),
+                    "faster" if faster else "",
+                )
+            )
+    comparison_rows.append(
+        (
+            (
+                "lower bound",
+                format_seconds(plan.lower_bound_s),
+                versus(plan.lower_bound_s),
+                "1.00x",
+                "no placement is faster",
+            ),
+            "bound",
+        )
+    )
+    comparison = _table(
+        ("plan", "step time", "vs this plan", "vs lower bound", "note"), comparison_rows
+    )
+    return {"devices": devices, "stages": stages, "comparison": comparison}
+
+
+def report_data(plan: Plan) -> dict[str, Any]:
+    """Everything the page shows, as JSON-ready data (names raw; plotly labels entity-escaped)."""
+    summary = [
+        ("model", plan.model_name),
+        ("devices", f"{plan.num_devices} x {plan.device_type} ({plan.link})"),
+        ("batch size", str(plan.batch_size)),
+        ("layers", str(len(plan.layer_order))),
+        ("solver", f"{plan.solver.name} ({plan.solver.status})"),
+        ("predicted step time", format_seconds(plan.step_time_s)),
+        (
+            "lower bound",
+            f"{format_seconds(plan.lower_bound_s)}"
+            + (
+                f" (this plan is {plan.step_time_s / plan.lower_bound_s:.2f}x the bound)"
+                if plan.lower_bound_s > 0
+                else ""
+            ),
+        ),
+        (
+            "cross-device bytes",
+            format_bytes(
+                sum(
+                    b
+                    for a, c, b in plan.layer_edges
+                    if plan.device_of_layer[a] != plan.device_of_layer[c]
+                )
+            )
+            if plan.layer_edges
+            else format_bytes(sum(d.bytes_sent for d in plan.per_device)),
+        ),
+    ]
+    if plan.pipeline is not None:
+        summary.append(
+            (
+                "pipeline",
+                f"{plan.pipeline.schedule.value}, {plan.pipeline.num_microbatches} micro-batches, "
+                f"{len(plan.pipeline.stage_devices)} stages",
+            )
+        )
+    return {
+        "title": f"Plan for {plan.model_name}",
+        "summary": [list(kv) for kv in summary],
+        "warnings": list(plan.warnings),
+        "advice": list(plan.advice),
+        "notes": list(plan.solver.notes),
+        "tables": _tables(plan),
+        "figures": {
+            "graph": _graph_figure(plan),
+            "timeline": _timeline_figure(plan),
+            "time": _time_figure(plan),
+            "memory": _memory_figure(plan),
+        },
+        "layer_names": list(plan.layer_order),
+    }
+
+
+def _json_for_script(data: Any) -> str:
+    """JSON that cannot end its ``<script>`` element or open a comment: ``<>&`` as escapes."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return (
+        text.replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def plotly_js() -> str:
+    """plotly.js as shipped in the ``plotly`` package, safe to inline in a ``<script>``."""
+    try:
+        offline = importlib.import_module("plotly.offline")
+    except ImportError:
+        raise OutputError(
+            "the HTML report needs the 'plotly' package (pip install plotly); it is a "
+            "dependency of partitioner: reinstall it"
+        ) from None
+    source = str(offline.get_plotlyjs())
+    if "<!--" in source:
+        raise OutputError(
+            "this plotly.js cannot be inlined (it holds '<!--'); install another plotly"
+        )
+    return re.sub(r"</(script)", r"<\\/\1", source, flags=re.IGNORECASE)
+
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto;
+       max-width: 1280px; padding: 16px 24px; color: #222; }
+h1 { font-size: 22px; margin: 8px 0; } h2 { font-size: 17px; margin: 22px 0 8px; }
+table { border-collapse: collapse; margin: 6px 0; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+tr.over td, tr.faster td { color: #b00020; font-weight: 600; }
+tr.this td { font-weight: 600; } tr.bound td, tr.nofit td { color: #777; }
+.banner { background: #fde8e8; border: 2px solid #b00020; color: #b00020; padding: 10px 14px;
+          margin: 10px 0; font-weight: 600; }
+.banner ul { margin: 4px 0 0 18px; padding: 0; }
+.plot { width: 100%; min-height: 220px; }
+.error { color: #b00020; font-weight: 600; }
+#summary td:first-child { color: #555; }
+"""
+
+_APP_JS = """
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("plan-data").textContent);
+  var status = { errors: [], plots: {} };
+
+  function el(tag, text, cls) {
+    var node = document.createElement(tag);
+    if (text !== undefined && text !== null) { node.textContent = String(text); }
+    if (cls) { node.className = cls; }
+    return node;
+  }
+  function fillTable(id, table) {
+    var node = document.getElementById(id);
+    if (!node || !table) { return; }
+    var head = el("tr");
+    table.columns.forEach(function (c) { head.appendChild(el("th", c)); });
+    node.appendChild(el("thead")).appendChild(head);
+    var body = node.appendChild(el("tbody"));
+    table.rows.forEach(function (row) {
+      var tr = el("tr", null, row.cls);
+      row.cells.forEach(function (c) { tr.appendChild(el("td", c)); });
+      body.appendChild(tr);
+    });
+  }
+  function fillList(id, items) {
+    var node = document.getElementById(id);
+    items.forEach(function (item) { node.appendChild(el("li", item)); });
+  }
+
+  document.getElementById("model-name").textContent = data.summary[0][1];
+  var summary = document.getElementById("summary");
+  data.summary.forEach(function (kv) {
+    var tr = el("tr");
+    tr.appendChild(el("td", kv[0]));
+    tr.appendChild(el("td", kv[1]));
+    summary.appendChild(tr);
+  });
+  if (data.warnings.length) {
+    var banner = document.getElementById("warnings");
+    banner.appendChild(el("div", data.warnings.length === 1 ? "Warning" : "Warnings"));
+    var list = banner.appendChild(el("ul"));
+    data.warnings.forEach(function (w) { list.appendChild(el("li", w)); });
+    banner.hidden = false;
+  }
+  fillTable("devices", data.tables.devices);
+  if (data.tables.stages) {
+    fillTable("stages", data.tables.stages);
+    document.getElementById("stages-section").hidden = false;
+  }
+  fillTable("comparison", data.tables.comparison);
+  fillList("notes", data.notes);
+  fillList("advice", data.advice);
+  if (!data.advice.length) { document.getElementById("advice-section").hidden = true; }
+  if (!data.notes.length) { document.getElementById("notes-section").hidden = true; }
+
+  var names = Object.keys(data.figures);
+  var config = { responsive: true, displaylogo: false };
+  var pending = names.map(function (name) {
+    var node = document.getElementById(name);
+    var fig = data.figures[name];
+    if (typeof Plotly === "undefined") {
+      node.appendChild(el("p", "The chart library did not load.", "error"));
+      return Promise.reject(new Error("Plotly is not defined"));
+    }
+    return Plotly.newPlot(node, fig.data, fig.layout, config).then(function () {
+      var box = node.getBoundingClientRect();
+      status.plots[name] = {
+        width: box.width,
+        height: box.height,
+        svg: node.querySelectorAll("svg.main-svg").length,
+        traces: fig.data.length
+      };
+    });
+  });
+  Promise.all(pending).catch(function (err) {
+    status.errors.push(String(err && err.message ? err.message : err));
+  }).then(function () {
+    status.done = true;
+    document.getElementById("report-status").textContent = JSON.stringify(status);
+  });
+})();
+"""
+
+
+def render_html(plan: Plan) -> str:
+    """The report as one self-contained HTML document (see the module docstring)."""
+    title = html.escape(f"Partition plan: {plan.model_name}")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>{_STYLE}</style>
+</head>
+<body>
+<h1>Plan for <span id="model-name"></span></h1>
+<div id="warnings" class="banner" role="alert" hidden></div>
+<table id="summary"></table>
+<section><h2>Layer graph</h2><div id="graph" class="plot"></div></section>
+<section><h2>Timeline</h2><div id="timeline" class="plot"></div></section>
+<section><h2>Where the time goes</h2><div id="time" class="plot"></div></section>
+<section><h2>Memory</h2><div id="memory" class="plot"></div></section>
+<section><h2>Solver comparison</h2><table id="comparison"></table></section>
+<section id="notes-section"><h2>Solver notes</h2><ul id="notes"></ul></section>
+<section><h2>Devices</h2><table id="devices"></table></section>
+<section id="stages-section" hidden><h2>Pipeline stages</h2><table id="stages"></table></section>
+<section id="advice-section"><h2>Advice</h2><ul id="advice"></ul></section>
+<pre id="report-status" hidden></pre>
+<script type="application/json" id="plan-data">{_json_for_script(report_data(plan))}</script>
+<script>{plotly_js()}</script>
+<script>{_APP_JS}</script>
+</body>
+</html>
+"""
+
+
+def write_html_report(plan: Plan, path: str | os.PathLike[str]) -> Path:
+    """Write :func:`render_html` of ``plan`` to ``path``, atomically; returns the path."""
+    return write_atomic(path, render_html(plan))

@@ -1,0 +1,1 @@
+"""Running a plan across the tasks of a TensorFlow cluster (:mod:`.runtime`)."""

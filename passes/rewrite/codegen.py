@@ -1,0 +1,1271 @@
+"""Emitted code: a readable Python module that rebuilds a model with its layers on their devices.
+
+``emit_placed_module(model, layer_devices)`` returns the source of a module that a user can read,
+edit and import; ``write_placed_module(path, source)`` writes it atomically once it compiles.
+Importing the module and calling its ``build_model()`` gives a model whose weight order is the
+original's, so ``load_original_weights(model, original)`` (``set_weights(original.get_weights())``)
+makes it compute what the original computes.
+
+What the module holds
+---------------------
+* **Sequential and Functional models** (nested ones included) become a ``keras.Model`` subclass,
+  ``PlacedModel``, whose ``call`` replays the original graph node by node in topological order,
+  each step inside ``with tf.device(DEVICES["<layer>"]):``. The layers are made in ``make_layers()``
+  from their class and config, written as Python literals with default arguments left out
+  (``keras.layers.Dense(name="dense_in", units=512, activation="relu")``), in the original's weight
+  order. Nested models are inlined (their layers keep their names and weight order); a shared layer
+  is made once and called once per use; functional-API ops (``keras.ops.add``) are written as the
+  ``keras.ops`` call where that is exact, else made from their class and config.
+
+  Why not functional-API code: in Keras 3 a ``tf.device`` scope around a *symbolic* functional-API
+  call places nothing at run time (the functional model later runs its layers outside the scope),
+  so the scope has to be entered by a ``call`` that runs on every step.
+* **Subclassed models** cannot be written out layer by layer: the module imports the user's file
+  (its path in ``MODEL_SOURCE``, which the user can edit), rebuilds the model from its class and
+  config, and pins each sublayer's ``build`` and ``call`` under ``tf.device`` of its entry in
+  ``DEVICES``. Ops in the model's own ``call`` outside every sublayer stay unplaced.
+
+Variables: ``build_model()`` runs the layers once, eagerly, on zeros, so each layer creates its
+variables inside its device scope. (Keras's own build traces ``call`` symbolically and creates the
+variables afterwards, outside every scope.)
+
+Pipelines: when ``stages`` are given the module lists them (``STAGES``) and marks them in ``call``;
+the module itself runs the stages one after another (no micro-batching).
+
+Safety: every string from the model (layer, input and model names, config values, device strings,
+paths) reaches the code only as a ``repr()`` literal, or as an identifier made of ``[A-Za-z0-9_]``;
+comments and the docstring carry only sanitised text.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import inspect
+import keyword
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from partitioner.core.errors import RewriteError
+from partitioner.plan.model import Plan
+from passes.trace import Unit, input_specs, placement_units
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["emit_placed_module", "emit_plan_module", "plan_device_strings", "write_placed_module"]
+
+LINE_WIDTH = 99
+INDENT = "    "
+# Config keys that always stay in the emitted config: their default depends on global settings
+# (``keras.config.image_data_format()``) that may differ where the module is imported.
+_ALWAYS_KEEP = frozenset({"name", "data_format"})
+_SERIALIZED_MODULES: Mapping[str, str] = MappingProxyType(
+    {
+        "keras.initializers": "initializers",
+        "keras.regularizers": "regularizers",
+        "keras.constraints": "constraints",
+    }
+)
+_MAX_ARRAY_ELEMENTS = 4096
+# Names the generated code uses itself; tensors get other names.
+_RESERVED = frozenset(
+    {
+        "self", "inputs", "training", "layer", "layers", "model", "keras", "tf", "np", "os",
+        "sys", "importlib", "functools", "Any", "Path", "DEVICES", "STAGES", "SAMPLE_INPUTS",
+        "MODEL_SOURCE", "MODEL_CLASS", "MODEL_CONFIG", "PlacedModel", "make_layers",
+        "build_model", "load_original_weights", "model_source", "placement_units", "on_device",
+        "annotations",
+    }
+)
+
+
+class _Unrepresentable(Exception):
+    """A value that has no Python literal form."""
+
+
+# -- text safety ------------------------------------------------------------------------------
+
+
+def _safe_text(text: str, limit: int = 80) -> str:
+    """``text`` reduced to characters that are harmless in a comment or docstring."""
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in " _-.:,/()[]+#=<>") else "?"
+                      for c in str(text))
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+
+
+def _identifier(name: str, taken: set[str]) -> str:
+    """A fresh Python identifier made from ``name`` (only ``[A-Za-z0-9_]``), added to ``taken``."""
+    base = re.sub(r"[^A-Za-z0-9_]+", "_", str(name)).strip("_") or "t"
+    base = re.sub(r"__+", "_", base)
+    if base[0].isdigit():
+        base = f"t_{base}"
+    base = base[:40]
+    candidate, k = base, 2
+    while (
+        candidate in taken
+        or candidate in _RESERVED
+        or keyword.iskeyword(candidate)
+        or keyword.issoftkeyword(candidate)
+        or hasattr(builtins, candidate)
+    ):
+        candidate = f"{base}_{k}"
+        k += 1
+    taken.add(candidate)
+    return candidate
+
+
+# -- literals ---------------------------------------------------------------------------------
+
+
+def _literal(value: Any, indent: int = 0) -> str:
+    """``value`` as Python source: one line if it fits in ``LINE_WIDTH``, else one item a line."""
+    flat = _flat_literal(value)
+    if indent + len(flat) <= LINE_WIDTH or not isinstance(value, (list, tuple, dict)) or not value:
+        return flat
+    pad = INDENT * (indent // len(INDENT) + 1)
+    close = INDENT * (indent // len(INDENT))
+    if isinstance(value, dict):
+        items = [f"{pad}{_flat_literal(k)}: {_literal(v, len(pad))}," for k, v in value.items()]
+        return "{\n" + "\n".join(items) + f"\n{close}}}"
+    items = [f"{pad}{_literal(v, len(pad))}," for v in value]
+    opening, closing = ("[", "]") if isinstance(value, list) else ("(", ")")
+    return opening + "\n" + "\n".join(items) + f"\n{close}{closing}"
+
+
+def _flat_literal(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, np.generic):
+        return _flat_literal(value.item())
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):
+        if math.isnan(value):
+            return 'float("nan")'
+        if math.isinf(value):
+            return 'float("inf")' if value > 0 else '-float("inf")'
+        return repr(float(value))
+    if isinstance(value, str):
+        return repr(str(value))
+    if isinstance(value, list):
+        return "[" + ", ".join(_flat_literal(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        if len(value) == 1:
+            return f"({_flat_literal(value[0])},)"
+        return "(" + ", ".join(_flat_literal(v) for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_flat_literal(k)}: {_flat_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, np.ndarray) and value.size <= _MAX_ARRAY_ELEMENTS:
+        return f"np.asarray({_flat_literal(value.tolist())}, dtype={str(value.dtype)!r})"
+    raise _Unrepresentable(type(value).__name__)
+
+
+def _kwargs_source(kwargs: Mapping[str, str]) -> list[str]:
+    """``key=value`` for identifier keys, ``**{"odd key": value}`` for the rest (values are code)."""
+    plain = [f"{k}={v}" for k, v in kwargs.items() if _is_plain_keyword(k)]
+    odd = [f"{_flat_literal(k)}: {v}" for k, v in kwargs.items() if not _is_plain_keyword(k)]
+    return plain + (["**{" + ", ".join(odd) + "}"] if odd else [])
+
+
+def _is_plain_keyword(key: Any) -> bool:
+    return (
+        isinstance(key, str) and key.isidentifier() and key.isascii() and not keyword.iskeyword(key)
+    )
+
+
+def _call_source(callee: str, args: Sequence[str], indent: int, lead: int = 0) -> str:
+    """``callee(a, b)`` on one line if it fits (after ``lead`` characters), else one a line."""
+    flat = f"{callee}({', '.join(args)})"
+    if indent + lead + len(flat) <= LINE_WIDTH or not args:
+        return flat
+    pad = INDENT * (indent // len(INDENT) + 1)
+    close = INDENT * (indent // len(INDENT))
+    return f"{callee}(\n" + "\n".join(f"{pad}{a}," for a in args) + f"\n{close})"
+
+
+# -- class references -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ClassRef:
+    """How the generated code names a class: an expression and the modules it needs."""
+
+    expr: str
+    import_module: str | None = None
+    from_source: bool = False
+
+
+def _module_file(module_name: str) -> Path | None:
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if file else None
+
+
+def _importable(module_name: str) -> bool:
+    if not all(part.isidentifier() and part.isascii() for part in module_name.split(".")):
+        return False
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    loaded = _module_file(module_name)
+    return loaded is None or Path(spec.origin).resolve() == loaded
+
+
+def _defining_file(cls: type) -> Path | None:
+    """The file of the functions a class defines (its module may be in no ``sys.modules``)."""
+    for value in vars(cls).values():
+        function = getattr(value, "__func__", value)
+        code = getattr(function, "__code__", None)
+        if code is not None and Path(code.co_filename).is_file():
+            return Path(code.co_filename).resolve()
+    return None
+
+
+class _Emitter:
+    """Accumulates what the generated module needs (imports, the user's source file)."""
+
+    def __init__(self, model_source: str | None) -> None:
+        self.model_source = Path(model_source).resolve() if model_source is not None else None
+        self.imports: set[str] = set()
+        self.uses_source = False
+
+    def class_ref(self, cls: type, what: str) -> _ClassRef:
+        name = cls.__name__
+        if getattr(keras.layers, name, None) is cls:
+            return _ClassRef(f"keras.layers.{name}")
+        qualname = cls.__qualname__
+        if "<" in qualname or not all(p.isidentifier() for p in qualname.split(".")):
+            raise RewriteError(
+                f"{what}: class {_safe_text(qualname)} is defined inside a function; define it at "
+                "module level so the emitted module can name it"
+            )
+        module_name = cls.__module__
+        if _importable(module_name) and not module_name.startswith("_partitioner_model_"):
+            self.imports.add(module_name)
+            return _ClassRef(f"{module_name}.{qualname}", import_module=module_name)
+        file = _module_file(module_name) or _defining_file(cls) or self.model_source
+        if file is None:
+            raise RewriteError(
+                f"{what}: cannot tell which file defines class {_safe_text(qualname)}; pass "
+                "model_source= (the model's .py file)"
+            )
+        if self.model_source is None:
+            self.model_source = file
+        elif file != self.model_source:
+            raise RewriteError(
+                f"{what}: class {_safe_text(qualname)} comes from {file}, not from the model file "
+                f"{self.model_source}; make its module importable (a package on sys.path)"
+            )
+        self.uses_source = True
+        return _ClassRef(f"model_source().{qualname}", from_source=True)
+
+
+# -- configs ----------------------------------------------------------------------------------
+
+
+def _required_params(cls: type) -> set[str]:
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {
+        p.name
+        for p in parameters
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name != "self"
+    }
+
+
+def _is_float32_policy(value: Any) -> bool:
+    return value == "float32" or (
+        isinstance(value, dict)
+        and value.get("class_name") == "DTypePolicy"
+        and value.get("config") == {"name": "float32"}
+    )
+
+
+def _reduced_config(cls: type, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without the entries a fresh instance would have anyway (checked by a round trip)."""
+    required = _required_params(cls) | _ALWAYS_KEEP
+    try:
+        probe = cls(**{k: v for k, v in config.items() if k in required}).get_config()
+    except Exception:
+        return dict(config)
+    kept = {
+        k
+        for k, v in config.items()
+        if k in required
+        or k not in probe
+        or probe[k] != v
+        or (k == "dtype" and not _is_float32_policy(v))
+    }
+    # Defaults can depend on other arguments (pooling strides default to the pool size): put
+    # back whatever the round trip does not reproduce, until it does.
+    for _ in range(len(config) + 1):
+        reduced = {k: v for k, v in config.items() if k in kept}
+        try:
+            again = cls(**reduced).get_config()
+        except Exception:
+            return dict(config)
+        wrong = {k for k, v in config.items() if k not in again or again[k] != v} - kept
+        if again == config:
+            return reduced
+        if not wrong:
+            return dict(config)
+        kept |= wrong
+    return dict(config)
+
+
+def _dtype_source(value: Any) -> Any:
+    """A plain ``DTypePolicy`` config as its name (``"mixed_float16"``), else unchanged."""
+    if (
+        isinstance(value, dict)
+        and value.get("class_name") == "DTypePolicy"
+        and value.get("module") == "keras"
+        and set(value.get("config") or {}) == {"name"}
+    ):
+        return value["config"]["name"]
+    return value
+
+
+def _value_source(value: Any, indent: int) -> str:
+    """A config value as code: serialized initializers etc. as constructor calls where exact."""
+    if isinstance(value, dict) and set(value) >= {"module", "class_name", "config"}:
+        namespace = _SERIALIZED_MODULES.get(str(value["module"]))
+        class_name = value["class_name"]
+        cls = getattr(getattr(keras, namespace), class_name, None) if namespace else None
+        config = value["config"]
+        if (
+            cls is not None
+            and isinstance(class_name, str)
+            and class_name.isidentifier()
+            and isinstance(config, dict)
+            and all(_is_plain_keyword(k) for k in config)
+            and value.get("registered_name") in (None, class_name)
+        ):
+            defaults = {
+                p.name: p.default
+                for p in inspect.signature(cls.__init__).parameters.values()
+                if p.default is not inspect.Parameter.empty
+            }
+            kwargs = {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
+            try:
+                exact = keras.saving.serialize_keras_object(cls(**kwargs)) == value
+            except Exception:
+                exact = False
+            if exact:
+                callee = f"keras.{namespace}.{class_name}"
+                args = [f"{k}={_literal(v, indent + len(INDENT))}" for k, v in kwargs.items()]
+                return _call_source(callee, args, indent)
+    return _literal(value, indent)
+
+
+def _construction(op: Any, emitter: _Emitter, what: str, indent: int, lead: int = 0) -> str:
+    """Source that makes a fresh copy of ``op`` (a layer or op) from its class and config."""
+    cls = type(op)
+    ref = emitter.class_ref(cls, what)
+    try:
+        config = op.get_config()
+    except Exception as exc:
+        raise RewriteError(
+            f"{what}: {cls.__name__}.get_config() failed ({type(exc).__name__}: {exc}); "
+            "implement get_config so the layer can be written out"
+        ) from exc
+    try:
+        _flat_literal(config)
+    except _Unrepresentable as exc:
+        raise RewriteError(
+            f"{what}: its config holds a {exc} value that cannot be written as Python code; "
+            "make get_config return plain values"
+        ) from None
+    reduced = _reduced_config(cls, config)
+    try:
+        direct = cls(**reduced).get_config() == config
+    except Exception:
+        direct = False
+    if direct:
+        shown = {k: (_dtype_source(v) if k == "dtype" else v) for k, v in reduced.items()}
+        if "dtype" in shown and shown["dtype"] != reduced["dtype"]:
+            try:
+                direct = cls(**shown).get_config() == config
+            except Exception:
+                direct = False
+            if not direct:
+                shown = reduced
+        values = {k: _value_source(v, indent + len(INDENT)) for k, v in shown.items()}
+        return _call_source(ref.expr, _kwargs_source(values), indent, lead)
+    try:
+        cls.from_config(config)
+    except Exception as exc:
+        raise RewriteError(
+            f"{what}: {cls.__name__}.from_config(get_config()) fails ({type(exc).__name__}: "
+            f"{exc}); implement from_config so the layer can be rebuilt"
+        ) from exc
+    return _call_source(
+        f"{ref.expr}.from_config", [_literal(config, indent + len(INDENT))], indent, lead
+    )
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+def _check_plan(
+    units: Sequence[Unit],
+    layer_devices: Mapping[str, str],
+    stages: Sequence[Sequence[str]] | None,
+    model_name: str,
+) -> None:
+    names = [u.name for u in units]
+    missing = [n for n in names if n not in layer_devices]
+    extra = sorted(set(layer_devices) - set(names))
+    if missing or extra:
+        raise RewriteError(
+            f"the plan does not match model {model_name!r}: layers missing from the plan "
+            f"{missing[:8]}{'...' if len(missing) > 8 else ''}, layers in the plan but not the "
+            f"model {extra[:8]}{'...' if len(extra) > 8 else ''}; make the plan for this model"
+        )
+    for name, device in layer_devices.items():
+        if not isinstance(device, str) or not device:
+            raise RewriteError(f"layer {name!r}: device {device!r} is not a device string")
+        try:
+            tf.DeviceSpec.from_string(device)
+        except (ValueError, TypeError) as exc:
+            raise RewriteError(
+                f"layer {name!r}: {device!r} is not a TensorFlow device string ({exc}); use "
+                "e.g. '/device:GPU:0'"
+            ) from None
+    if stages is not None:
+        staged = [n for stage in stages for n in stage]
+        twice = sorted({n for n in staged if staged.count(n) > 1})
+        unknown = sorted(set(staged) - set(names))
+        unstaged = [n for n in names if n not in set(staged)]
+        if twice or unknown or unstaged or any(not stage for stage in stages):
+            raise RewriteError(
+                f"stages do not partition the layers of {model_name!r}: named twice {twice[:8]}, "
+                f"unknown {unknown[:8]}, in no stage {unstaged[:8]}, empty stages "
+                f"{[k for k, s in enumerate(stages) if not s]}; give each layer exactly one stage"
+            )
+
+
+def _is_graph_model(model: Any) -> bool:
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, (keras.Sequential, Functional))
+
+
+def _graph_of(container: Any) -> Any:
+    """The functional graph that runs ``container`` (a Sequential runs its inner Functional)."""
+    if isinstance(container, keras.Sequential):
+        graph = getattr(container, "_functional", None)
+        if graph is None:
+            raise RewriteError(
+                f"Sequential model {container.name!r} has no input shape yet; start it with "
+                "keras.Input(shape=...) or call it once on data before emitting code"
+            )
+        return graph
+    return container
+
+
+# -- Sequential and Functional models ---------------------------------------------------------
+
+
+class _GraphWriter:
+    """Writes the ``call`` body that replays a functional graph under ``tf.device`` scopes."""
+
+    def __init__(
+        self,
+        emitter: _Emitter,
+        unit_of: Mapping[int, str],
+        stage_of: Mapping[str, int],
+    ) -> None:
+        self.emitter = emitter
+        self.unit_of = unit_of
+        self.stage_of = stage_of
+        self.lines: list[str] = []
+        self.names: set[str] = set()
+        self.made: dict[str, str] = {}  # unit name -> construction source (make_layers)
+        self.current_stage: int | None = None
+
+    # names and structures
+
+    def fresh(self, name: str) -> str:
+        return _identifier(name, self.names)
+
+    def expr(self, value: Any, tensors: Mapping[int, str], what: str) -> str:
+        if isinstance(value, keras.KerasTensor):
+            if id(value) not in tensors:
+                raise RewriteError(f"{what}: an input tensor is not computed by the graph")
+            return tensors[id(value)]
+        if isinstance(value, list):
+            return "[" + ", ".join(self.expr(v, tensors, what) for v in value) + "]"
+        if isinstance(value, tuple):
+            inner = [self.expr(v, tensors, what) for v in value]
+            return f"({inner[0]},)" if len(inner) == 1 else "(" + ", ".join(inner) + ")"
+        if isinstance(value, dict):
+            return "{" + ", ".join(
+                f"{_flat_literal(k)}: {self.expr(v, tensors, what)}" for k, v in value.items()
+            ) + "}"
+        try:
+            return _flat_literal(value)
+        except _Unrepresentable as exc:
+            raise RewriteError(
+                f"{what}: an argument of type {exc} cannot be written as Python code"
+            ) from None
+
+    # graph order
+
+    @staticmethod
+    def ordered_nodes(graph: Any) -> list[Any]:
+        """The graph's nodes in a topological order as close to the model's layer order as may be."""
+        import heapq
+
+        position = {id(op): k for k, op in enumerate(graph.operations)}
+        nodes = [n for depth in graph._nodes_by_depth.values() for n in depth]
+        nodes = [n for n in nodes if n.operation is not None and not n.is_input]
+        producer: dict[int, int] = {}
+        for k, node in enumerate(nodes):
+            for t in node.outputs:
+                producer[id(t)] = k
+        waiting = [0] * len(nodes)
+        consumers: list[list[int]] = [[] for _ in nodes]
+        for k, node in enumerate(nodes):
+            for t in node.input_tensors:
+                src = producer.get(id(t))
+                if src is not None:
+                    waiting[k] += 1
+                    consumers[src].append(k)
+
+        def key(k: int) -> tuple[int, int, int]:
+            op = nodes[k].operation
+            inbound = getattr(op, "_inbound_nodes", [])
+            index = next((i for i, n in enumerate(inbound) if n is nodes[k]), 0)
+            return (position.get(id(op), len(position)), index, k)
+
+        ready = [key(k) for k in range(len(nodes)) if waiting[k] == 0]
+        heapq.heapify(ready)
+        order: list[Any] = []
+        while ready:
+            _, _, k = heapq.heappop(ready)
+            order.append(nodes[k])
+            for j in consumers[k]:
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    heapq.heappush(ready, key(j))
+        if len(order) != len(nodes):
+            raise RewriteError("the model's graph has a cycle; it cannot be written out")
+        return order
+
+    # emission
+
+    def emit_graph(self, graph: Any, inputs: Sequence[str], training: str, depth: int) -> list[str]:
+        """Write ``graph``'s nodes; ``inputs`` name its (flat) inputs. Returns its flat outputs."""
+        tensors: dict[int, str] = {}
+        if len(inputs) != len(graph.inputs):
+            raise RewriteError(
+                f"nested model {graph.name!r} is called with {len(inputs)} tensors but takes "
+                f"{len(graph.inputs)}"
+            )
+        for t, name in zip(graph.inputs, inputs):
+            tensors[id(t)] = name
+        for node in self.ordered_nodes(graph):
+            self.emit_node(node, tensors, training, depth)
+        return [self.expr(t, tensors, f"model {graph.name!r}") for t in graph.outputs]
+
+    def emit_node(self, node: Any, tensors: dict[int, str], training: str, depth: int) -> None:
+        op = node.operation
+        if isinstance(op, keras.layers.InputLayer):
+            return
+        args, kwargs = node.arguments.args, dict(node.arguments.kwargs)
+        if isinstance(op, keras.Model):
+            self.emit_nested(op, node, args, kwargs, tensors, training, depth)
+            return
+        unit = self.unit_of.get(id(op))
+        if unit is None:
+            raise RewriteError(f"layer {op.name!r} is not a placement unit of the model")
+        what = f"layer {unit!r}"
+        stage = self.stage_of.get(unit)
+        if stage is not None and stage != self.current_stage:
+            self.current_stage = stage
+            self.lines.append("")
+            self.lines.append(f"# -- stage {stage}: STAGES[{stage}] --")
+        function = _public_function(op)
+        explicit_training = kwargs.pop("training", None)
+        if function is None:
+            if unit not in self.made:
+                self.made[unit] = _construction(
+                    op, self.emitter, what, 2 * len(INDENT), lead=len(_flat_literal(unit)) + 2
+                )
+            callee = f"layers[{unit!r}]"
+        else:
+            callee = f"keras.ops.{function}"
+        arg_sources = [self.expr(a, tensors, what) for a in args]
+        if "mask" in kwargs and kwargs["mask"] is None and not any(
+            getattr(t, "_keras_mask", None) is not None for t in node.input_tensors
+        ):
+            del kwargs["mask"]  # no mask reaches this node: the explicit None changes nothing
+        kw_sources = {k: self.expr(v, tensors, what) for k, v in kwargs.items()}
+        if _takes_training(op):
+            # At the top level Keras passes the model's `training` down by itself; it is written
+            # out only where the original graph fixes or overrides it.
+            if explicit_training is None:
+                if training != "training":
+                    kw_sources["training"] = training
+            else:
+                kw_sources["training"] = (
+                    f"{training} if {training} is not None else {_flat_literal(explicit_training)}"
+                )
+        elif explicit_training is not None:
+            kw_sources["training"] = _flat_literal(explicit_training)
+        outputs = [self.fresh(_output_base(op, len(node.outputs), k)) for k in range(len(node.outputs))]
+        call_args = arg_sources + _kwargs_source(kw_sources)
+        if len(outputs) == 1 and _returns_single_tensor(op, args, node.arguments.kwargs):
+            prefix, suffix = f"{outputs[0]} = ", ""
+        elif outputs:
+            target = ", ".join(outputs) + ("," if len(outputs) == 1 else "")
+            prefix, suffix = f"{target} = keras.tree.flatten(", ")"
+        else:
+            prefix, suffix = "", ""
+        indent = 3 * len(INDENT)
+        call = _call_source(callee, call_args, indent, lead=len(prefix) + len(suffix))
+        self.lines.append(f"with tf.device(DEVICES[{unit!r}]):")
+        self.lines.append(f"{INDENT}{prefix}{call}{suffix}")
+        for t, name in zip(node.outputs, outputs):
+            tensors[id(t)] = name
+
+    def emit_nested(
+        self,
+        model: Any,
+        node: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        tensors: dict[int, str],
+        training: str,
+        depth: int,
+    ) -> None:
+        if not _is_graph_model(model):
+            raise RewriteError(
+                f"nested model {model.name!r} is a subclassed keras.Model inside a functional "
+                "model; emitted code supports nested Sequential and Functional models only"
+            )
+        graph = _graph_of(model)
+        inputs = keras.tree.flatten(args[0]) if args else keras.tree.flatten(kwargs.get("inputs"))
+        input_names = [self.expr(t, tensors, f"model {model.name!r}") for t in inputs]
+        explicit = kwargs.get("training")
+        inner_training = training
+        if explicit is not None:
+            inner_training = self.fresh(f"training_{model.name}")
+            self.lines.append(
+                f"{inner_training} = {training} if {training} is not None else "
+                f"{_flat_literal(explicit)}"
+            )
+        self.lines.append(f"# nested model {_flat_literal(_safe_text(model.name))} (inlined)")
+        outputs = self.emit_graph(graph, input_names, inner_training, depth + 1)
+        if len(outputs) != len(node.outputs):
+            raise RewriteError(
+                f"nested model {model.name!r} returns {len(outputs)} tensors where the outer "
+                f"graph uses {len(node.outputs)}"
+            )
+        for t, name in zip(node.outputs, outputs):
+            tensors[id(t)] = name
+
+
+def _output_base(op: Any, count: int, k: int) -> str:
+    return str(op.name) if count == 1 else f"{op.name}_{k}"
+
+
+def _takes_training(op: Any) -> bool:
+    if "training" not in (getattr(op, "_call_context_args", None) or ()):
+        return False
+    try:
+        return "training" in inspect.signature(op.call).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _returns_single_tensor(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether calling ``op`` gives one tensor (not a one-element list), judged symbolically."""
+    try:
+        spec = op.compute_output_spec(*args, **kwargs)
+    except Exception:
+        return False
+    return isinstance(spec, keras.KerasTensor)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _public_function(op: Any) -> str | None:
+    """The ``keras.ops`` function that runs exactly ``op``, when there is one; else None.
+
+    Only ops with no constructor arguments, whose function takes the same parameters as their
+    ``call``: ``Add()(x1, x2)`` is ``keras.ops.add(x1, x2)``.
+    """
+    if isinstance(op, keras.layers.Layer) or not type(op).__module__.startswith("keras."):
+        return None
+    try:
+        if set(op.get_config()) - {"name"}:
+            return None
+    except Exception:
+        return None
+    name = _snake(type(op).__name__)
+    function = getattr(keras.ops, name, None)
+    if function is None or not callable(function):
+        return None
+    try:
+        wanted = list(inspect.signature(op.call).parameters)
+        given = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+    return name if wanted == given else None
+
+
+def _structure_source(struct: Any, names: Mapping[int, str]) -> str:
+    if isinstance(struct, keras.KerasTensor):
+        return names[id(struct)]
+    if isinstance(struct, (list, tuple)):
+        items = [_structure_source(s, names) for s in struct]
+        if isinstance(struct, tuple):
+            return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+        return "[" + ", ".join(items) + "]"
+    if isinstance(struct, dict):
+        return "{" + ", ".join(
+            f"{_flat_literal(k)}: {_structure_source(v, names)}" for k, v in struct.items()
+        ) + "}"
+    raise RewriteError(f"the model's output structure holds a {type(struct).__name__}")
+
+
+def _input_lines(graph: Any, writer: _GraphWriter) -> tuple[list[str], list[str]]:
+    """Lines that take the model's inputs apart, and the names of the flat inputs."""
+    struct = graph._inputs_struct
+    flat = list(graph.inputs)
+    names = [writer.fresh(_input_name(t)) for t in flat]
+    if isinstance(struct, keras.KerasTensor):
+        sources = ["inputs"]
+    elif isinstance(struct, (list, tuple)) and all(isinstance(t, keras.KerasTensor) for t in struct):
+        if len(struct) == 1:
+            sources = ["inputs[0] if isinstance(inputs, (list, tuple)) else inputs"]
+        else:
+            sources = [f"inputs[{k}]" for k in range(len(struct))]
+    elif isinstance(struct, dict) and all(isinstance(t, keras.KerasTensor) for t in struct.values()):
+        by_id = {id(t): k for k, t in struct.items()}
+        sources = [f"inputs[{_flat_literal(by_id[id(t)])}]" for t in flat]
+    else:
+        raise RewriteError(
+            f"model {graph.name!r} takes nested inputs; emitted code supports a tensor, a list "
+            "or a dict of tensors"
+        )
+    lines = [
+        f"{name} = keras.ops.convert_to_tensor({source}, dtype={str(t.dtype)!r})"
+        for name, source, t in zip(names, sources, flat)
+    ]
+    return lines, names
+
+
+def _input_name(tensor: Any) -> str:
+    history = getattr(tensor, "_keras_history", None)
+    operation = getattr(history, "operation", None)
+    return str(getattr(operation, "name", None) or tensor.name)
+
+
+def _graph_module_body(
+    model: Any,
+    units: Sequence[Unit],
+    emitter: _Emitter,
+    stage_of: Mapping[str, int],
+) -> tuple[list[str], list[str]]:
+    """(``make_layers``/``PlacedModel`` lines, and the import lines they need)."""
+    graph = _graph_of(model)
+    writer = _GraphWriter(emitter, {id(u.operation): u.name for u in units}, stage_of)
+    input_lines, input_names = _input_lines(graph, writer)
+    outputs = writer.emit_graph(graph, input_names, "training", 0)
+    names = {id(t): n for t, n in zip(graph.outputs, outputs)}
+    result = _structure_source(graph._outputs_struct, names)
+    if isinstance(graph._outputs_struct, (list, tuple)) and len(graph._outputs_struct) == 1:
+        result = outputs[0]
+
+    # Weights: the copy's order is the units' order; it must be the original's.
+    order = [
+        id(w)
+        for u in units
+        if u.name in writer.made
+        for w in getattr(u.operation, "weights", None) or []
+    ]
+    if order != [id(w) for w in model.weights]:
+        raise RewriteError(
+            f"model {model.name!r}: its weight order differs from its layers' order, so "
+            "set_weights could not load the emitted copy; emitted code cannot keep it"
+        )
+
+    body: list[str] = []
+    body.append("def make_layers() -> dict[str, Any]:")
+    body.append(
+        f'{INDENT}"""The layers (and ops) of the model, keyed by DEVICES name, in the original\'s'
+    )
+    body.append(f"{INDENT}weight order: load_original_weights (set_weights) relies on that order.")
+    body.append(f'{INDENT}"""')
+    if writer.made:
+        body.append(f"{INDENT}return {{")
+        for unit, source in writer.made.items():
+            body.append(f"{INDENT * 2}{_flat_literal(unit)}: {source},")
+        body.append(f"{INDENT}}}")
+    else:
+        body.append(f"{INDENT}return {{}}")
+    body += ["", ""]
+    body.append("class PlacedModel(keras.Model):")
+    body.append(
+        f'{INDENT}"""The original graph, each layer called under tf.device(DEVICES[<layer>]).'
+    )
+    body.append("")
+    body.append(f"{INDENT}Build it with build_model(): it creates every variable on its device.")
+    body.append(f'{INDENT}"""')
+    body.append("")
+    body.append(f"{INDENT}def __init__(self, **kwargs: Any) -> None:")
+    body.append(f"{INDENT * 2}super().__init__(**kwargs)")
+    body.append(f"{INDENT * 2}self.placed_layers = make_layers()")
+    body.append("")
+    body.append(f"{INDENT}def call(self, inputs: Any, training: bool | None = None) -> Any:")
+    body.append(f"{INDENT * 2}layers = self.placed_layers")
+    body += [f"{INDENT * 2}{line}" if line else "" for line in input_lines]
+    body += [f"{INDENT * 2}{line}" if line else "" for line in writer.lines]
+    body.append(f"{INDENT * 2}return {result}")
+    return body, sorted(emitter.imports)
+
+
+# -- the module -------------------------------------------------------------------------------
+
+
+def _header(
+    model: Any,
+    layer_devices: Mapping[str, str],
+    stages: Sequence[Sequence[str]] | None,
+    graph_model: bool,
+) -> list[str]:
+    devices = list(dict.fromkeys(layer_devices.values()))
+    counts = {d: sum(1 for v in layer_devices.values() if v == d) for d in devices}
+    lines = [
+        f'"""Model {_safe_text(model.name)} with each layer placed on a device, written by partitioner.',
+        "",
+        f"Plan: {len(layer_devices)} layers on {len(devices)} device(s):",
+    ]
+    lines += [f"    {_safe_text(d)}: {counts[d]} layer(s)" for d in devices]
+    if stages is not None:
+        lines.append(
+            f"Pipelined in {len(stages)} stages (STAGES); this module runs them one after another."
+        )
+    lines += [
+        "",
+        "DEVICES maps each layer to its device: edit a device string to move that layer.",
+    ]
+    if graph_model:
+        lines += [
+            "PlacedModel.call runs the original graph, each layer inside",
+            "`with tf.device(DEVICES[...])`; build_model() runs it once on zeros so that each",
+            "layer creates its variables on its device.",
+        ]
+    else:
+        lines += [
+            "The model is subclassed, so its code stays in MODEL_SOURCE (imported by path; edit",
+            "the path if the file moves). build_model() rebuilds it from MODEL_CLASS and",
+            "MODEL_CONFIG and runs each sublayer's build and call under tf.device of its entry in",
+            "DEVICES. Ops in the model's own call(), outside every sublayer, are not placed.",
+        ]
+    lines += [
+        "",
+        "Use:",
+        "",
+        "    import placed_model                          # this file",
+        "    model = placed_model.build_model()",
+        "    placed_model.load_original_weights(model, original)  # a keras.Model or .keras file",
+        "    model.compile(optimizer=..., loss=..., jit_compile=False)  # XLA ignores tf.device",
+        "",
+        "Weights saved with original.save_weights(path) need the original architecture: build the",
+        "original, call original.load_weights(path), then load_original_weights(model, original).",
+        "",
+        "Only the forward pass is placed here: Keras's default train_step takes gradients with a",
+        "GradientTape, which leaves the backward ops unplaced. partitioner's plan.apply(model)",
+        "also puts each gradient on its layer's device.",
+        '"""',
+    ]
+    return lines
+
+
+def _devices_lines(
+    units: Sequence[Unit], layer_devices: Mapping[str, str], graph_model: bool
+) -> list[str]:
+    lines = ["# Layer -> device, from the plan. Edit a device string to move that layer."]
+    if not graph_model:
+        lines += [
+            "# Layers named by Keras (dense, dense_1, ...) are renamed in every rebuilt copy, so",
+            "# build_model() matches the entries by position when the names differ.",
+        ]
+    lines.append("DEVICES = {")
+    lines += [f"{INDENT}{_flat_literal(u.name)}: {_flat_literal(layer_devices[u.name])}," for u in units]
+    lines.append("}")
+    return lines
+
+
+def _stages_lines(stages: Sequence[Sequence[str]] | None) -> list[str]:
+    if stages is None:
+        return ["# The plan does not pipeline.", "STAGES: list[list[str]] | None = None"]
+    lines = [
+        "# Pipeline stages in dataflow order (layer names). This module runs them one after",
+        "# another; to pipeline them with micro-batches, apply the plan with partitioner instead",
+        "# (plan.apply(model, ...)).",
+        "STAGES: list[list[str]] | None = [",
+    ]
+    lines += [f"{INDENT}{_literal(list(stage), len(INDENT))}," for stage in stages]
+    lines.append("]")
+    return lines
+
+
+def _sample_lines(model: Any, input_shape: Sequence[int] | None, graph_model: bool) -> list[str]:
+    specs = input_specs(model, 1, input_shape)
+    samples = [(tuple(int(d) for d in s.shape), s.dtype.name) for s in specs]
+    value: Any = samples
+    struct = _graph_of(model)._inputs_struct if graph_model else None
+    if isinstance(struct, dict):  # a model that takes a dict: the sample is a dict too
+        key_of = {id(t): k for k, t in struct.items()}
+        value = {key_of[id(t)]: sample for t, sample in zip(model.inputs, samples)}
+    return [
+        "# (shape, dtype) of each model input for one sample: build_model() runs the model on zeros",
+        "# of these shapes so that every layer creates its variables on its device.",
+        f"SAMPLE_INPUTS = {_literal(value, 0)}",
+    ]
+
+
+_SOURCE_LOADER = '''
+
+def model_source() -> Any:
+    """The module in MODEL_SOURCE, imported once (this runs the file, as importing it would)."""
+    name = "placed_model_source_" + str(abs(hash(MODEL_SOURCE)))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, MODEL_SOURCE)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {MODEL_SOURCE}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    directory = os.path.dirname(os.path.abspath(MODEL_SOURCE))
+    sys.path.insert(0, directory)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        if sys.path and sys.path[0] == directory:
+            sys.path.pop(0)
+    return module'''
+
+_SAMPLE_FUNCTION = '''
+
+def sample_batch() -> Any:
+    """Zeros shaped like one sample of each input (a list or dict when the model takes several)."""
+    if isinstance(SAMPLE_INPUTS, dict):
+        return {key: np.zeros(shape, dtype=dtype) for key, (shape, dtype) in SAMPLE_INPUTS.items()}
+    arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in SAMPLE_INPUTS]
+    return arrays[0] if len(arrays) == 1 else arrays'''
+
+_GRAPH_BUILD = '''
+
+def build_model() -> keras.Model:
+    """PlacedModel with every layer's variables created on the layer's device."""
+    model = PlacedModel(name=MODEL_NAME)
+    # Calling call() directly runs the layers eagerly, so each one builds (creates its variables)
+    # inside its tf.device block; Keras's own first build would trace call() symbolically and
+    # create the variables later, outside every device scope.
+    model.call(sample_batch(), training=False)
+    model(sample_batch(), training=False)
+    return model
+
+
+def placement_units(model: keras.Model) -> dict[str, Any]:
+    """Layer name (a DEVICES key) -> the layer object, for the layers made by make_layers()."""
+    return dict(model.placed_layers)'''
+
+_SUBCLASSED_BUILD = '''
+
+def placement_units(model: keras.Model) -> dict[str, Any]:
+    """DEVICES name -> layer: the model's leaf layers, nested models opened, in partitioner's order.
+
+    A layer whose name is taken already is named by its path, e.g. "outer/inner/dense".
+    """
+    units: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def visit(container: Any, path: tuple[str, ...]) -> None:
+        if isinstance(container, keras.Sequential) or not hasattr(
+            container, "_operations_by_depth"
+        ):
+            children = list(container.layers)
+        else:
+            children = list(container.operations)
+        for child in children:
+            if id(child) in seen or isinstance(child, keras.layers.InputLayer):
+                continue
+            seen.add(id(child))
+            if isinstance(child, keras.Model):
+                visit(child, (*path, child.name))
+                continue
+            name = child.name
+            if name in units:
+                name = "/".join((*path, child.name))
+                k = 2
+                while name in units:
+                    name = "/".join((*path, f"{child.name}#{k}"))
+                    k += 1
+            units[name] = child
+
+    visit(model, (model.name,))
+    return units
+
+
+def on_device(method: Any, device: str) -> Any:
+    """``method`` run under ``tf.device(device)``."""
+
+    @functools.wraps(method)
+    def run_on_device(*args: Any, **kwargs: Any) -> Any:
+        with tf.device(device):
+            return method(*args, **kwargs)
+
+    return run_on_device
+
+
+def build_model() -> keras.Model:
+    """The original model, rebuilt from MODEL_CONFIG, each sublayer pinned to its device."""
+    model_class = model_source()
+    for part in MODEL_CLASS.split("."):
+        model_class = getattr(model_class, part)
+    model = model_class.from_config(MODEL_CONFIG)
+    units = placement_units(model)
+    if len(units) != len(DEVICES):
+        raise ValueError(
+            f"the rebuilt model has {len(units)} layers but DEVICES names {len(DEVICES)}; has "
+            "MODEL_SOURCE changed?"
+        )
+    if set(units) == set(DEVICES):
+        devices = [DEVICES[name] for name in units]
+    else:
+        # Layers named by Keras (dense, dense_1, ...) get new names in every rebuilt copy:
+        # DEVICES is matched by position then (its order is the order placement_units walks).
+        devices = list(DEVICES.values())
+    for layer, device in zip(units.values(), devices, strict=True):
+        # Its variables (build) and its ops (call) on its device. object.__setattr__ skips
+        # Keras's attribute tracking, which would otherwise track the wrapper.
+        for method in ("build", "call"):
+            object.__setattr__(layer, method, on_device(getattr(layer, method), device))
+    if type(model).build is keras.layers.Layer.build:
+        # Keras's default first build traces call() symbolically and creates the variables later,
+        # outside every device scope; running call() eagerly first builds each layer in its scope.
+        model.call(sample_batch())
+    model(sample_batch())
+    return model'''
+
+_LOAD_WEIGHTS = '''
+
+def load_original_weights(model: keras.Model, original: Any) -> None:
+    """Copy the original model's weights into ``model`` (both list them in the same order).
+
+    ``original`` is the original keras.Model, or the path of a .keras file it was saved to.
+    """
+    if isinstance(original, (str, os.PathLike)):
+        original = keras.saving.load_model(original, compile=False)
+    weights = original.get_weights()
+    expected = [tuple(w.shape) for w in model.weights]
+    given = [tuple(w.shape) for w in weights]
+    if expected != given:
+        raise ValueError(
+            f"the original has weights of shapes {given[:4]}... but this model expects "
+            f"{expected[:4]}... ({len(given)} vs {len(expected)} weights); is it the same model?"
+        )
+    model.set_weights(weights)'''
+
+
+def emit_placed_module(
+    model: keras.Model,
+    layer_devices: Mapping[str, str],
+    *,
+    model_source: str | os.PathLike[str] | None = None,
+    stages: Sequence[Sequence[str]] | None = None,
+    input_shape: Sequence[int] | None = None,
+) -> str:
+    """The source of a module that rebuilds ``model`` with each layer on ``layer_devices[name]``.
+
+    ``layer_devices`` maps every placement unit name (``passes.trace.placement_units``, the names
+    plans use) to a TensorFlow device string. ``model_source`` is the model's ``.py`` file: the
+    module imports it for subclassed models and custom layer classes (by default the file that
+    defines their class). ``stages`` (unit names per pipeline stage) are listed in the module.
+    ``input_shape`` (without the batch) is needed where the model leaves an input dim unknown.
+    See the module docstring for what the emitted code looks like.
+    """
+    if not isinstance(model, keras.Model):
+        raise RewriteError(f"expected a keras.Model, got {type(model).__name__}")
+    units = placement_units(model)
+    if not units:
+        raise RewriteError(f"model {model.name!r} has no layers to place")
+    _check_plan(units, layer_devices, stages, model.name)
+    stage_of = {n: k for k, stage in enumerate(stages or ()) for n in stage}
+    emitter = _Emitter(None if model_source is None else os.fspath(model_source))
+    graph_model = _is_graph_model(model)
+    if graph_model:
+        body, imports = _graph_module_body(model, units, emitter, stage_of)
+    else:
+        body, imports = [], []
+        _subclassed_checks(model, emitter)
+    lines = _header(model, layer_devices, stages, graph_model)
+    lines += ["", "from __future__ import annotations", ""]
+    standard = ["import os"]
+    if emitter.uses_source or not graph_model:
+        standard = ["import importlib.util", "import os", "import sys"]
+    if not graph_model:
+        standard = ["import functools", *standard]
+    lines += [*standard, "from typing import Any", "", "import keras", "import numpy as np"]
+    lines += ["import tensorflow as tf"]
+    lines += [f"import {m}" for m in imports]
+    lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}", ""]
+    if emitter.uses_source or not graph_model:
+        if emitter.model_source is None:
+            raise RewriteError(
+                f"model {model.name!r}: cannot tell which file defines its classes; pass "
+                "model_source= (the model's .py file)"
+            )
+        lines += [
+            "# The file that defines the model's own classes; edit the path if the file moves.",
+            f"MODEL_SOURCE = {_flat_literal(str(emitter.model_source))}",
+            "",
+        ]
+    if not graph_model:
+        config = model.get_config()
+        lines += [
+            f"MODEL_CLASS = {_flat_literal(type(model).__qualname__)}",
+            "# The model's get_config(): build_model() rebuilds it with MODEL_CLASS.from_config.",
+            f"MODEL_CONFIG = {_literal(config, 0)}",
+            "",
+        ]
+    lines += [*_devices_lines(units, layer_devices, graph_model), ""]
+    lines += [*_stages_lines(stages), ""]
+    lines += _sample_lines(model, input_shape, graph_model)
+    text = "\n".join(lines)
+    if emitter.uses_source or not graph_model:
+        text += "\n" + _SOURCE_LOADER
+    text += "\n" + _SAMPLE_FUNCTION
+    if graph_model:
+        text += "\n\n\n" + "\n".join(body) + "\n" + _GRAPH_BUILD
+    else:
+        text += "\n" + _SUBCLASSED_BUILD
+    text += "\n" + _LOAD_WEIGHTS + "\n"
+    _compile_check(text, "<emitted module>")
+    return text
+
+
+def plan_device_strings(plan: Plan, devices: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The TensorFlow device string of each plan device, for emitted code.
+
+    ``devices`` if given; else the plan's own device names (a topology file names them); else
+    ``/device:GPU:i`` (``/device:CPU:i`` for a ``cpu`` plan). Unlike ``plan.apply`` this does not
+    ask TensorFlow which devices it sees: the module is usually written on another machine than
+    the one it runs on, and its ``DEVICES`` table is there to be edited.
+    """
+    if devices is not None:
+        strings = tuple(devices)
+        if len(strings) != plan.num_devices:
+            raise RewriteError(
+                f"the plan has {plan.num_devices} devices but devices= names {len(strings)}: "
+                f"{list(strings)}"
+            )
+        return strings
+    if all(d.name for d in plan.devices):
+        return tuple(d.name for d in plan.devices)
+    kind = "CPU" if all(d.device_type == "cpu" for d in plan.devices) else "GPU"
+    return tuple(f"/device:{kind}:{d.index}" for d in plan.devices)
+
+
+def emit_plan_module(
+    model: keras.Model,
+    plan: Plan,
+    *,
+    devices: Sequence[str] | None = None,
+    model_source: str | os.PathLike[str] | None = None,
+) -> str:
+    """:func:`emit_placed_module` for ``plan``: its devices, pipeline stages and input shape."""
+    strings = plan_device_strings(plan, devices)
+    layer_devices = {name: strings[d] for name, d in plan.assignment.items()}
+    stages = None
+    if plan.pipeline is not None:
+        stages = [
+            [name for name in plan.layer_order if plan.assignment[name] == d]
+            for d in plan.pipeline.stage_devices
+        ]
+        stages = [stage for stage in stages if stage]
+    return emit_placed_module(
+        model,
+        layer_devices,
+        model_source=model_source,
+        stages=stages,
+        input_shape=plan.input_shape,
+    )
+
+
+def _subclassed_checks(model: Any, emitter: _Emitter) -> None:
+    """Fail now, not at import, when a subclassed model cannot be rebuilt from its config."""
+    what = f"model {model.name!r}"
+    ref = emitter.class_ref(type(model), what)
+    if not ref.from_source:
+        # An importable class still goes through MODEL_SOURCE, the file that defines it.
+        file = _module_file(type(model).__module__) or _defining_file(type(model))
+        if file is None:
+            raise RewriteError(f"{what}: cannot tell which file defines {type(model).__name__}")
+        if emitter.model_source is None:
+            emitter.model_source = file
+        emitter.imports.discard(type(model).__module__)
+    try:
+        config = model.get_config()
+        _flat_literal(config)
+        type(model).from_config(config)
+    except _Unrepresentable as exc:
+        raise RewriteError(
+            f"{what}: its config holds a {exc} value that cannot be written as Python code; give "
+            "its __init__ plain arguments and return them from get_config"
+        ) from None
+    except Exception as exc:
+        raise RewriteError(
+            f"subclassed model {type(model).__name__} cannot be rebuilt from its config "
+            f"({type(exc).__name__}: {exc}); give its __init__ serialisable arguments or "
+            "implement get_config/from_config"
+        ) from exc
+    emitter.uses_source = True
+
+
+def _compile_check(source: str, filename: str) -> None:
+    try:
+        compile(source, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise RewriteError(
+            f"the emitted module does not compile ({filename}:{exc.lineno}: {exc.msg}); this is "
+            "a bug in partitioner, please report it with the model"
+        ) from None
+
+
+def write_placed_module(path: str | os.PathLike[str], source: str) -> Path:
+    """Write ``source`` to ``path`` atomically, after checking that it compiles."""
+    from partitioner.core.files import write_atomic
+
+    _compile_check(source, os.fspath(path))
+    return write_atomic(path, source)

@@ -1,0 +1,263 @@
+"""The device-placement rewrite: a plan's layer -> device map applied to a Keras model.
+
+``place_model(model, layer_devices)`` returns a new :class:`PlacedModel` that
+
+* is a fresh copy of ``model`` (Sequential and Functional models are cloned layer by layer,
+  recursing into nested models and keeping shared layers shared; subclassed models are rebuilt
+  from their config) holding the same weight values;
+* creates each unit's variables under ``tf.device`` of its device (the unit's ``build`` runs
+  inside the scope, so sublayers built there land there too), so parameters, gradients and the
+  optimizer's slots (which Keras colocates with their variable) live on the planned device;
+* runs each unit's ``call`` under ``tf.device`` of its device, and
+* trains with ``fit`` through its own ``train_step``, which takes gradients with ``tf.gradients``.
+  ``tf.gradients`` colocates every gradient op with its forward op, so the backward pass runs where
+  the forward pass ran; Keras's default ``train_step`` (a ``GradientTape``) would leave gradient
+  ops unplaced, which puts them all on the first device.
+
+The original model is never modified. XLA compilation is turned off (``jit_compile=False``):
+XLA clusters ignore ``tf.device`` annotations.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from partitioner.core.errors import RewriteError
+from passes.trace import Unit, placement_units
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PlacedModel", "default_device_strings", "place_model"]
+
+
+def default_device_strings(num_devices: int) -> tuple[str, ...]:
+    """``/device:GPU:i`` for each plan device, when TensorFlow sees that many GPUs."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) < num_devices:
+        cpus = tf.config.list_logical_devices("CPU")
+        raise RewriteError(
+            f"the plan needs {num_devices} devices but TensorFlow sees {len(gpus)} GPU(s) and "
+            f"{len(cpus)} CPU device(s); pass devices=[...] to apply(), e.g. "
+            f"devices={[d.name for d in cpus][:num_devices] or ['/device:CPU:0']}"
+        )
+    return tuple(d.name for d in gpus[:num_devices])
+
+
+def _placed(fn: Any, device: str) -> Any:
+    @functools.wraps(fn)
+    def run_on_device(*args: Any, **kwargs: Any) -> Any:
+        with tf.device(device):
+            return fn(*args, **kwargs)
+
+    return run_on_device
+
+
+def _pin(obj: Any, device: str) -> Any:
+    """Make ``obj`` (a fresh layer or op of our copy) run its ``call`` under ``tf.device``."""
+    object.__setattr__(obj, "call", _placed(obj.call, device))
+    return obj
+
+
+def _move_weights(copy_unit: Unit, source_unit: Unit, device: str) -> int:
+    """Re-create the copy's variables on ``device``, holding the source's values.
+
+    Keras defers creating variables built during a symbolic call and creates them later outside
+    any device scope, so a ``tf.device`` around ``build`` is not enough; instead each variable's
+    backing ``tf.Variable`` is created here, inside the scope, from the original's value.
+    """
+    new_weights = list(getattr(copy_unit.operation, "weights", []) or [])
+    old_weights = list(getattr(source_unit.operation, "weights", []) or [])
+    if [tuple(w.shape) for w in new_weights] != [tuple(w.shape) for w in old_weights]:
+        raise RewriteError(
+            f"layer {source_unit.name!r}: the copy's weights "
+            f"{[tuple(w.shape) for w in new_weights]} differ from the original's "
+            f"{[tuple(w.shape) for w in old_weights]}"
+        )
+    with tf.device(device):
+        for new, old in zip(new_weights, old_weights):
+            new._initialize(old.numpy())
+    return len(new_weights)
+
+def _fresh_copy(operation: Any) -> Any:
+    return operation.__class__.from_config(operation.get_config())
+
+
+def _is_graph_model(model: Any) -> bool:
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, (keras.Sequential, Functional))
+
+
+def _clone_graph_model(model: keras.Model, device_of: Mapping[int, str]) -> keras.Model:
+    def clone(operation: Any) -> Any:
+        device = device_of.get(id(operation))
+        if device is None:  # containers are recursed by clone_model; anything else is a unit
+            return _fresh_copy(operation)
+        return _pin(_fresh_copy(operation), device)
+
+    try:
+        return keras.models.clone_model(model, clone_function=clone, recursive=True)
+    except Exception as exc:
+        raise RewriteError(
+            f"could not clone model {model.name!r} onto devices: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _rebuild_subclassed(
+    model: keras.Model, units: Sequence[Unit], devices: Sequence[str], sample: Sequence[Any]
+) -> keras.Model:
+    try:
+        copy = model.__class__.from_config(model.get_config())
+    except Exception as exc:
+        raise RewriteError(
+            f"subclassed model {type(model).__name__} cannot be rebuilt from its config "
+            f"({type(exc).__name__}: {exc}); give its __init__ serialisable arguments or "
+            "implement get_config/from_config"
+        ) from exc
+    for unit, device in zip(placement_units(copy), devices):
+        _pin(unit.operation, device)
+    copy(sample[0] if len(sample) == 1 else list(sample))
+    return copy
+
+
+class PlacedModel(keras.Model):
+    """A model whose layers run on the devices of a plan; see the module docstring."""
+
+    def __init__(
+        self,
+        inner: keras.Model,
+        layer_devices: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.inner = inner
+        self.layer_devices = dict(layer_devices or {})
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        return self.inner(inputs, training=training)
+
+    @property
+    def output_device(self) -> str | None:
+        """Where the loss and metrics run: the device of the last layer."""
+        return next(reversed(self.layer_devices.values()), None)
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Keras ``compile`` with XLA off and the optimizer's updates placed per variable.
+
+        Each variable's update (``optimizer.update_step``) runs on the variable's own device;
+        left unplaced, TensorFlow would run every update's arithmetic on the first device.
+        """
+        if kwargs.get("jit_compile") not in (None, False, "auto"):
+            logger.warning("jit_compile is turned off: XLA would ignore the device placement")
+        kwargs["jit_compile"] = False
+        super().compile(*args, **kwargs)
+        optimizer = self.optimizer
+        if optimizer is not None and not getattr(optimizer, "_partitioner_placed", False):
+            update_step = optimizer.update_step
+
+            def placed_update_step(gradient: Any, variable: Any, learning_rate: Any) -> Any:
+                with tf.device(getattr(variable, "_value", variable).device):
+                    return update_step(gradient, variable, learning_rate)
+
+            object.__setattr__(optimizer, "update_step", placed_update_step)
+            object.__setattr__(optimizer, "_partitioner_placed", True)
+
+    def compile_from_config(self, config: Any) -> None:
+        """Compile from a ``get_compile_config()`` dict.
+
+        Keras's own version silently does nothing for models that override ``compile``.
+        """
+        from keras.src.saving import serialization_lib
+
+        self.compile(**serialization_lib.deserialize_keras_object(config))
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def gradients(self, loss: Any) -> list[Any]:
+        """Gradients of ``loss`` for the trainable weights, each colocated with its forward op.
+
+        Only valid inside a ``tf.function`` (``fit`` traces ``train_step`` into one).
+        """
+        return list(tf.gradients(loss, [v.value for v in self.trainable_weights]))
+
+    def train_step(self, data: Any) -> Any:
+        from keras.src import tree
+        from keras.src.losses import loss as loss_module
+
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = self(x, training=True)
+        with tf.device(self.output_device):
+            loss = self._compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+        self._loss_tracker.update_state(
+            loss_module.unscale_loss_for_distribution(loss),
+            sample_weight=tf.shape(next(i for i in tree.flatten(x) if i is not None))[0],
+        )
+        if self.optimizer is not None:
+            loss = self.optimizer.scale_loss(loss)
+        if self.trainable_weights:
+            grads = self.gradients(loss)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        with tf.device(self.output_device):
+            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def place_model(
+    model: keras.Model,
+    layer_devices: Mapping[str, str],
+    sample_inputs: Sequence[Any],
+) -> PlacedModel:
+    """Copy ``model`` with each placement unit on ``layer_devices[unit name]``.
+
+    ``sample_inputs`` (one array per model input, any batch size) builds the copy.
+    """
+    units = placement_units(model)
+    names = [u.name for u in units]
+    missing = [n for n in names if n not in layer_devices]
+    extra = sorted(set(layer_devices) - set(names))
+    if missing or extra:
+        raise RewriteError(
+            f"the plan does not match model {model.name!r}: layers missing from the plan "
+            f"{missing[:8]}{'...' if len(missing) > 8 else ''}, layers in the plan but not the "
+            f"model {extra[:8]}{'...' if len(extra) > 8 else ''}; make the plan for this model"
+        )
+    devices = [layer_devices[n] for n in names]
+    if _is_graph_model(model):
+        inner = _clone_graph_model(model, {id(u.operation): d for u, d in zip(units, devices)})
+    else:
+        inner = _rebuild_subclassed(model, units, devices, sample_inputs)
+    copy_units = placement_units(inner)
+    if [type(u.operation) for u in copy_units] != [type(u.operation) for u in units]:
+        raise RewriteError(
+            f"the copy of {model.name!r} has other layers than the original "
+            f"({len(copy_units)} vs {len(units)}); implement get_config/from_config"
+        )
+    moved = sum(_move_weights(c, u, d) for c, u, d in zip(copy_units, units, devices))
+    if moved != len(model.weights) or len(inner.weights) != len(model.weights):
+        # Weights outside every unit (a subclassed model's own add_weight) keep their value.
+        unit_ids = {id(w) for u in copy_units for w in getattr(u.operation, "weights", [])}
+        rest_new = [w for w in inner.weights if id(w) not in unit_ids]
+        unit_ids_old = {id(w) for u in units for w in getattr(u.operation, "weights", [])}
+        rest_old = [w for w in model.weights if id(w) not in unit_ids_old]
+        if [tuple(w.shape) for w in rest_new] != [tuple(w.shape) for w in rest_old]:
+            raise RewriteError(
+                f"the placed copy of {model.name!r} has {len(inner.weights)} weights, the "
+                f"original {len(model.weights)}; the model could not be copied faithfully"
+            )
+        for new, old in zip(rest_new, rest_old):
+            new.assign(old.numpy())
+    placed = PlacedModel(inner, dict(zip(names, devices)), name=f"{model.name}_placed")
+    placed(sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs))
+    if model.compiled:
+        try:
+            placed.compile_from_config(model.get_compile_config())
+        except Exception as exc:
+            logger.warning("could not copy the compile settings (%s); call compile()", exc)
+    return placed

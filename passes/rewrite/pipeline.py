@@ -1,0 +1,924 @@
+"""The pipeline rewrite: a plan's stages trained with micro-batches in GPipe or 1F1B order.
+
+``pipeline_model(model, layer_devices, num_microbatches=M, schedule=...)`` returns a
+:class:`PipelinedModel`: a placed copy of ``model`` (:func:`passes.rewrite.device_placement.place_model`
+makes it; weights, gradients and optimizer slots on the planned devices) whose ``train_step``
+splits each batch into ``M`` equal micro-batches, runs stage ``s`` of every micro-batch on the
+stage's device, accumulates the gradients over the micro-batches and applies one optimizer update
+per batch. ``predict``/``evaluate``/``call`` run the whole batch, as the placed model does.
+
+Schedules (``partitioner.core.ir.Schedule``):
+
+* GPipe (Y. Huang et al., "GPipe: Efficient Training of Giant Neural Networks using Pipeline
+  Parallelism", NeurIPS 2019): every stage runs the forwards of micro-batches ``0..M-1``, then the
+  backwards of ``M-1..0``.
+* 1F1B, PipeDream-Flush (D. Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training",
+  ICML 2021): stage ``s`` of ``S`` runs ``w = min(S - s - 1, M)`` warm-up forwards, then
+  alternates one forward and one backward (``F(w+i), B(i)``), then the remaining backwards, so at
+  most ``S - s`` micro-batches' activations are live on stage ``s``.
+
+Formulation. Stages are the plan's devices, ordered topologically by the dataflow between the
+layers on them (a device whose layers feed another device and are fed back by it is no pipeline
+and is refused). Let ``L = sum_m (b_m / B) * loss(x_m)`` with ``b_m = B / M`` the micro-batch size;
+for a loss that is a mean over the batch, ``L`` is the batch loss, so ``dL/dw`` is the batch
+gradient. Task ``F(s, m)`` evaluates stage ``s``'s layers on micro-batch ``m`` (and, on the last
+stage, the micro-batch's weighted loss). Task ``B(s, m)`` is ``tf.gradients`` of the stage's
+outputs (weighted by the upstream gradients) with respect to its inputs and its trainable
+variables, with the inputs as ``stop_gradients``; ``tf.gradients`` colocates each gradient op with
+its forward op, so the backward of a stage runs on its device. Variable gradients are summed over
+the micro-batches inside the ``B`` tasks, on the stage's device.
+
+Order. Within one ``tf.function`` the dataflow executor runs any op whose inputs are ready, so
+without help micro-batch ``m+1``'s forward overlaps micro-batch ``m``'s backward in whatever
+order the executor likes. Every task of a stage is therefore built inside
+``tf.control_dependencies([previous task of the same stage])``: every op of the task either gets
+that control input or consumes an op that has it, and TensorFlow's executor never starts an op
+before its control inputs finish, so the tasks of one device run one after another, in the
+schedule's order. ``docs/pipeline.md`` says what that does and does not guarantee (and why
+per-stage nested ``tf.function``s would not do it: a control edge on a call waits only for the
+callee's side effects).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from partitioner.core.errors import PlanError, RewriteError, UsageError
+from partitioner.core.ir import EventKind, Schedule
+from passes.rewrite.device_placement import PlacedModel, place_model
+from passes.trace import placement_units
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PipelineGradients",
+    "PipelineTask",
+    "PipelinedModel",
+    "TaskTiming",
+    "measure_task_times",
+    "pipeline_model",
+    "pipeline_order",
+    "pipeline_warnings",
+]
+
+_PIPELINE_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
+_NOT_DIVISIBLE = re.compile(r"batch size \d+ is not divisible by num_microbatches=\d+[^\n\]\"']*")
+
+
+# -- schedules (pure Python) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PipelineTask:
+    """One stage's forward or backward of one micro-batch."""
+
+    kind: EventKind
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{'F' if self.kind is EventKind.FORWARD else 'B'}{self.microbatch}"
+
+
+def pipeline_order(
+    schedule: Schedule, num_stages: int, num_microbatches: int
+) -> tuple[tuple[PipelineTask, ...], ...]:
+    """Each stage's tasks in the order the schedule runs them (see the module docstring)."""
+    _check_microbatches(num_microbatches)
+    if schedule not in _PIPELINE_SCHEDULES:
+        raise UsageError(
+            f"schedule {schedule.value!r} does not pipeline; use one of "
+            f"{', '.join(s.value for s in _PIPELINE_SCHEDULES)}"
+        )
+    if num_stages < 1:
+        raise UsageError(f"num_stages={num_stages} must be >= 1")
+    fwd, bwd = EventKind.FORWARD, EventKind.BACKWARD
+    orders = []
+    for s in range(num_stages):
+        tasks: list[PipelineTask] = []
+        if schedule is Schedule.GPIPE:
+            tasks += [PipelineTask(fwd, s, m) for m in range(num_microbatches)]
+            tasks += [PipelineTask(bwd, s, m) for m in reversed(range(num_microbatches))]
+        else:
+            warmup = min(num_stages - s - 1, num_microbatches)
+            tasks += [PipelineTask(fwd, s, m) for m in range(warmup)]
+            for i in range(num_microbatches - warmup):
+                tasks += [PipelineTask(fwd, s, warmup + i), PipelineTask(bwd, s, i)]
+            tasks += [
+                PipelineTask(bwd, s, m) for m in range(num_microbatches - warmup, num_microbatches)
+            ]
+        orders.append(tuple(tasks))
+    return tuple(orders)
+
+
+def _check_microbatches(num_microbatches: int) -> None:
+    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int):
+        raise UsageError(f"--microbatches must be an integer >= 1, got {num_microbatches!r}")
+    if num_microbatches < 1:
+        raise UsageError(
+            f"--microbatches must be >= 1, got {num_microbatches}; use 1 for no micro-batching "
+            "or e.g. 4 to split each batch into 4"
+        )
+
+
+# -- splitting a graph model into stages ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Stage:
+    device: str
+    nodes: tuple[Any, ...]
+    """Keras graph nodes of the stage, in execution order."""
+    input_ids: tuple[int, ...]
+    """ids of the symbolic tensors the stage reads from other stages or the model's inputs."""
+    output_ids: tuple[int, ...]
+    """ids of the symbolic tensors the stage produces for other stages or as model outputs."""
+    unit_names: tuple[str, ...]
+    variables: tuple[Any, ...]
+    """The trainable (Keras) variables of the stage's layers."""
+
+
+@dataclass(frozen=True)
+class _StageSplit:
+    functional: Any
+    stages: tuple[_Stage, ...]
+    producers: tuple[tuple[int, ...], ...]
+    """``producers[s]``: the stages whose ``F`` task ``F(s, m)`` needs (for the loss, too)."""
+    consumers: tuple[tuple[int, ...], ...]
+    """``consumers[s]``: the stages whose ``B`` task ``B(s, m)`` needs."""
+    output_ids: tuple[int, ...]
+    input_ids: tuple[int, ...]
+
+
+def _graph_of(model: keras.Model) -> Any:
+    from keras.src.models.functional import Functional
+
+    if isinstance(model, keras.Sequential):
+        functional = getattr(model, "_functional", None)
+        if functional is None:
+            raise RewriteError(
+                f"Sequential model {model.name!r} has no known input shape, so it cannot be split "
+                "into stages; start it with keras.Input(shape=...)"
+            )
+        return functional
+    if isinstance(model, Functional):
+        return model
+    raise RewriteError(
+        f"model {model.name!r} is a subclassed {type(model).__name__}: its call() cannot be split "
+        "into pipeline stages; build it with the functional API or Sequential, or drop --pipeline"
+    )
+
+
+def _execution_order(functional: Any) -> list[Any]:
+    order = []
+    for depth in sorted(functional._nodes_by_depth, reverse=True):
+        for node in functional._nodes_by_depth[depth]:
+            if node.operation is not None and not node.is_input:
+                order.append(node)
+    return order
+
+
+def _split(inner: keras.Model, device_of_unit: Mapping[int, str]) -> _StageSplit:
+    """Group the inner model's graph nodes by device and order the devices as stages."""
+    functional = _graph_of(inner)
+    nodes = _execution_order(functional)
+    node_device: list[str] = []
+    for node in nodes:
+        op = functional._get_operation_for_node(node)
+        device = device_of_unit.get(id(op))
+        if device is None and isinstance(op, keras.Model):
+            devices = {device_of_unit.get(id(u.operation)) for u in placement_units(op)}
+            if len(devices) != 1 or None in devices:
+                raise RewriteError(
+                    f"nested model {op.name!r} has layers on {sorted(str(d) for d in devices)}; "
+                    "a pipeline stage cannot split a nested model: put its layers on one device "
+                    "or flatten it into the outer model"
+                )
+            device = devices.pop()
+        if device is None:
+            raise RewriteError(
+                f"layer {op.name!r} of {inner.name!r} has no device in the plan; make the plan "
+                "for this model"
+            )
+        node_device.append(device)
+
+    input_ids = tuple(id(t) for t in functional.inputs)
+    output_ids = tuple(id(t) for t in functional.outputs)
+    producer_device: dict[int, str] = {}
+    for node, device in zip(nodes, node_device):
+        for t in node.outputs:
+            producer_device[id(t)] = device
+
+    # devices in first-appearance order, then a topological order of the device graph
+    first_seen: dict[str, int] = {}
+    for device in node_device:
+        first_seen.setdefault(device, len(first_seen))
+    edges: dict[str, set[str]] = {d: set() for d in first_seen}
+    witness: dict[tuple[str, str], str] = {}
+    for node, device in zip(nodes, node_device):
+        for t in node.input_tensors:
+            src = producer_device.get(id(t))
+            if src is not None and src != device:
+                edges[src].add(device)
+                witness.setdefault((src, device), node.operation.name)
+    indegree = {d: 0 for d in first_seen}
+    for src in edges:
+        for dst in edges[src]:
+            indegree[dst] += 1
+    ready = [(first_seen[d], d) for d, k in indegree.items() if k == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        _, d = heapq.heappop(ready)
+        order.append(d)
+        for dst in edges[d]:
+            indegree[dst] -= 1
+            if indegree[dst] == 0:
+                heapq.heappush(ready, (first_seen[dst], dst))
+    if len(order) != len(first_seen):
+        cycle = _find_cycle([d for d in first_seen if d not in order], edges)
+        hops = ", ".join(
+            f"{a} -> {b} (at layer {witness[(a, b)]!r})" for a, b in itertools.pairwise(cycle)
+        )
+        raise RewriteError(
+            f"the plan is not a pipeline: its devices feed each other in a cycle: {hops}; "
+            "pipeline stages must follow the dataflow: replan with a contiguous solver "
+            "(--solver dp, time or even) or drop --pipeline"
+        )
+    stage_of_device = {d: k for k, d in enumerate(order)}
+
+    unit_names = {id(u.operation): u.name for u in placement_units(inner)}
+    stage_nodes: list[list[Any]] = [[] for _ in order]
+    stage_units: list[list[str]] = [[] for _ in order]
+    stage_vars: list[list[Any]] = [[] for _ in order]
+    seen_ops: set[int] = set()
+    for node, device in zip(nodes, node_device):
+        s = stage_of_device[device]
+        stage_nodes[s].append(node)
+        op = functional._get_operation_for_node(node)
+        if id(op) in seen_ops:
+            continue
+        seen_ops.add(id(op))
+        if isinstance(op, keras.Model):
+            stage_units[s] += [unit_names.get(id(u.operation), u.name) for u in placement_units(op)]
+        else:
+            stage_units[s].append(unit_names.get(id(op), op.name))
+        stage_vars[s] += list(getattr(op, "trainable_weights", []) or [])
+
+    consumed_by: dict[int, set[int]] = {}
+    stage_inputs: list[list[int]] = [[] for _ in order]
+    for node, device in zip(nodes, node_device):
+        s = stage_of_device[device]
+        for t in node.input_tensors:
+            src = producer_device.get(id(t))
+            if src is None or stage_of_device[src] != s:
+                if id(t) not in stage_inputs[s]:
+                    stage_inputs[s].append(id(t))
+                if src is not None:
+                    consumed_by.setdefault(id(t), set()).add(s)
+    last = len(order) - 1
+    stages = []
+    producers: list[set[int]] = [set() for _ in order]
+    consumers: list[set[int]] = [set() for _ in order]
+    for s, device in enumerate(order):
+        outs = []
+        for node in stage_nodes[s]:
+            for t in node.outputs:
+                if id(t) in consumed_by or id(t) in output_ids:
+                    if id(t) not in outs:
+                        outs.append(id(t))
+                for c in consumed_by.get(id(t), ()):
+                    producers[c].add(s)
+                    consumers[s].add(c)
+                if id(t) in output_ids and s != last:
+                    producers[last].add(s)
+                    consumers[s].add(last)
+        stages.append(
+            _Stage(
+                device=device,
+                nodes=tuple(stage_nodes[s]),
+                input_ids=tuple(stage_inputs[s]),
+                output_ids=tuple(outs),
+                unit_names=tuple(stage_units[s]),
+                variables=tuple(stage_vars[s]),
+            )
+        )
+    return _StageSplit(
+        functional=functional,
+        stages=tuple(stages),
+        producers=tuple(tuple(sorted(p)) for p in producers),
+        consumers=tuple(tuple(sorted(c)) for c in consumers),
+        output_ids=output_ids,
+        input_ids=input_ids,
+    )
+
+
+def _find_cycle(stuck: Sequence[str], edges: Mapping[str, set[str]]) -> list[str]:
+    """A cycle ``[d0, d1, ..., d0]`` among the ``stuck`` devices (those Kahn's sort left).
+
+    Every stuck device has a stuck predecessor, so walking predecessors must repeat one.
+    """
+    inside = set(stuck)
+    path = [stuck[0]]
+    position = {stuck[0]: 0}
+    while True:
+        prev = next(a for a in stuck if a in inside and path[-1] in edges[a])
+        if prev in position:
+            return list(reversed([*path[position[prev] :], prev]))
+        position[prev] = len(path)
+        path.append(prev)
+
+
+# -- exactness warnings -----------------------------------------------------------------------
+
+
+_RANDOM_RATES = ("rate", "dropout", "recurrent_dropout", "stddev")
+
+
+def _draws_randomness(layer: Any) -> bool:
+    """A layer with a seed generator draws random numbers in training unless every rate it has
+    (dropout, recurrent dropout, noise) is 0 -- an LSTM with no dropout is exact."""
+    if getattr(layer, "seed_generator", None) is None:
+        return False
+    rates = [
+        getattr(layer, a)
+        for a in _RANDOM_RATES
+        if isinstance(getattr(layer, a, None), (int, float))
+    ]
+    return not rates or any(r > 0 for r in rates)
+
+
+def _inexact_warnings(units: Sequence[Any], num_microbatches: int) -> tuple[str, ...]:
+    if num_microbatches == 1:
+        return ()
+    batch_stats: list[str] = []
+    random_layers: list[str] = []
+    activity: list[str] = []
+    for unit in units:
+        op = unit.operation
+        layers = (
+            op._flatten_layers(include_self=True, recursive=True)
+            if hasattr(op, "_flatten_layers")
+            else [op]
+        )
+        for layer in layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                batch_stats.append(layer.name)
+            if _draws_randomness(layer) and unit.name not in random_layers:
+                random_layers.append(unit.name)
+            if getattr(layer, "activity_regularizer", None) is not None:
+                activity.append(layer.name)
+    notes = []
+    if batch_stats:
+        notes.append(
+            f"BatchNormalization layers {batch_stats[:4]}{'...' if len(batch_stats) > 4 else ''} "
+            f"normalise each of the {num_microbatches} micro-batches with its own statistics and "
+            f"update their moving averages {num_microbatches} times per batch: gradients differ "
+            "from unpipelined training (use LayerNormalization or --microbatches 1 to be exact)"
+        )
+    if random_layers:
+        notes.append(
+            f"random layers {random_layers[:4]}{'...' if len(random_layers) > 4 else ''} draw "
+            "their masks per micro-batch, so their random streams differ from unpipelined "
+            "training (the expected gradient is the same)"
+        )
+    if activity:
+        notes.append(
+            f"activity regularizers on {activity[:4]} add a loss per micro-batch call; their "
+            "weighting differs from unpipelined training"
+        )
+    return tuple(notes)
+
+
+def pipeline_warnings(model: keras.Model, num_microbatches: int) -> tuple[str, ...]:
+    """Where pipelining ``model`` with ``num_microbatches`` is not exact (for ``Plan.warnings``)."""
+    _check_microbatches(num_microbatches)
+    return _inexact_warnings(placement_units(model), num_microbatches)
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PipelineGradients:
+    """What one pipelined batch computes (graph tensors; see ``PipelinedModel.pipeline_gradients``)."""
+
+    loss: Any
+    """The batch loss: the micro-batch losses weighted by micro-batch size / batch size."""
+    y_pred: Any
+    """The model's outputs for the whole batch (micro-batch outputs concatenated)."""
+    gradients: tuple[Any, ...]
+    """Gradients of ``loss`` for ``trainable_weights``, in that order (``None`` where unused)."""
+    timestamps: tuple[tuple[PipelineTask, Any, Any], ...] = ()
+    """``(task, start, end)`` wall-clock timestamps, only when measured."""
+
+
+@dataclass(frozen=True)
+class TaskTiming:
+    """When one task ran, in seconds from the earliest task start of the measured step."""
+
+    task: PipelineTask
+    device: str
+    start_s: float
+    end_s: float
+
+
+class PipelinedModel(PlacedModel):
+    """A placed model whose training step pipelines micro-batches; see the module docstring."""
+
+    def __init__(
+        self,
+        inner: keras.Model,
+        layer_devices: Mapping[str, str] | None = None,
+        *,
+        num_microbatches: int = 1,
+        schedule: Schedule = Schedule.ONE_F_ONE_B,
+        enforce_order: bool = True,
+        warnings: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(inner, layer_devices, **kwargs)
+        _check_microbatches(num_microbatches)
+        device_of_unit = {
+            id(u.operation): d
+            for u, d in zip(placement_units(inner), (layer_devices or {}).values())
+        }
+        split = _split(inner, device_of_unit)
+        order = pipeline_order(schedule, len(split.stages), num_microbatches)
+        object.__setattr__(self, "_split", split)
+        object.__setattr__(self, "_order", order)
+        self.num_microbatches = num_microbatches
+        self.schedule = schedule
+        self.enforce_order = enforce_order
+        self._warnings = tuple(warnings)
+
+    # -- facts ----------------------------------------------------------------------------------
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Where micro-batched training is not exactly the unpipelined training (one line each)."""
+        return self._warnings
+
+    @property
+    def stage_devices(self) -> tuple[str, ...]:
+        """The device of each stage, in dataflow order."""
+        return tuple(s.device for s in self._split.stages)
+
+    @property
+    def stage_layers(self) -> tuple[tuple[str, ...], ...]:
+        """The placement units (layer names) of each stage."""
+        return tuple(s.unit_names for s in self._split.stages)
+
+    @property
+    def task_order(self) -> tuple[tuple[PipelineTask, ...], ...]:
+        """Each stage's tasks in the enforced order."""
+        return self._order
+
+    @property
+    def output_device(self) -> str | None:
+        return self._split.stages[-1].device
+
+    # -- one pipelined batch --------------------------------------------------------------------
+
+    def _split_batch(self, x: Any, y: Any, sample_weight: Any) -> tuple[list[Any], ...]:
+        from keras.src import tree
+
+        flat_x = [t for t in tree.flatten(x) if t is not None]
+        if not flat_x:
+            raise RewriteError("pipelined training needs input data (x is empty)")
+        m = self.num_microbatches
+        first = tf.convert_to_tensor(flat_x[0])
+        static = first.shape[0]
+        checks = []
+        if static is not None:
+            if static % m:
+                raise UsageError(_not_divisible_message(int(static), m))
+        else:
+            batch = tf.shape(first)[0]
+            checks.append(
+                tf.debugging.Assert(
+                    tf.equal(tf.math.floormod(batch, m), 0),
+                    [tf.strings.format(_not_divisible_message("{}", m), batch)],
+                )
+            )
+
+        def pieces(structure: Any) -> list[Any]:
+            if structure is None:
+                return [None] * m
+            leaves = tree.flatten(structure)
+            with tf.control_dependencies(checks):
+                parts = [
+                    None if t is None else tf.split(tf.convert_to_tensor(t), m, axis=0)
+                    for t in leaves
+                ]
+            return [
+                tree.pack_sequence_as(structure, [None if p is None else p[k] for p in parts])
+                for k in range(m)
+            ]
+
+        return pieces(x), pieces(y), pieces(sample_weight)
+
+    def _microbatch_loss_weight(self, weighted: bool) -> float:
+        """What each micro-batch's loss is multiplied by so that they add up to the batch loss.
+
+        A mean over the batch (Keras's default reduction, ``sum_over_batch_size``) is the
+        average of the micro-batch means: weight ``1/M``; a ``sum`` is the sum of the sums.
+        """
+        from keras.src import tree
+
+        losses = (
+            [self.loss] if isinstance(self.loss, keras.losses.Loss) else tree.flatten(self.loss)
+        )
+        reductions = {
+            str(getattr(loss, "reduction", "sum_over_batch_size")) for loss in losses if loss
+        } or {"sum_over_batch_size"}
+        if reductions == {"sum"}:
+            return 1.0
+        if "sum" in reductions:
+            raise RewriteError(
+                f"the losses' reductions {sorted(reductions)} mix sums and means over the batch; "
+                "pipelining weights every micro-batch's loss alike: use one kind for all outputs"
+            )
+        if weighted and "mean_with_sample_weight" in reductions:
+            logger.warning(
+                "a loss with reduction 'mean_with_sample_weight' divides by each micro-batch's "
+                "sum of sample weights: pipelined gradients are exact only when every "
+                "micro-batch's weights add up alike"
+            )
+        return 1.0 / self.num_microbatches
+
+    def pipeline_gradients(
+        self, x: Any, y: Any = None, sample_weight: Any = None, *, measure: bool = False
+    ) -> PipelineGradients:
+        """The batch loss, outputs and gradients, computed stage by stage in the schedule's order.
+
+        Only valid inside a ``tf.function`` (``fit`` traces ``train_step`` into one). With
+        ``measure=True`` each task also records ``tf.timestamp()`` at its start and end.
+        """
+        if tf.executing_eagerly():
+            raise RewriteError(
+                "pipelined training builds a graph (tf.gradients and control dependencies); do not "
+                "compile with run_eagerly=True, and call pipeline_gradients inside tf.function"
+            )
+        from keras.src import tree
+        from keras.src.models.functional import operation_fn
+
+        split = self._split
+        stages = split.stages
+        num_stages = len(stages)
+        m_count = self.num_microbatches
+        xs, ys, sws = self._split_batch(x, y, sample_weight)
+        weight = self._microbatch_loss_weight(sample_weight is not None)
+        all_vars = list(self.trainable_weights)
+        var_index = {id(v): k for k, v in enumerate(all_vars)}
+        accumulated: list[Any] = [None] * len(all_vars)
+
+        values: list[dict[int, Any]] = []
+        for m in range(m_count):
+            flat_inputs = split.functional._standardize_inputs(xs[m])
+            values.append(dict(zip(split.input_ids, flat_inputs)))
+        y_pred: list[Any] = [None] * m_count
+        losses: list[Any] = [None] * m_count
+        # upstream[m][symbolic tensor id]: gradients flowing into it from later stages / the loss
+        upstream: list[dict[int, list[Any]]] = [{} for _ in range(m_count)]
+        done: set[PipelineTask] = set()
+        handle: list[Any] = [None] * num_stages
+        stamps: list[tuple[PipelineTask, Any, Any]] = []
+
+        def ready(task: PipelineTask) -> bool:
+            fwd = EventKind.FORWARD
+            if task.kind is fwd:
+                return all(
+                    PipelineTask(fwd, p, task.microbatch) in done
+                    for p in split.producers[task.stage]
+                )
+            return PipelineTask(fwd, task.stage, task.microbatch) in done and all(
+                PipelineTask(EventKind.BACKWARD, c, task.microbatch) in done
+                for c in split.consumers[task.stage]
+            )
+
+        def forward(stage: _Stage, s: int, m: int) -> list[Any]:
+            vals = values[m]
+            for node in stage.nodes:
+                args, kwargs = node.arguments.fill_in(vals)
+                op = split.functional._get_operation_for_node(node)
+                outputs = operation_fn(op, training=True)(*args, **kwargs)
+                for ref, value in zip(node.outputs, tree.flatten(outputs)):
+                    vals[id(ref)] = value
+            produced = [vals[i] for i in stage.output_ids]
+            if s == num_stages - 1:
+                outs = [vals[i] for i in split.output_ids]
+                pred = tree.pack_sequence_as(split.functional._outputs_struct, outs)
+                if isinstance(pred, (list, tuple)) and len(pred) == 1:
+                    pred = pred[0]
+                y_pred[m] = pred
+                loss = self._compute_loss(
+                    x=xs[m], y=ys[m], y_pred=pred, sample_weight=sws[m], training=True
+                )
+                losses[m] = loss * weight
+                produced.append(losses[m])
+            return produced
+
+        def backward(stage: _Stage, s: int, m: int) -> list[Any]:
+            vals = values[m]
+            grads_in = upstream[m]
+            produced: list[Any] = []
+            if s == num_stages - 1:
+                scaled = losses[m]
+                if self.optimizer is not None:
+                    scaled = self.optimizer.scale_loss(scaled)
+                outs = [(i, vals[i]) for i in split.output_ids if vals[i].dtype.is_floating]
+                out_tensors = [t for _, t in outs]
+                # the loss's own gradient for the outputs, and for any variable it reads directly
+                # (weight regularizers); the outputs stop it from reaching into the model
+                grads = tf.gradients(
+                    scaled, out_tensors + [v.value for v in all_vars], stop_gradients=out_tensors
+                )
+                for (i, _), g in zip(outs, grads[: len(outs)]):
+                    if g is not None:
+                        grads_in.setdefault(i, []).append(g)
+                produced += _accumulate(all_vars, grads[len(outs) :])
+            targets: list[Any] = []
+            grad_ys: list[Any] = []
+            for i in stage.output_ids:
+                incoming = grads_in.get(i, [])
+                if incoming and vals[i].dtype.is_floating:
+                    targets.append(vals[i])
+                    grad_ys.append(incoming[0] if len(incoming) == 1 else tf.add_n(incoming))
+            if not targets:
+                return produced
+            input_ids = [
+                i for i in stage.input_ids if i not in split.input_ids and vals[i].dtype.is_floating
+            ]
+            inputs = [vals[i] for i in input_ids]
+            grads = tf.gradients(
+                targets,
+                inputs + [v.value for v in stage.variables],
+                grad_ys=grad_ys,
+                stop_gradients=inputs,
+            )
+            for i, g in zip(input_ids, grads[: len(inputs)]):
+                if g is not None:
+                    grads_in.setdefault(i, []).append(g)
+                    produced.append(g)
+            produced += _accumulate(list(stage.variables), grads[len(inputs) :])
+            return produced
+
+        def _accumulate(variables: Sequence[Any], grads: Sequence[Any]) -> list[Any]:
+            made = []
+            for v, g in zip(variables, grads):
+                if g is None:
+                    continue
+                if isinstance(g, tf.IndexedSlices):
+                    g = tf.convert_to_tensor(g)
+                k = var_index[id(v)]
+                accumulated[k] = g if accumulated[k] is None else accumulated[k] + g
+                made.append(accumulated[k])
+            return made
+
+        queues = [list(tasks) for tasks in self._order]
+        while any(queues):
+            progressed = False
+            for s in range(num_stages):
+                if not queues[s] or not ready(queues[s][0]):
+                    continue
+                task = queues[s].pop(0)
+                stage = stages[s]
+                deps: list[Any] = []
+                if self.enforce_order and handle[s] is not None:
+                    deps.append(handle[s])
+                with tf.device(stage.device), tf.name_scope(_task_scope(task)):
+                    start = None
+                    if measure:
+                        data_in = _task_inputs(task, stage, values, upstream)
+                        with tf.control_dependencies(deps + data_in):
+                            start = _independent_timestamp()
+                        deps = [start]
+                    with tf.control_dependencies(deps):
+                        if task.kind is EventKind.FORWARD:
+                            produced = forward(stage, s, task.microbatch)
+                        else:
+                            produced = backward(stage, s, task.microbatch)
+                        produced = [p for p in produced if p is not None]
+                    with tf.control_dependencies(produced):
+                        end = _independent_timestamp() if measure else tf.no_op(name="done")
+                if measure:
+                    stamps.append((task, start, end))
+                handle[s] = end
+                done.add(task)
+                progressed = True
+            if not progressed:  # pragma: no cover - the schedules are deadlock-free
+                heads = [str(q[0]) for q in queues if q]
+                raise RewriteError(f"pipeline schedule deadlocks at tasks {heads}")
+
+        with tf.device(self.output_device):
+            loss = tf.add_n(losses) if len(losses) > 1 else losses[0]
+            flat = [tree.flatten(p) for p in y_pred]
+            joined = [tf.concat(list(parts), axis=0) for parts in zip(*flat)]
+            y_full = tree.pack_sequence_as(y_pred[0], joined)
+        return PipelineGradients(
+            loss=loss, y_pred=y_full, gradients=tuple(accumulated), timestamps=tuple(stamps)
+        )
+
+    def train_step(self, data: Any) -> Any:
+        from keras.src import tree
+        from keras.src.losses import loss as loss_module
+
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        result = self.pipeline_gradients(x, y, sample_weight)
+        self._loss_tracker.update_state(
+            loss_module.unscale_loss_for_distribution(result.loss),
+            sample_weight=tf.shape(next(i for i in tree.flatten(x) if i is not None))[0],
+        )
+        if self.trainable_weights:
+            self._apply_gradients(list(zip(result.gradients, self.trainable_weights)))
+        with tf.device(self.output_device):
+            return self.compute_metrics(x, y, result.y_pred, sample_weight=sample_weight)
+
+    def _apply_gradients(self, grads_and_vars: list[tuple[Any, Any]]) -> None:
+        """One optimizer update, each variable's on its own device, and nothing elsewhere.
+
+        In a replica context, Keras's TensorFlow optimizer first "all-reduces" the gradients over
+        the replicas; with no ``tf.distribute`` strategy that is one ``IdentityN`` of *every*
+        gradient, an op with no device, which TensorFlow places on the client's device: on a
+        cluster every gradient then travels to the client and back before its update (measured
+        on ``benchmarks.cluster_pipeline``: 8 x 4 MiB of gradients each way per step). With no
+        strategy there is one replica and nothing to reduce, so the update runs in the default
+        strategy's cross-replica context (``merge_call``), where Keras skips the reduction.
+        """
+        replica = tf.distribute.get_replica_context()
+        if replica is None or tf.distribute.has_strategy():
+            self.optimizer.apply_gradients(grads_and_vars)
+            return
+        replica.merge_call(lambda _strategy: self.optimizer.apply_gradients(grads_and_vars))
+
+    # -- clean errors for a batch that does not split -------------------------------------------
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        with _batch_errors():
+            return super().fit(*args, **kwargs)
+
+    def train_on_batch(self, *args: Any, **kwargs: Any) -> Any:
+        with _batch_errors():
+            return super().train_on_batch(*args, **kwargs)
+
+
+def _task_scope(task: PipelineTask) -> str:
+    """The name scope of a task's ops (``stage1_F0``); its end marker is ``<scope>/done``."""
+    return f"stage{task.stage}_{task}"
+
+
+def _independent_timestamp() -> Any:
+    """``tf.timestamp()`` left out of ``tf.function``'s automatic control dependencies.
+
+    Automatic control dependencies chain every stateful op that takes no resource (Timestamp,
+    Print, Assert) in program order across the whole function; left in, the probes would
+    serialise the stages they measure.
+    """
+    stamp = tf.timestamp()
+    manager = getattr(stamp.graph, "experimental_acd_manager", None)
+    if manager is not None:
+        manager.run_independently(stamp.op)
+    else:  # pragma: no cover - depends on the TensorFlow version
+        logger.warning("cannot exempt timestamps from automatic control dependencies")
+    return stamp
+
+
+def _not_divisible_message(batch: int | str, num_microbatches: int) -> str:
+    return (
+        f"batch size {batch} is not divisible by num_microbatches={num_microbatches}: each batch "
+        f"is split into {num_microbatches} equal micro-batches; use a batch size (and a dataset "
+        f"length) that is a multiple of {num_microbatches}, or another --microbatches"
+    )
+
+
+@contextlib.contextmanager
+def _batch_errors() -> Iterator[None]:
+    """Turn the runtime batch-size assertion into the one-line :class:`UsageError`."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as exc:
+        found = _NOT_DIVISIBLE.search(str(exc))
+        if found is None:
+            raise
+        raise UsageError(found.group(0).strip()) from None
+
+
+def _task_inputs(
+    task: PipelineTask,
+    stage: _Stage,
+    values: Sequence[Mapping[int, Any]],
+    upstream: Sequence[Mapping[int, Sequence[Any]]],
+) -> list[Any]:
+    """The data a task waits for (for its start timestamp)."""
+    vals = values[task.microbatch]
+    if task.kind is EventKind.FORWARD:
+        return [vals[i] for i in stage.input_ids]
+    grads = upstream[task.microbatch]
+    found = [g for i in stage.output_ids for g in grads.get(i, [])]
+    return found or [vals[i] for i in stage.output_ids]
+
+
+# -- building ---------------------------------------------------------------------------------
+
+
+def pipeline_model(
+    model: keras.Model,
+    layer_devices: Mapping[str, str],
+    *,
+    num_microbatches: int,
+    schedule: Schedule,
+    sample_inputs: Sequence[Any],
+    stage_devices: Sequence[str] | None = None,
+    enforce_order: bool = True,
+) -> PipelinedModel:
+    """A pipelined copy of ``model`` with each placement unit on ``layer_devices[unit name]``.
+
+    Stages are the distinct devices of ``layer_devices`` in dataflow order; ``stage_devices``
+    (the plan's stage order as device strings), when given, must be that order. ``sample_inputs``
+    (one array per model input, any batch size) builds the copy. ``enforce_order=False`` leaves
+    the order of the tasks to TensorFlow's executor (for measurements). The original model is
+    never modified.
+    """
+    _check_microbatches(num_microbatches)
+    if not isinstance(schedule, Schedule) or schedule not in _PIPELINE_SCHEDULES:
+        shown = schedule.value if isinstance(schedule, Schedule) else repr(schedule)
+        raise UsageError(
+            f"--schedule {shown} does not pipeline; use --schedule "
+            f"{' or '.join(s.value for s in _PIPELINE_SCHEDULES)}, or drop --pipeline"
+        )
+    devices = list(dict.fromkeys(layer_devices.values()))
+    if len(devices) < 2:
+        raise PlanError(
+            f"plan has no stages: every layer is on {devices[0] if devices else 'no device'}; "
+            "plan for >= 2 devices or drop --pipeline"
+        )
+    placed = place_model(model, layer_devices, sample_inputs)
+    units = placement_units(model)
+    warnings = _inexact_warnings(units, num_microbatches)
+    pipelined = PipelinedModel(
+        placed.inner,
+        placed.layer_devices,
+        num_microbatches=num_microbatches,
+        schedule=schedule,
+        enforce_order=enforce_order,
+        warnings=warnings,
+        name=f"{model.name}_pipelined",
+    )
+    if stage_devices is not None and tuple(stage_devices) != pipelined.stage_devices:
+        raise PlanError(
+            f"the plan's stage order {list(stage_devices)} is not the dataflow order of "
+            f"{model.name!r}'s layers on those devices {list(pipelined.stage_devices)}; "
+            "replan for this model"
+        )
+    pipelined(sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs))
+    if model.compiled:
+        try:
+            pipelined.compile_from_config(model.get_compile_config())
+        except Exception as exc:
+            logger.warning("could not copy the compile settings (%s); call compile()", exc)
+    for line in warnings:
+        logger.warning("pipeline of %r: %s", model.name, line)
+    return pipelined
+
+
+def measure_task_times(
+    pipelined: PipelinedModel, x: Any, y: Any = None, sample_weight: Any = None
+) -> tuple[TaskTiming, ...]:
+    """Run one pipelined forward+backward (no update) and say when each task started and ended.
+
+    Times come from ``tf.timestamp()`` ops inside the graph: a task's start stamp runs once its
+    inputs (and, with the order enforced, the previous task of its stage) are done, and its end
+    stamp once its outputs are. Sorted by start time.
+    """
+
+    built: list[PipelineTask] = []
+
+    @tf.function(autograph=False)
+    def step(x: Any, y: Any, sample_weight: Any) -> Any:
+        result = pipelined.pipeline_gradients(x, y, sample_weight, measure=True)
+        built[:] = [task for task, _, _ in result.timestamps]
+        stamps = [(start, end) for _, start, end in result.timestamps]
+        # The loss and the gradients are returned so that the tasks' work is done: Grappler
+        # turns computation read only through control edges (the end stamps') into NoOps.
+        computed = [result.loss, *(g for g in result.gradients if g is not None)]
+        return stamps, computed
+
+    with _batch_errors():
+        stamps, _ = step(x, y, sample_weight)
+    t0 = min(float(s) for s, _ in stamps)
+    timings = [
+        TaskTiming(task, pipelined.stage_devices[task.stage], float(s) - t0, float(e) - t0)
+        for task, (s, e) in zip(built, stamps)
+    ]
+    return tuple(sorted(timings, key=lambda t: (t.start_s, t.end_s)))
