@@ -208,8 +208,8 @@ class Plan:
         with one line within ``step_timeout_s`` (the plan and the original model unchanged).
         """
         # The one sanctioned call from the plan to a later stage: the rewrite lives in
-        # passes.rewrite.apply; this method is the user's spelling of it (ARCHITECTURE.md).
-        from passes.rewrite.apply import apply_plan
+        # passes.apply; this method is the user's spelling of it (ARCHITECTURE.md).
+        from passes.apply import apply_plan
 
         return apply_plan(
             self, model, devices, cluster=cluster, timeout_s=timeout_s, step_timeout_s=step_timeout_s

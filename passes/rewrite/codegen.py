@@ -784,6 +784,58 @@ def _input_name(tensor: Any) -> str:
     return str(getattr(operation, "name", None) or tensor.name)
 
 
+def _check_weight_order(model: Any, units: Sequence[Unit], made: Mapping[str, str]) -> None:
+    """The copy's weights come in the units' order; it must be the original's."""
+    order = [
+        id(w) for u in units if u.name in made for w in getattr(u.operation, "weights", None) or []
+    ]
+    if order != [id(w) for w in model.weights]:
+        raise RewriteError(
+            f"model {model.name!r}: its weight order differs from its layers' order, so "
+            "set_weights could not load the emitted copy; emitted code cannot keep it"
+        )
+
+
+def _make_layers_lines(made: Mapping[str, str]) -> list[str]:
+    """``make_layers()``: every layer of the copy, keyed by its DEVICES name."""
+    body = ["def make_layers() -> dict[str, Any]:"]
+    body.append(
+        f'{INDENT}"""The layers (and ops) of the model, keyed by DEVICES name, in the original\'s'
+    )
+    body.append(f"{INDENT}weight order: load_original_weights (set_weights) relies on that order.")
+    body.append(f'{INDENT}"""')
+    if made:
+        body.append(f"{INDENT}return {{")
+        for unit, source in made.items():
+            body.append(f"{INDENT * 2}{_flat_literal(unit)}: {source},")
+        body.append(f"{INDENT}}}")
+    else:
+        body.append(f"{INDENT}return {{}}")
+    return [*body, "", ""]
+
+
+def _placed_model_lines(call_lines: Sequence[str], result: str) -> list[str]:
+    """``class PlacedModel``: its ``call`` replays the graph (``call_lines``), each layer under
+    its device."""
+    body = ["class PlacedModel(keras.Model):"]
+    body.append(
+        f'{INDENT}"""The original graph, each layer called under tf.device(DEVICES[<layer>]).'
+    )
+    body.append("")
+    body.append(f"{INDENT}Build it with build_model(): it creates every variable on its device.")
+    body.append(f'{INDENT}"""')
+    body.append("")
+    body.append(f"{INDENT}def __init__(self, **kwargs: Any) -> None:")
+    body.append(f"{INDENT * 2}super().__init__(**kwargs)")
+    body.append(f"{INDENT * 2}self.placed_layers = make_layers()")
+    body.append("")
+    body.append(f"{INDENT}def call(self, inputs: Any, training: bool | None = None) -> Any:")
+    body.append(f"{INDENT * 2}layers = self.placed_layers")
+    body += [f"{INDENT * 2}{line}" if line else "" for line in call_lines]
+    body.append(f"{INDENT * 2}return {result}")
+    return body
+
+
 def _graph_module_body(
     model: Any,
     units: Sequence[Unit],
@@ -800,51 +852,9 @@ def _graph_module_body(
     if isinstance(graph._outputs_struct, (list, tuple)) and len(graph._outputs_struct) == 1:
         result = outputs[0]
 
-    # Weights: the copy's order is the units' order; it must be the original's.
-    order = [
-        id(w)
-        for u in units
-        if u.name in writer.made
-        for w in getattr(u.operation, "weights", None) or []
-    ]
-    if order != [id(w) for w in model.weights]:
-        raise RewriteError(
-            f"model {model.name!r}: its weight order differs from its layers' order, so "
-            "set_weights could not load the emitted copy; emitted code cannot keep it"
-        )
-
-    body: list[str] = []
-    body.append("def make_layers() -> dict[str, Any]:")
-    body.append(
-        f'{INDENT}"""The layers (and ops) of the model, keyed by DEVICES name, in the original\'s'
-    )
-    body.append(f"{INDENT}weight order: load_original_weights (set_weights) relies on that order.")
-    body.append(f'{INDENT}"""')
-    if writer.made:
-        body.append(f"{INDENT}return {{")
-        for unit, source in writer.made.items():
-            body.append(f"{INDENT * 2}{_flat_literal(unit)}: {source},")
-        body.append(f"{INDENT}}}")
-    else:
-        body.append(f"{INDENT}return {{}}")
-    body += ["", ""]
-    body.append("class PlacedModel(keras.Model):")
-    body.append(
-        f'{INDENT}"""The original graph, each layer called under tf.device(DEVICES[<layer>]).'
-    )
-    body.append("")
-    body.append(f"{INDENT}Build it with build_model(): it creates every variable on its device.")
-    body.append(f'{INDENT}"""')
-    body.append("")
-    body.append(f"{INDENT}def __init__(self, **kwargs: Any) -> None:")
-    body.append(f"{INDENT * 2}super().__init__(**kwargs)")
-    body.append(f"{INDENT * 2}self.placed_layers = make_layers()")
-    body.append("")
-    body.append(f"{INDENT}def call(self, inputs: Any, training: bool | None = None) -> Any:")
-    body.append(f"{INDENT * 2}layers = self.placed_layers")
-    body += [f"{INDENT * 2}{line}" if line else "" for line in input_lines]
-    body += [f"{INDENT * 2}{line}" if line else "" for line in writer.lines]
-    body.append(f"{INDENT * 2}return {result}")
+    _check_weight_order(model, units, writer.made)
+    body = _make_layers_lines(writer.made)
+    body += _placed_model_lines([*input_lines, *writer.lines], result)
     return body, sorted(emitter.imports)
 
 
@@ -1098,6 +1108,45 @@ def load_original_weights(model: keras.Model, original: Any) -> None:
     model.set_weights(weights)'''
 
 
+def _import_lines(graph_model: bool, loads_source: bool, imports: Sequence[str]) -> list[str]:
+    """The emitted module's imports: the standard library it uses, Keras, NumPy, TensorFlow and
+    the modules of the model's own layer classes."""
+    standard = ["import os"]
+    if loads_source:
+        standard = ["import importlib.util", "import os", "import sys"]
+    if not graph_model:
+        standard = ["import functools", *standard]
+    lines = ["", "from __future__ import annotations", ""]
+    lines += [*standard, "from typing import Any", "", "import keras", "import numpy as np"]
+    lines += ["import tensorflow as tf"]
+    lines += [f"import {m}" for m in imports]
+    return lines
+
+
+def _source_lines(model: keras.Model, emitter: _Emitter) -> list[str]:
+    """``MODEL_SOURCE``: the file the emitted module loads the model's own classes from."""
+    if emitter.model_source is None:
+        raise RewriteError(
+            f"model {model.name!r}: cannot tell which file defines its classes; pass "
+            "model_source= (the model's .py file)"
+        )
+    return [
+        "# The file that defines the model's own classes; edit the path if the file moves.",
+        f"MODEL_SOURCE = {_flat_literal(str(emitter.model_source))}",
+        "",
+    ]
+
+
+def _subclassed_config_lines(model: keras.Model) -> list[str]:
+    """``MODEL_CLASS`` and ``MODEL_CONFIG``, from which a subclassed model is rebuilt."""
+    return [
+        f"MODEL_CLASS = {_flat_literal(type(model).__qualname__)}",
+        "# The model's get_config(): build_model() rebuilds it with MODEL_CLASS.from_config.",
+        f"MODEL_CONFIG = {_literal(model.get_config(), 0)}",
+        "",
+    ]
+
+
 def emit_placed_module(
     model: keras.Model,
     layer_devices: Mapping[str, str],
@@ -1129,41 +1178,19 @@ def emit_placed_module(
     else:
         body, imports = [], []
         _subclassed_checks(model, emitter)
+    loads_source = emitter.uses_source or not graph_model
     lines = _header(model, layer_devices, stages, graph_model)
-    lines += ["", "from __future__ import annotations", ""]
-    standard = ["import os"]
-    if emitter.uses_source or not graph_model:
-        standard = ["import importlib.util", "import os", "import sys"]
-    if not graph_model:
-        standard = ["import functools", *standard]
-    lines += [*standard, "from typing import Any", "", "import keras", "import numpy as np"]
-    lines += ["import tensorflow as tf"]
-    lines += [f"import {m}" for m in imports]
+    lines += _import_lines(graph_model, loads_source, imports)
     lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}", ""]
-    if emitter.uses_source or not graph_model:
-        if emitter.model_source is None:
-            raise RewriteError(
-                f"model {model.name!r}: cannot tell which file defines its classes; pass "
-                "model_source= (the model's .py file)"
-            )
-        lines += [
-            "# The file that defines the model's own classes; edit the path if the file moves.",
-            f"MODEL_SOURCE = {_flat_literal(str(emitter.model_source))}",
-            "",
-        ]
+    if loads_source:
+        lines += _source_lines(model, emitter)
     if not graph_model:
-        config = model.get_config()
-        lines += [
-            f"MODEL_CLASS = {_flat_literal(type(model).__qualname__)}",
-            "# The model's get_config(): build_model() rebuilds it with MODEL_CLASS.from_config.",
-            f"MODEL_CONFIG = {_literal(config, 0)}",
-            "",
-        ]
+        lines += _subclassed_config_lines(model)
     lines += [*_devices_lines(units, layer_devices, graph_model), ""]
     lines += [*_stages_lines(stages), ""]
     lines += _sample_lines(model, input_shape, graph_model)
     text = "\n".join(lines)
-    if emitter.uses_source or not graph_model:
+    if loads_source:
         text += "\n" + _SOURCE_LOADER
     text += "\n" + _SAMPLE_FUNCTION
     if graph_model:
