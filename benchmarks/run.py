@@ -33,8 +33,9 @@ and simulator, not measured):
 * ``solve_s``: the solver's wall time on this machine.
 
 The summary block, per (model, devices, topology): ``auto``'s pipelined time against the best
-*baseline* (every registered solver but ``auto`` and ``ilp``), against ``ilp`` run on its own, and
-its gain over ``even`` (``1 - auto / even``). The average gain over ``even`` is given at 4 and 8
+*baseline* (every registered solver that ignores the time limit,
+:func:`partitioner.solvers.fast_solver_names`: all but ``auto`` and ``ilp``), against ``ilp`` run
+on its own, and its gain over ``even`` (``1 - auto / even``). The average gain over ``even`` is given at 4 and 8
 devices for every model (every ``auto`` plan there spreads the model over all devices: the
 groups where model parallelism is used) and, separately, for the groups where the model does not
 fit one device (``single`` infeasible: where model parallelism is *needed* for memory).
@@ -78,7 +79,7 @@ from partitioner.core.ir import CostedGraph, Graph, Schedule
 from partitioner.simulation.bounds import costed_lower_bounds
 from partitioner.simulation.evaluate import evaluate
 from partitioner.simulation.pipeline import simulate_pipeline
-from partitioner.solvers import get_solver, solver_names
+from partitioner.solvers import SOLVERS, fast_solver_names, get_solver, solver_names
 from partitioner.solvers.ilp import throughput_objective_s
 
 __all__ = [
@@ -108,28 +109,10 @@ TOLERANCE = 1e-9
 """Relative slack when comparing two predicted times (float noise, not a margin)."""
 MEASURED_STATUS = "measured"
 
-BASELINE_DESCRIPTIONS: tuple[tuple[str, str], ...] = (
-    ("single", "everything on one device: no model parallelism (infeasible when it does not fit)"),
-    ("even", "contiguous layers split evenly by count: the split an expert writes by hand"),
-    ("round-robin", "layer k on device k mod N"),
-    (
-        "params",
-        "contiguous blocks balanced by parameter memory: DeepSpeed's `partition_method='parameters'`",
-    ),
-    ("time", "contiguous blocks balanced by compute time: torchgpipe's `balance_by_time`"),
-    ("dp", "PipeDream's dynamic program over contiguous stages"),
-    ("etf", "Baechi's memory-constrained earliest-task-first list scheduling (m-ETF)"),
-    (
-        "metis",
-        "METIS k-way partition of the layer graph (compute balanced, cut bytes minimised) + memory repair",
-    ),
-    ("ilp", "CP-SAT integer program on the pipelined time, on its own with the same time limit"),
-    (
-        "auto",
-        "the default: every fast solver above as a candidate, the best kept, then the warm-started ILP",
-    ),
+BASELINE_DESCRIPTIONS: tuple[tuple[str, str], ...] = tuple(
+    (name, cls.description) for name, cls in SOLVERS.items()
 )
-"""What each solver stands for, in the order the README lists them."""
+"""What each solver stands for (its ``description``), in registry order: the README's order."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -469,9 +452,6 @@ class Summary:
         return out
 
 
-BASELINES_EXCLUDE = ("auto", "ilp")
-
-
 def summarize(records: Iterable[Record]) -> Summary:
     """Per (model, devices, topology): auto against the best baseline, ilp, even and single."""
     groups: dict[tuple[str, int, str], list[Record]] = {}
@@ -483,7 +463,7 @@ def summarize(records: Iterable[Record]) -> Summary:
         by = {r.solver: r for r in rows}
         auto = by.get("auto")
         baselines = [
-            r for r in rows if r.solver not in BASELINES_EXCLUDE and r.pipelined_time_s is not None
+            r for r in rows if r.solver in fast_solver_names() and r.pipelined_time_s is not None
         ]
         best = min(baselines, key=lambda r: r.pipelined_time_s or math.inf, default=None)
         best_step = min(

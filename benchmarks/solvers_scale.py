@@ -16,9 +16,10 @@ import time
 
 from partitioner.core.errors import PartitionError
 from partitioner.core.ir import Device, Link, PartitionProblem, Topology
-from partitioner.solvers import get_solver
+from partitioner.solvers import fast_solver_names, get_solver
 
-SOLVERS = ("metis", "even", "params", "time", "dp", "etf", "round-robin", "single", "auto")
+SOLVERS = (*fast_solver_names(), "auto")
+"""Every registered fast solver, then ``auto`` (``ilp`` alone on 10k layers would only time out)."""
 
 
 def make_problem(n: int, n_dev: int, residual: bool) -> PartitionProblem:

@@ -27,10 +27,10 @@ from partitioner.simulation.bounds import (
     min_devices_for_memory,
 )
 from partitioner.simulation.evaluate import evaluate, lower_bound_s
-from partitioner.solvers import get_solver
+from partitioner.solvers import fast_solver_names, get_solver
 from partitioner.solvers.ilp import step_objective_s, throughput_objective_s
 
-FAST = ("metis", "even", "params", "time", "dp", "etf", "round-robin", "single")
+FAST = fast_solver_names()
 
 
 def problem(

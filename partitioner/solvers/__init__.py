@@ -1,18 +1,17 @@
-"""Placement solvers and their registry.
+"""Placement solvers and their registry: the one list of solvers.
 
-Every solver is a frozen dataclass implementing :class:`~partitioner.solvers.base.Solver`; its
-fields are its options. :data:`SOLVERS` maps each solver's ``name`` to its class and is read-only;
-:func:`get_solver` builds one from a name and options (strings from the command line are
-converted to the option's type).
+Every solver is a frozen dataclass implementing :class:`~partitioner.solvers.base.Solver` (one
+module of this package each, or a few small ones together as in ``baselines.py``); its fields are
+its options, its ``name``, ``description`` and ``uses_time_limit`` are class constants.
+:data:`SOLVERS` maps each registered solver's ``name`` to its class, in the order of
+:data:`_REGISTERED` (simplest first: the order the docs and benchmark tables list them), and is
+read-only. The CLI's choices, the docs and the benchmarks read it (:func:`solver_names`,
+:func:`fast_solver_names`, each class's ``description``); :func:`get_solver` builds one from a
+name and options (strings from the command line are converted to the option's type).
 
-* ``metis``: METIS k-way partitioning of the layer graph + memory repair (the default);
-* ``ilp``: CP-SAT integer program (pipeline stage time or one-step makespan);
-* ``auto``: the best of the fast solvers under the ILP's throughput objective, then the
-  warm-started ILP in the time left;
-* ``dp``: PipeDream's dynamic program over contiguous stages;
-* ``etf``: Baechi's memory-constrained earliest-task-first list scheduling;
-* ``params``, ``time``: contiguous splits balanced by memory (parameters) or compute time;
-* ``even``, ``round-robin``, ``single``: baselines.
+Adding a solver: write ``partitioner/solvers/<name>.py`` with a frozen dataclass subclassing
+:class:`~partitioner.solvers.base.SolverOptions` (``name``, ``description``, ``solve``), then
+register it here: import the class and add it to :data:`_REGISTERED`.
 """
 
 from __future__ import annotations
@@ -42,29 +41,36 @@ from partitioner.solvers.etf import EtfSolver
 from partitioner.solvers.ilp import IlpSolver
 from partitioner.solvers.metis import MetisSolver
 
-__all__ = ["SOLVERS", "Solver", "get_solver", "solve", "solver_names"]
+__all__ = ["SOLVERS", "Solver", "fast_solver_names", "get_solver", "solve", "solver_names"]
 
 logger = logging.getLogger(__name__)
 
-_CLASSES: tuple[type[Solver], ...] = (
+_REGISTERED: tuple[type[Solver], ...] = (
+    SingleSolver,
+    EvenSolver,
+    RoundRobinSolver,
+    ParamsSolver,
+    TimeSolver,
+    PipeDreamSolver,
+    EtfSolver,
     MetisSolver,
     IlpSolver,
     AutoSolver,
-    PipeDreamSolver,
-    EtfSolver,
-    ParamsSolver,
-    TimeSolver,
-    EvenSolver,
-    RoundRobinSolver,
-    SingleSolver,
 )
+"""Every solver, simplest first; registering a new one is its import above and one line here."""
 
-SOLVERS: Mapping[str, type[Solver]] = MappingProxyType({cls.name: cls for cls in _CLASSES})
+SOLVERS: Mapping[str, type[Solver]] = MappingProxyType({cls.name: cls for cls in _REGISTERED})
 
 
 def solver_names() -> tuple[str, ...]:
     """The registered solver names, sorted."""
     return tuple(sorted(SOLVERS))
+
+
+def fast_solver_names() -> tuple[str, ...]:
+    """The registered solvers that ignore ``time_limit_s`` (heuristics and baselines), in
+    registry order."""
+    return tuple(name for name, cls in SOLVERS.items() if not cls.uses_time_limit)
 
 
 def _coerce(name: str, option: str, value: Any, hint: Any) -> Any:

@@ -110,9 +110,9 @@ class AutoSolver(SolverOptions):
 
     name: ClassVar[str] = "auto"
     description: ClassVar[str] = (
-        "runs metis, even, params, time, dp, etf, round-robin, single; keeps the best pipeline "
-        "stage time, then improves it with the warm-started ILP in the time left"
+        "the default: every fast solver as a candidate, the best kept, then the warm-started ILP"
     )
+    uses_time_limit: ClassVar[bool] = True
 
     ilp: bool = True
     ilp_max_layers: int = 2000

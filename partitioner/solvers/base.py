@@ -3,7 +3,9 @@
 A solver maps a :class:`~partitioner.core.ir.PartitionProblem` (layers in order, per-device layer
 times, per-layer memory, layer traffic, devices) to an assignment ``layer index -> device index``.
 Every solver is a frozen dataclass whose fields are its options (``seed``, ``time_limit_s`` and
-any of its own); ``name`` and ``description`` are class constants.
+any of its own); ``name``, ``description`` (one line, what the solver stands for: the CLI's help,
+the docs and the benchmark tables print it) and ``uses_time_limit`` (``True`` for the solvers that
+search until ``time_limit_s``; the others are fast heuristics and baselines) are class constants.
 
 Shared vocabulary:
 
@@ -63,6 +65,7 @@ class Solver(Protocol):
 
     name: ClassVar[str]
     description: ClassVar[str]
+    uses_time_limit: ClassVar[bool]
 
     @property
     def seed(self) -> int: ...
@@ -78,6 +81,10 @@ class Solver(Protocol):
 @dataclass(frozen=True)
 class SolverOptions:
     """The options every solver has; concrete solvers subclass this frozen dataclass."""
+
+    uses_time_limit: ClassVar[bool] = False
+    """Whether the solver searches until ``time_limit_s`` (``ilp``, ``auto``); a fast heuristic
+    or baseline ignores the limit."""
 
     seed: int = 0
     time_limit_s: float = 10.0

@@ -59,7 +59,9 @@ class SingleSolver(SolverOptions):
     """Every layer on device 0."""
 
     name: ClassVar[str] = "single"
-    description: ClassVar[str] = "all layers on device 0 (no model parallelism)"
+    description: ClassVar[str] = (
+        "everything on one device: no model parallelism (infeasible when it does not fit)"
+    )
 
     def solve(self, problem: PartitionProblem) -> SolverResult:
         # No validate_problem_for: one device is used whatever the count, so "more devices than
@@ -72,7 +74,9 @@ class EvenSolver(SolverOptions):
     """Contiguous layers, an equal count per device: layer k -> k * D // L."""
 
     name: ClassVar[str] = "even"
-    description: ClassVar[str] = "contiguous layers split evenly by count (the hand-written split)"
+    description: ClassVar[str] = (
+        "contiguous layers split evenly by count: the split an expert writes by hand"
+    )
 
     def solve(self, problem: PartitionProblem) -> SolverResult:
         validate_problem_for(problem)
@@ -85,7 +89,7 @@ class RoundRobinSolver(SolverOptions):
     """Layer k -> device k % D."""
 
     name: ClassVar[str] = "round-robin"
-    description: ClassVar[str] = "layer k on device k mod D"
+    description: ClassVar[str] = "layer k on device k mod N"
 
     def solve(self, problem: PartitionProblem) -> SolverResult:
         validate_problem_for(problem)
@@ -99,8 +103,8 @@ class ParamsSolver(SolverOptions):
 
     name: ClassVar[str] = "params"
     description: ClassVar[str] = (
-        "contiguous layers balanced by memory, the stand-in for parameters (DeepSpeed "
-        "partition_method='parameters')"
+        "contiguous blocks balanced by parameter memory: DeepSpeed's "
+        "`partition_method='parameters'`"
     )
 
     def solve(self, problem: PartitionProblem) -> SolverResult:
@@ -121,7 +125,7 @@ class TimeSolver(SolverOptions):
 
     name: ClassVar[str] = "time"
     description: ClassVar[str] = (
-        "contiguous layers balanced by compute time (torchgpipe balance_by_time, Kim et al. 2020)"
+        "contiguous blocks balanced by compute time: torchgpipe's `balance_by_time`"
     )
 
     def solve(self, problem: PartitionProblem) -> SolverResult:

@@ -101,10 +101,7 @@ class PipeDreamSolver(SolverOptions):
     """PipeDream's stage DP: contiguous stages, slowest stage (compute or boundary) minimal."""
 
     name: ClassVar[str] = "dp"
-    description: ClassVar[str] = (
-        "PipeDream's dynamic program: contiguous stages minimising the slowest stage incl. "
-        "boundary transfers (Narayanan et al. 2019)"
-    )
+    description: ClassVar[str] = "PipeDream's dynamic program over contiguous stages"
 
     def solve(self, problem: PartitionProblem) -> SolverResult:
         validate_problem_for(problem)

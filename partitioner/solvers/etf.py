@@ -129,7 +129,7 @@ class EtfSolver(SolverOptions):
 
     name: ClassVar[str] = "etf"
     description: ClassVar[str] = (
-        "memory-constrained earliest-task-first list scheduling (Baechi m-ETF, Jeon et al. 2020)"
+        "Baechi's memory-constrained earliest-task-first list scheduling (m-ETF)"
     )
 
     def solve(self, problem: PartitionProblem) -> SolverResult:

@@ -357,9 +357,10 @@ class IlpSolver(SolverOptions):
 
     name: ClassVar[str] = "ilp"
     description: ClassVar[str] = (
-        "CP-SAT integer program: minimise the slowest pipeline stage (PipeDream-style) or the "
-        "one-step makespan (Pesto, Middleware 2021); warm-started from metis/even"
+        "CP-SAT integer program on the pipelined time (or the one-step makespan), under memory "
+        "limits"
     )
+    uses_time_limit: ClassVar[bool] = True
 
     objective: IlpObjective = "throughput"
     acyclic: bool = False

@@ -62,7 +62,8 @@ class MetisSolver(SolverOptions):
 
     name: ClassVar[str] = "metis"
     description: ClassVar[str] = (
-        "METIS k-way graph partitioning: balance compute, minimise bytes cut (Karypis & Kumar 1998)"
+        "METIS k-way partition of the layer graph (compute balanced, cut bytes minimised) + "
+        "memory repair"
     )
 
     def solve(self, problem: PartitionProblem) -> SolverResult:

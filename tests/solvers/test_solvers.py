@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from partitioner.core.errors import InfeasibleError, SolverError
 from partitioner.core.ir import Device, Link, PartitionProblem, SolveStatus, Topology
-from partitioner.solvers import SOLVERS, get_solver, solver_names
+from partitioner.solvers import SOLVERS, fast_solver_names, get_solver, solver_names
+from partitioner.solvers.auto import CANDIDATES
 from partitioner.solvers.base import (
     Solver,
     device_loads_s,
@@ -76,6 +77,27 @@ def test_registry_names_and_immutability() -> None:
         assert isinstance(s, Solver)
         assert s.name == name and s.description
         assert s.seed == 0 and s.time_limit_s == 10.0
+
+
+def test_the_registry_is_the_one_list() -> None:
+    # Registry order is the docs' order (simplest first); solver_names() sorts.
+    assert tuple(SOLVERS) == (
+        "single",
+        "even",
+        "round-robin",
+        "params",
+        "time",
+        "dp",
+        "etf",
+        "metis",
+        "ilp",
+        "auto",
+    )
+    assert fast_solver_names() == tuple(n for n in SOLVERS if n not in ("ilp", "auto"))
+    # auto runs every fast solver (in its own tie-breaking order).
+    assert sorted(cls.name for cls in CANDIDATES) == sorted(fast_solver_names())
+    for cls in SOLVERS.values():
+        assert cls.description and "\n" not in cls.description, cls.name
 
 
 def test_get_solver_errors_and_options() -> None:
