@@ -23,7 +23,6 @@ FLOPs come from TensorFlow's own profiler (``tf.compat.v1.profiler``) run over t
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 import math
 import re
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import keras
+import networkx as nx  # type: ignore[import-untyped]
 import tensorflow as tf
 
 from partitioner.core.errors import TraceError
@@ -435,24 +435,14 @@ def _topological(ops: list[Op], edges: list[Edge]) -> tuple[Op, ...]:
     (an LSTM) adds accumulator inputs, created during the backward pass, to the forward ``While``.
     """
     position = {op.id: i for i, op in enumerate(ops)}
-    consumers: list[list[int]] = [[] for _ in ops]
-    pending = [0] * len(ops)
-    for e in edges:
-        consumers[position[e.src]].append(position[e.dst])
-        pending[position[e.dst]] += 1
     if all(position[e.src] < position[e.dst] for e in edges):
         return tuple(ops)
-    ready = [i for i, n in enumerate(pending) if n == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for j in consumers[i]:
-            pending[j] -= 1
-            if pending[j] == 0:
-                heapq.heappush(ready, j)
-    if len(order) != len(ops):  # a cycle: leave it to Graph's validation to report
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(ops)))
+    graph.add_edges_from((position[e.src], position[e.dst]) for e in edges)
+    try:  # Kahn's algorithm taking the earliest-created ready op first
+        order = list(nx.lexicographical_topological_sort(graph))
+    except nx.NetworkXUnfeasible:  # a cycle: leave it to Graph's validation to report
         return tuple(ops)
     return tuple(ops[i] for i in order)
 

@@ -6,9 +6,10 @@ reads best when every arc goes from a lower to a higher device index (device ``s
 ``s``). :func:`make_acyclic` refines any assignment into one where **every layer edge**
 ``(a, b)`` has ``stage[a] <= stage[b]`` -- which implies both properties -- in three steps:
 
-1. *Relabel.* Order the devices by Kahn's algorithm on the stage graph, always taking the
-   available device of lowest index; when a cycle leaves none available, take the remaining
-   device whose first layer (in problem order) comes first, breaking the cycle there. The device
+1. *Relabel.* Order the devices by Kahn's algorithm on the stage graph (networkx's
+   lexicographic topological sort), always taking the available device of lowest index; when a
+   cycle leaves none available, take the remaining device whose first layer (in problem order)
+   comes first, breaking the cycle there. The device
    at position ``s`` of that order becomes stage ``s``. When the stage graph is already acyclic
    this is a topological order and step 2 changes nothing; when its arcs already go from lower
    to higher index, it is the identity (so an ordered placement keeps its devices, and
@@ -31,9 +32,10 @@ changes which device a layer runs on, and no step checks memory -- callers that 
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Sequence
+
+import networkx as nx  # type: ignore[import-untyped]
 
 from partitioner.core.ir import PartitionProblem
 from partitioner.solvers.base import checked_assignment
@@ -49,56 +51,48 @@ def stage_graph(assignment: Sequence[int], problem: PartitionProblem) -> set[tup
     return {(dev[a], dev[b]) for a, b, _ in problem.edges if dev[a] != dev[b]}
 
 
+def _stage_digraph(dev: Sequence[int], problem: PartitionProblem) -> nx.DiGraph:
+    """The stage graph as a networkx graph over every device (unused ones included)."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(problem.num_devices))
+    graph.add_edges_from(stage_graph(dev, problem))
+    return graph
+
+
 def is_acyclic_stages(assignment: Sequence[int], problem: PartitionProblem) -> bool:
     """Whether the device-level quotient graph of ``assignment`` has no cycle."""
-    arcs = stage_graph(assignment, problem)
-    n_dev = problem.num_devices
-    succ: list[list[int]] = [[] for _ in range(n_dev)]
-    indeg = [0] * n_dev
-    for d, e in arcs:
-        succ[d].append(e)
-        indeg[e] += 1
-    ready = [d for d in range(n_dev) if indeg[d] == 0]
-    seen = 0
-    while ready:
-        d = ready.pop()
-        seen += 1
-        for e in succ[d]:
-            indeg[e] -= 1
-            if indeg[e] == 0:
-                ready.append(e)
-    return seen == n_dev
+    return bool(nx.is_directed_acyclic_graph(_stage_digraph(assignment, problem)))
 
 
 def _relabel(dev: tuple[int, ...], problem: PartitionProblem) -> list[int]:
-    """Step 1: the new stage of every device (Kahn's order by index, cycles broken by first use)."""
+    """Step 1: the new stage of every device (Kahn's order by index, cycles broken by first use).
+
+    Each round takes the lexicographic (lowest index first) topological order of the devices left
+    as far as it goes; when a cycle stops it, the device left whose first layer comes first loses
+    its incoming arcs and the next round starts from it.
+    """
     n_dev = problem.num_devices
     first = [problem.num_layers + d for d in range(n_dev)]  # unused devices go last, by index
     for k, d in enumerate(dev):
         if first[d] >= problem.num_layers:
             first[d] = k
-    arcs = stage_graph(dev, problem)
-    succ: list[list[int]] = [[] for _ in range(n_dev)]
-    indeg = [0] * n_dev
-    for d, e in arcs:
-        succ[d].append(e)
-        indeg[e] += 1
-    available = [d for d in range(n_dev) if indeg[d] == 0]
-    heapq.heapify(available)
-    done = [False] * n_dev
-    label = [0] * n_dev
-    for position in range(n_dev):
-        if available:
-            d = heapq.heappop(available)
-        else:  # a cycle: break it at the remaining device used first
-            d = min((d for d in range(n_dev) if not done[d]), key=lambda d: first[d])
+    graph = _stage_digraph(dev, problem)
+    order: list[int] = []
+    while graph:
+        done = len(order)
+        try:
+            for d in nx.lexicographical_topological_sort(graph):
+                order.append(d)
+        except nx.NetworkXUnfeasible:  # a cycle: break it at the remaining device used first
+            graph.remove_nodes_from(order[done:])
+            d = min(graph, key=lambda d: first[d])
             logger.debug("make_acyclic: breaking a cycle of the stage graph at device %d", d)
-        done[d] = True
+            graph.remove_edges_from(list(graph.in_edges(d)))
+        else:
+            break
+    label = [0] * n_dev
+    for position, d in enumerate(order):
         label[d] = position
-        for e in succ[d]:
-            indeg[e] -= 1
-            if indeg[e] == 0 and not done[e]:
-                heapq.heappush(available, e)
     return label
 
 
