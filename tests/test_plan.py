@@ -121,7 +121,7 @@ def test_missing_file(tmp_path: Path) -> None:
             r"'assignment' puts layer 'fc1' on device 7.*devices 0\.\.1",
         ),
         (lambda d: d["predicted"].update(step_time_s="fast"), r"field 'predicted.step_time_s' must be number"),
-        (lambda d: d["predicted"].update(step_time_s=float("nan")), r"'step_time_s' must be a fin"),
+        (lambda d: d["predicted"].update(step_time_s=float("nan")), r"'predicted\.step_time_s' must be a fin"),
         (
             lambda d: d["predicted"].update(compute_s=[1.0]),
             r"predicted\.compute_s has 1 entries for 2 devices",
@@ -258,7 +258,7 @@ def test_write_atomic_error_while_writing_leaves_no_temp(tmp_path: Path) -> None
 
 
 def test_write_atomic_gives_the_usual_mode_not_0600(tmp_path: Path) -> None:
-    from partitioner.plan.model import _umask
+    from partitioner.core.files import _umask
 
     new = write_atomic(tmp_path / "new.json", "{}\n")
     assert new.stat().st_mode & 0o777 == 0o666 & ~_umask()

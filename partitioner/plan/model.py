@@ -10,7 +10,6 @@ never pickled, never evaluated) and applies itself to a Keras model with
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 from partitioner.core.errors import PlanError
 from partitioner.core.files import write_atomic
 from partitioner.core.ir import CostedGraph, EventKind, Schedule, SolverResult, TimelineEvent
+from partitioner.plan.schema import validate_plan_data
 from partitioner.simulation.evaluate import DeviceLoad, PlanEvaluation
 
 DevicePrediction = DeviceLoad
@@ -275,108 +275,45 @@ class Plan:
 
     @classmethod
     def from_json_dict(cls, data: Any, origin: str = "plan") -> Plan:
-        """Rebuild a plan from :meth:`to_json_dict` data, validating every field."""
-        reader = _Reader(origin)
-        obj = reader.obj(data, "")
-        version = reader.integer(obj, "schema_version")
-        if version != SCHEMA_VERSION:
-            raise PlanError(
-                f"{origin}: schema_version {version} is not supported (this partitioner reads "
-                f"{SCHEMA_VERSION}); make the plan again with this version"
-            )
-        devices = tuple(
-            PlanDevice(
-                index=reader.integer(d, "index"),
-                device_type=reader.text(d, "device_type"),
-                memory_bytes=reader.integer(d, "memory_bytes"),
-                host=reader.int_value(d.get("host", 0), "devices[].host"),
-                name=str(d.get("name", "")),
-            )
-            for d in (reader.obj(x, "devices[]") for x in reader.items(obj, "devices"))
-        )
-        if not devices:
-            raise PlanError(f"{origin}: 'devices' is empty")
-        assignment = reader.obj(obj.get("assignment"), "assignment")
-        order = tuple(assignment)
-        device_of = tuple(reader.integer(assignment, k) for k in order)
-        off = [(k, d) for k, d in zip(order, device_of) if not 0 <= d < len(devices)]
-        if off:
-            raise PlanError(
-                f"{origin}: field 'assignment' puts layer {off[0][0]!r} on device {off[0][1]}, "
-                f"but the plan has devices 0..{len(devices) - 1}"
-            )
-        predicted = reader.obj(obj.get("predicted"), "predicted")
-        per = {
-            key: reader.items(predicted, key)
-            for key in ("compute_s", "memory_bytes", "memory_limit_bytes", "bytes_sent", "bytes_received")
-        }
-        for key, values in per.items():
-            if len(values) != len(devices):
-                raise PlanError(
-                    f"{origin}: predicted.{key} has {len(values)} entries for {len(devices)} devices"
-                )
-        per_device = tuple(
-            DevicePrediction(
-                device=i,
-                layers=tuple(k for k, d in zip(order, device_of) if d == i),
-                compute_s=reader.num_value(per["compute_s"][i], f"predicted.compute_s[{i}]"),
-                memory_bytes=reader.int_value(per["memory_bytes"][i], f"predicted.memory_bytes[{i}]"),
-                memory_limit_bytes=reader.int_value(
-                    per["memory_limit_bytes"][i], f"predicted.memory_limit_bytes[{i}]"
-                ),
-                bytes_sent=reader.int_value(per["bytes_sent"][i], f"predicted.bytes_sent[{i}]"),
-                bytes_received=reader.int_value(
-                    per["bytes_received"][i], f"predicted.bytes_received[{i}]"
-                ),
-            )
-            for i in range(len(devices))
-        )
-        solver = reader.obj(obj.get("solver"), "solver")
-        objective = solver.get("objective")
-        shape = obj.get("input_shape")
-        baselines = tuple(
-            BaselineResult(
-                solver=reader.text(b, "solver"),
-                step_time_s=None if b.get("step_time_s") is None else reader.number(b, "step_time_s"),
-                note=str(b.get("note", "")),
-            )
-            for b in (reader.obj(x, "baselines[]") for x in obj.get("baselines", []))
-        )
-        phases = reader.obj(obj.get("phase_times_s", {}), "phase_times_s")
+        """Rebuild a plan from :meth:`to_json_dict` data.
+
+        The data is validated against the plan JSON Schema first
+        (:func:`partitioner.plan.schema.validate_plan_data`); what the schema cannot say (a
+        device index within ``devices``, one entry per device, an event's start before its end)
+        is checked here. Errors are one-line :class:`PlanError` messages naming ``origin`` and
+        the field.
+        """
+        validate_plan_data(data, origin)
+        devices = tuple(_device(d) for d in data["devices"])
+        order = tuple(data["assignment"])
+        device_of = tuple(data["assignment"].values())
+        _check_assignment(order, device_of, len(devices), origin)
+        predicted = data["predicted"]
+        per_device = _per_device(predicted, order, device_of, len(devices), origin)
         return cls(
-            model_name=reader.text(obj, "model"),
+            model_name=data["model"],
             devices=devices,
             layer_order=order,
             device_of_layer=device_of,
-            step_time_s=reader.number(predicted, "step_time_s"),
-            lower_bound_s=reader.number(predicted, "lower_bound_s"),
+            step_time_s=float(predicted["step_time_s"]),
+            lower_bound_s=float(predicted["lower_bound_s"]),
             per_device=per_device,
-            solver=SolverInfo(
-                name=reader.text(solver, "name"),
-                status=reader.text(solver, "status"),
-                objective=None if objective is None else reader.number(solver, "objective"),
-                solve_time_s=reader.number(solver, "solve_time_s"),
-                notes=tuple(str(n) for n in solver.get("notes", [])),
+            solver=_solver_info(data["solver"]),
+            link=data["link"],
+            batch_size=data["batch_size"],
+            input_shape=_optional_tuple(data.get("input_shape")),
+            baselines=tuple(_baseline(b) for b in data.get("baselines", [])),
+            advice=tuple(data.get("advice", [])),
+            phase_times_s=tuple((k, float(v)) for k, v in data.get("phase_times_s", {}).items()),
+            pipeline=_pipeline(data.get("pipeline")),
+            warnings=tuple(data.get("warnings", [])),
+            layer_edges=tuple((a, b, n) for a, b, n in data.get("layer_edges", [])),
+            layer_compute_s=tuple(float(v) for v in data.get("layer_compute_s", [])),
+            timeline=tuple(
+                _event(e, f"timeline[{i}]", origin) for i, e in enumerate(data.get("timeline", []))
             ),
-            link=reader.text(obj, "link"),
-            batch_size=reader.integer(obj, "batch_size"),
-            input_shape=None
-            if shape is None
-            else tuple(reader.int_value(v, "input_shape[]") for v in reader.items(obj, "input_shape")),
-            baselines=baselines,
-            advice=tuple(str(a) for a in obj.get("advice", [])),
-            phase_times_s=tuple((str(k), reader.number(phases, k)) for k in phases),
-            pipeline=_read_pipeline(reader, obj.get("pipeline")),
-            warnings=tuple(str(w) for w in obj.get("warnings", [])),
-            layer_edges=tuple(
-                _read_edge(reader, e, len(order)) for e in obj.get("layer_edges", []) or []
-            ),
-            layer_compute_s=tuple(
-                reader.num_value(v, "layer_compute_s[]") for v in obj.get("layer_compute_s", []) or []
-            ),
-            timeline=tuple(_read_event(reader, e) for e in obj.get("timeline", []) or []),
-            measured_layers=tuple(str(n) for n in obj.get("measured_layers", []) or []),
-            cost_notes=tuple(str(n) for n in obj.get("cost_notes", []) or []),
+            measured_layers=tuple(data.get("measured_layers", [])),
+            cost_notes=tuple(data.get("cost_notes", [])),
         )
 
     def to_json(self) -> str:
@@ -434,56 +371,123 @@ def plan_from_solution(
     )
 
 
-def _read_pipeline(reader: _Reader, value: Any) -> PipelineInfo | None:
-    if value is None:
-        return None
-    obj = reader.obj(value, "pipeline")
-    name = reader.text(obj, "schedule")
-    try:
-        schedule = Schedule(name)
-    except ValueError:
-        raise reader.fail(
-            "pipeline.schedule", f"is {name!r}; known: {', '.join(s.value for s in Schedule)}"
-        ) from None
-    return PipelineInfo(
-        schedule=schedule,
-        num_microbatches=reader.integer(obj, "num_microbatches"),
-        stage_devices=tuple(
-            reader.int_value(v, "pipeline.stage_devices[]") for v in reader.items(obj, "stage_devices")
-        ),
-        bubble_fraction=tuple(
-            reader.num_value(v, "pipeline.bubble_fraction[]")
-            for v in obj.get("bubble_fraction", []) or []
-        ),
+# -- building a plan from schema-valid JSON data ------------------------------------------------
+# Every helper below reads data that has passed validate_plan_data: types, required fields,
+# enums and minimums are known to hold.
+
+
+def _device(data: Mapping[str, Any]) -> PlanDevice:
+    """A ``devices[]`` record."""
+    return PlanDevice(
+        index=data["index"],
+        device_type=data["device_type"],
+        memory_bytes=data["memory_bytes"],
+        host=data.get("host", 0),
+        name=data.get("name", ""),
     )
 
 
-def _read_edge(reader: _Reader, value: Any, n_layers: int) -> tuple[int, int, int]:
-    if not isinstance(value, list) or len(value) != 3:
-        raise reader.fail("layer_edges[]", f"must be [src, dst, bytes], got {value!r}")
-    a, b, nbytes = (reader.int_value(v, "layer_edges[]") for v in value)
-    return (a, b, nbytes)
+def _check_assignment(
+    order: Sequence[str], device_of: Sequence[int], num_devices: int, origin: str
+) -> None:
+    """Every layer on one of the plan's devices."""
+    off = [(k, d) for k, d in zip(order, device_of) if d >= num_devices]
+    if off:
+        raise PlanError(
+            f"{origin}: field 'assignment' puts layer {off[0][0]!r} on device {off[0][1]}, "
+            f"but the plan has devices 0..{num_devices - 1}"
+        )
 
 
-def _read_event(reader: _Reader, value: Any) -> TimelineEvent:
-    obj = reader.obj(value, "timeline[]")
-    kind = reader.text(obj, "kind")
-    try:
-        event_kind = EventKind(kind)
-    except ValueError:
-        raise reader.fail(
-            "timeline[].kind", f"is {kind!r}; known: {', '.join(k.value for k in EventKind)}"
-        ) from None
-    start, end = reader.number(obj, "start_s"), reader.number(obj, "end_s")
-    if not 0 <= start <= end:
-        raise reader.fail("timeline[]", f"has start_s={start} > end_s={end} or a negative start")
+_PER_DEVICE_FIELDS = (
+    "compute_s",
+    "memory_bytes",
+    "memory_limit_bytes",
+    "bytes_sent",
+    "bytes_received",
+)
+"""The per-device lists of ``predicted`` that a plan reads (``transfer_bytes`` is derived)."""
+
+
+def _per_device(
+    predicted: Mapping[str, Any],
+    order: Sequence[str],
+    device_of: Sequence[int],
+    num_devices: int,
+    origin: str,
+) -> tuple[DevicePrediction, ...]:
+    """The ``predicted`` per-device lists as one record per device (one entry per device)."""
+    for key in _PER_DEVICE_FIELDS:
+        if len(predicted[key]) != num_devices:
+            raise PlanError(
+                f"{origin}: predicted.{key} has {len(predicted[key])} entries for "
+                f"{num_devices} devices"
+            )
+    return tuple(
+        DevicePrediction(
+            device=i,
+            layers=tuple(k for k, d in zip(order, device_of) if d == i),
+            compute_s=float(predicted["compute_s"][i]),
+            memory_bytes=predicted["memory_bytes"][i],
+            memory_limit_bytes=predicted["memory_limit_bytes"][i],
+            bytes_sent=predicted["bytes_sent"][i],
+            bytes_received=predicted["bytes_received"][i],
+        )
+        for i in range(num_devices)
+    )
+
+
+def _solver_info(data: Mapping[str, Any]) -> SolverInfo:
+    """The ``solver`` record."""
+    objective = data.get("objective")
+    return SolverInfo(
+        name=data["name"],
+        status=data["status"],
+        objective=None if objective is None else float(objective),
+        solve_time_s=float(data["solve_time_s"]),
+        notes=tuple(data.get("notes", [])),
+    )
+
+
+def _baseline(data: Mapping[str, Any]) -> BaselineResult:
+    """A ``baselines[]`` record."""
+    step = data["step_time_s"]
+    return BaselineResult(
+        solver=data["solver"],
+        step_time_s=None if step is None else float(step),
+        note=data.get("note", ""),
+    )
+
+
+def _optional_tuple(values: Sequence[int] | None) -> tuple[int, ...] | None:
+    """``input_shape``: a tuple, or None."""
+    return None if values is None else tuple(values)
+
+
+def _pipeline(data: Mapping[str, Any] | None) -> PipelineInfo | None:
+    """The ``pipeline`` record, or None for a plan that does not pipeline."""
+    if data is None:
+        return None
+    return PipelineInfo(
+        schedule=Schedule(data["schedule"]),
+        num_microbatches=data["num_microbatches"],
+        stage_devices=tuple(data["stage_devices"]),
+        bubble_fraction=tuple(float(v) for v in data.get("bubble_fraction", [])),
+    )
+
+
+def _event(data: Mapping[str, Any], where: str, origin: str) -> TimelineEvent:
+    """A ``timeline[]`` record; its start must not come after its end."""
+    start, end = float(data["start_s"]), float(data["end_s"])
+    if start > end:
+        raise PlanError(f"{origin}: field {where!r} has start_s={start} > end_s={end}")
     return TimelineEvent(
-        resource=reader.text(obj, "resource"),
-        kind=event_kind,
-        label=reader.text(obj, "label"),
+        resource=data["resource"],
+        kind=EventKind(data["kind"]),
+        label=data["label"],
         start_s=start,
         end_s=end,
-        microbatch=reader.int_value(obj.get("microbatch", 0), "timeline[].microbatch"),
+        microbatch=data.get("microbatch", 0),
     )
 
 
@@ -503,58 +507,4 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
             f"{p} is not a valid plan file (JSON error at line {exc.lineno} column {exc.colno}: "
             f"{exc.msg}); it may be truncated: make the plan again"
         ) from None
-    from partitioner.plan.schema import validate_plan_data
-
-    validate_plan_data(data, str(p))
     return Plan.from_json_dict(data, origin=str(p))
-
-
-class _Reader:
-    """Typed access to untrusted JSON with errors that name the file and the field."""
-
-    def __init__(self, origin: str) -> None:
-        self.origin = origin
-
-    def fail(self, where: str, what: str) -> PlanError:
-        return PlanError(f"{self.origin}: field {where!r} {what}")
-
-    def obj(self, value: Any, where: str) -> Mapping[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where or "(top level)", f"must be an object, got {type(value).__name__}")
-        return value
-
-    def items(self, obj: Mapping[str, Any], key: str) -> list[Any]:
-        if key not in obj:
-            raise self.fail(key, "is missing")
-        value = obj[key]
-        if not isinstance(value, list):
-            raise self.fail(key, f"must be a list, got {type(value).__name__}")
-        return value
-
-    def text(self, obj: Mapping[str, Any], key: str) -> str:
-        if key not in obj:
-            raise self.fail(key, "is missing")
-        value = obj[key]
-        if not isinstance(value, str):
-            raise self.fail(key, f"must be a string, got {type(value).__name__}")
-        return value
-
-    def integer(self, obj: Mapping[str, Any], key: str) -> int:
-        if key not in obj:
-            raise self.fail(key, "is missing")
-        return self.int_value(obj[key], key)
-
-    def int_value(self, value: Any, where: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(where, f"must be an integer, got {type(value).__name__}")
-        return value
-
-    def number(self, obj: Mapping[str, Any], key: str) -> float:
-        if key not in obj:
-            raise self.fail(key, "is missing")
-        return self.num_value(obj[key], key)
-
-    def num_value(self, value: Any, where: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.fail(where, f"must be a finite number, got {value!r}")
-        return float(value)

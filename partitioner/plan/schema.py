@@ -2,10 +2,10 @@
 
 The schema (``partitioner/plan/plan.schema.json``, JSON Schema draft 2020-12, shipped in the
 package) documents exactly what :meth:`partitioner.plan.model.Plan.to_json_dict` writes for
-``schema_version`` 1. :func:`validate_plan_data` checks untrusted JSON data against it before a
-plan is rebuilt, and raises a :class:`~partitioner.core.errors.PlanError` whose one-line message names
-the file and the field path (``plan.json: field 'predicted.step_time_s' must be number, got
-string``). :func:`check_plan_matches_model` refuses to apply a plan to a model whose layers are
+``schema_version`` 1. :func:`validate_plan_data` checks untrusted JSON data against it (integers
+are JSON integers, numbers are finite) before a plan is rebuilt, and raises a
+:class:`~partitioner.core.errors.PlanError` whose one-line message names the file and the field
+path (``plan.json: field 'predicted.step_time_s' must be number, got string``). :func:`check_plan_matches_model` refuses to apply a plan to a model whose layers are
 not the ones it places, naming the missing and the extra layers.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from importlib import resources
@@ -59,11 +60,30 @@ def _schema_text() -> str:
     return resource.read_text(encoding="utf-8")
 
 
+def _is_integer(checker: Any, value: Any) -> bool:
+    """JSON integers only: not booleans, and not floats with a zero fraction (``1.0``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(checker: Any, value: Any) -> bool:
+    """Finite numbers only: Python's JSON reader accepts ``NaN`` and ``Infinity``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_PlanValidator: type[jsonschema.protocols.Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "number": _is_finite_number}
+    ),
+)
+"""Draft 2020-12 with the types a plan means: strict integers and finite numbers."""
+
+
 @functools.lru_cache(maxsize=1)
-def _validator() -> jsonschema.Draft202012Validator:
+def _validator() -> jsonschema.protocols.Validator:
     schema = json.loads(_schema_text())
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    return _PlanValidator(schema)
 
 
 def validate_plan_data(data: Any, origin: str = "plan") -> None:
@@ -104,6 +124,14 @@ def _json_type(value: Any) -> str:
     return _JSON_TYPE.get(type(value), type(value).__name__)
 
 
+def _is_non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _types(expected: Any) -> list[str]:
+    return list(expected) if isinstance(expected, list) else [str(expected)]
+
+
 def _describe(error: ValidationError) -> str:
     parts = list(error.absolute_path)
     where = _path(parts) or "(top level)"
@@ -115,6 +143,8 @@ def _describe(error: ValidationError) -> str:
         missing = [k for k in expected if k not in value]
         name = _path([*parts, missing[0]]) if missing else where
         return f"field {name!r} is missing"
+    if rule == "type" and _is_non_finite(value) and "number" in _types(expected):
+        return f"field {where!r} must be a finite number, got {value!r}"
     if rule == "type":
         wanted = " or ".join(expected) if isinstance(expected, list) else str(expected)
         return f"field {where!r} must be {wanted}, got {_json_type(value)}"
