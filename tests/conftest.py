@@ -7,10 +7,15 @@ before any test touches TensorFlow. Pure-Python tests (IR, cost models, solvers)
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 NUM_LOGICAL_DEVICES = 4
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_configure(config: object) -> None:
@@ -25,3 +30,35 @@ def pytest_configure(config: object) -> None:
         )
     except RuntimeError:  # already initialised by an earlier import; keep what it has
         pass
+
+
+# -- the fast set and the full set ---------------------------------------------------------------
+#
+# `python -m pytest` runs the fast set for the edit-test loop; `python -m pytest --all` (what CI
+# runs) adds every case marked `slow`. A case is slow when it is marked `@pytest.mark.slow` in its
+# file, or when its file is listed here (whole files of TensorFlow-heavy cases: real models,
+# equivalence sweeps, subprocess CLI and cluster runs, the Chromium test of the HTML page).
+SLOW_FILES = frozenset()
+
+
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption(
+        "--all",
+        action="store_true",
+        default=False,
+        help="run every test, the ones marked slow too (CI does)",
+    )
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    slow_mark = pytest.mark.slow
+    for item in items:
+        if item.path.relative_to(TESTS).as_posix() in SLOW_FILES:
+            item.add_marker(slow_mark)
+    if config.getoption("--all") or config.getoption("-m"):
+        return
+    kept = [item for item in items if item.get_closest_marker("slow") is None]
+    deselected = [item for item in items if item.get_closest_marker("slow") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
