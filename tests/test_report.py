@@ -15,12 +15,8 @@ from partitioner.core.ir import EventKind, TimelineEvent
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan, load_plan
 from partitioner.plan.schema import validate_plan_data
-from partitioner.report.terminal import (
-    PhaseProgress,
-    render_plan,
-    resource_sort_key,
-    time_breakdown,
-)
+from partitioner.report.tables import resource_sort_key, time_breakdown
+from partitioner.report.terminal import PhaseProgress, render_plan
 
 
 def rendered(plan: Plan, *, verbose: bool = False, styles: bool = False) -> str:

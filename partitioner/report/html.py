@@ -11,8 +11,10 @@
 
 Charts are drawn by plotly.js (the copy shipped with the ``plotly`` Python package, inlined in
 the page: no CDN, no network). The layer graph's layout is computed here: layers are placed in
-columns by longest-path depth (Kahn's topological layering) and ordered within a column by the
-mean position of their predecessors (one barycenter pass, Sugiyama et al., 1981).
+columns by longest-path depth (their topological generation, from networkx) and ordered within a
+column by the mean position of their predecessors (one barycenter pass, Sugiyama et al., 1981).
+
+The tables (devices, stages, comparison) are built in :mod:`.tables`, as for the terminal.
 
 Safety: every name comes from the user's model, and Keras accepts any string as a layer name.
 The page's data travels as JSON inside ``<script type="application/json">`` with ``<``, ``>``
@@ -35,12 +37,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import networkx as nx  # type: ignore[import-untyped]
+
 from partitioner.core.errors import OutputError
 from partitioner.core.files import write_atomic
 from partitioner.core.ir import EventKind, TimelineEvent
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import Plan
-from partitioner.report.terminal import resource_sort_key, time_breakdown
+from partitioner.report.tables import (
+    Medium,
+    Table,
+    comparison_table,
+    device_table,
+    memory_text,
+    resource_sort_key,
+    stage_table,
+    time_breakdown,
+)
 
 __all__ = [
     "layer_positions",
@@ -75,6 +88,8 @@ _MAX_NODE_LABELS = 40
 _MAX_EDGE_LABELS = 30
 _MAX_OUTLINED_BARS = 400
 """Above this many Gantt bars, bars have no outline (it would hide their colour)."""
+_MS = 1e3
+"""Milliseconds per second: the charts' time axes are in ms."""
 
 
 def _ptext(text: str) -> str:
@@ -92,6 +107,46 @@ def _colour(d: int) -> str:
     return _PALETTE[d % len(_PALETTE)]
 
 
+def _depths(num_layers: int, edges: Sequence[tuple[int, int, int]]) -> list[int] | None:
+    """Each layer's longest-path depth from a layer without inputs (its topological
+    generation); None when the edges have a cycle (a corrupt plan)."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(num_layers))
+    graph.add_edges_from((a, b) for a, b, _ in edges if a != b)
+    if not nx.is_directed_acyclic_graph(graph):
+        return None
+    depth = [0] * num_layers
+    for x, generation in enumerate(nx.topological_generations(graph)):
+        for k in generation:
+            depth[k] = x
+    return depth
+
+
+def _rows_by_barycenter(
+    num_layers: int, edges: Sequence[tuple[int, int, int]], depth: Sequence[int]
+) -> list[float]:
+    """Each layer's row in its column: column by column, left to right, layers are ordered by
+    the mean row of their inputs (then by index) and centred on 0 (one barycenter pass)."""
+    preds: list[list[int]] = [[] for _ in range(num_layers)]
+    for a, b, _ in edges:
+        if a != b:
+            preds[b].append(a)
+    columns: dict[int, list[int]] = {}
+    for k in range(num_layers):
+        columns.setdefault(depth[k], []).append(k)
+    y = [0.0] * num_layers
+
+    def barycenter(k: int) -> tuple[float, int]:
+        ys = [y[p] for p in preds[k]]
+        return (sum(ys) / len(ys) if ys else 0.0, k)
+
+    for x in sorted(columns):
+        members = sorted(columns[x], key=barycenter)
+        for row, k in enumerate(members):
+            y[k] = row - (len(members) - 1) / 2
+    return y
+
+
 def layer_positions(
     num_layers: int, edges: Sequence[tuple[int, int, int]]
 ) -> tuple[tuple[float, float], ...]:
@@ -100,41 +155,10 @@ def layer_positions(
     Layers without edges, or a graph with a cycle (a corrupt plan), fall back to one row in
     layer order.
     """
-    succ: list[list[int]] = [[] for _ in range(num_layers)]
-    preds: list[list[int]] = [[] for _ in range(num_layers)]
-    indegree = [0] * num_layers
-    for a, b, _ in edges:
-        if a != b:
-            succ[a].append(b)
-            preds[b].append(a)
-            indegree[b] += 1
-    depth = [0] * num_layers
-    ready = [k for k in range(num_layers) if indegree[k] == 0]
-    seen = 0
-    while ready:
-        k = ready.pop()
-        seen += 1
-        for b in succ[k]:
-            depth[b] = max(depth[b], depth[k] + 1)
-            indegree[b] -= 1
-            if indegree[b] == 0:
-                ready.append(b)
-    if seen < num_layers or not edges:
+    depth = _depths(num_layers, edges) if edges else None
+    if depth is None:
         return tuple((float(k), 0.0) for k in range(num_layers))
-    columns: dict[int, list[int]] = {}
-    for k in range(num_layers):
-        columns.setdefault(depth[k], []).append(k)
-    y = [0.0] * num_layers
-    for x in sorted(columns):
-        members = columns[x]
-
-        def barycenter(k: int) -> tuple[float, int]:
-            ys = [y[p] for p in preds[k]]
-            return (sum(ys) / len(ys) if ys else 0.0, k)
-
-        members.sort(key=barycenter)
-        for row, k in enumerate(members):
-            y[k] = row - (len(members) - 1) / 2
+    y = _rows_by_barycenter(num_layers, edges, depth)
     return tuple((float(depth[k]), y[k]) for k in range(num_layers))
 
 
@@ -146,98 +170,111 @@ def _edge_midpoint(a: tuple[float, float], b: tuple[float, float]) -> tuple[floa
     return ((a[0] + b[0]) / 2, (a[1] + b[1]) / 2 - bend)
 
 
-def _graph_figure(plan: Plan) -> dict[str, Any]:
-    n = len(plan.layer_order)
-    pos = layer_positions(n, plan.layer_edges)
+_Point = tuple[float, float]
+
+
+def _edge_lines(
+    plan: Plan, pos: Sequence[_Point], *, cross: bool
+) -> tuple[list[float | None], list[float | None]]:
+    """The x and y of the edges within one device (or, with ``cross``, across devices), each a
+    bent line through its midpoint, separated by ``None``."""
     dev = plan.device_of_layer
-    traces: list[dict[str, Any]] = []
-    local_x: list[float | None] = []
-    local_y: list[float | None] = []
-    cross_x: list[float | None] = []
-    cross_y: list[float | None] = []
-    mid_x: list[float] = []
-    mid_y: list[float] = []
-    mid_text: list[str] = []
-    mid_hover: list[str] = []
-    for a, b, nbytes in plan.layer_edges:
-        xs, ys = (local_x, local_y) if dev[a] == dev[b] else (cross_x, cross_y)
-        mx, my = _edge_midpoint(pos[a], pos[b])
-        xs += [pos[a][0], mx, pos[b][0], None]
-        ys += [pos[a][1], my, pos[b][1], None]
-        if dev[a] != dev[b]:
-            mid_x.append(mx)
-            mid_y.append(my)
-            mid_text.append(format_bytes(nbytes))
-            mid_hover.append(
-                _ptext(
-                    f"{plan.layer_order[a]} → {plan.layer_order[b]}: {format_bytes(nbytes, exact=True)} "
-                    f"from device {dev[a]} to device {dev[b]}"
-                )
-            )
-    traces.append(
-        {
-            "type": "scatter",
-            "mode": "lines",
-            "name": "edge on one device",
-            "x": local_x,
-            "y": local_y,
-            "line": {"color": "#b0b0b0", "width": 1, "shape": "spline"},
-            "hoverinfo": "skip",
-        }
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for a, b, _ in plan.layer_edges:
+        if (dev[a] != dev[b]) == cross:
+            mx, my = _edge_midpoint(pos[a], pos[b])
+            xs += [pos[a][0], mx, pos[b][0], None]
+            ys += [pos[a][1], my, pos[b][1], None]
+    return xs, ys
+
+
+def _line_trace(name: str, plan: Plan, pos: Sequence[_Point], *, cross: bool) -> dict[str, Any]:
+    """The edges within one device (grey) or across devices (red, thicker) as one trace."""
+    xs, ys = _edge_lines(plan, pos, cross=cross)
+    line = (
+        {"color": _CROSS_EDGE_COLOUR, "width": 2.5, "shape": "spline"}
+        if cross
+        else {"color": "#b0b0b0", "width": 1, "shape": "spline"}
     )
-    if cross_x:
-        traces.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "name": "cross-device edge",
-                "x": cross_x,
-                "y": cross_y,
-                "line": {"color": _CROSS_EDGE_COLOUR, "width": 2.5, "shape": "spline"},
-                "hoverinfo": "skip",
-            }
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": name,
+        "x": xs,
+        "y": ys,
+        "line": line,
+        "hoverinfo": "skip",
+    }
+
+
+def _bytes_trace(plan: Plan, pos: Sequence[_Point]) -> dict[str, Any]:
+    """A marker on each cross-device edge's midpoint with the bytes it carries."""
+    dev, names = plan.device_of_layer, plan.layer_order
+    cross = [(a, b, n) for a, b, n in plan.layer_edges if dev[a] != dev[b]]
+    mids = [_edge_midpoint(pos[a], pos[b]) for a, b, _ in cross]
+    hover = [
+        _ptext(
+            f"{names[a]} → {names[b]}: {format_bytes(n, exact=True)} "
+            f"from device {dev[a]} to device {dev[b]}"
         )
-        traces.append(
-            {
-                "type": "scatter",
-                "mode": "markers+text" if len(mid_x) <= _MAX_EDGE_LABELS else "markers",
-                "name": "bytes across devices",
-                "x": mid_x,
-                "y": mid_y,
-                "text": mid_text,
-                "textposition": "bottom center",
-                "textfont": {"color": _CROSS_EDGE_COLOUR, "size": 10},
-                "marker": {"symbol": "diamond", "size": 9, "color": _CROSS_EDGE_COLOUR},
-                "hovertext": mid_hover,
-                "hoverinfo": "text",
-            }
+        for a, b, n in cross
+    ]
+    return {
+        "type": "scatter",
+        "mode": "markers+text" if len(mids) <= _MAX_EDGE_LABELS else "markers",
+        "name": "bytes across devices",
+        "x": [m[0] for m in mids],
+        "y": [m[1] for m in mids],
+        "text": [format_bytes(n) for _, _, n in cross],
+        "textposition": "bottom center",
+        "textfont": {"color": _CROSS_EDGE_COLOUR, "size": 10},
+        "marker": {"symbol": "diamond", "size": 9, "color": _CROSS_EDGE_COLOUR},
+        "hovertext": hover,
+        "hoverinfo": "text",
+    }
+
+
+def _edge_traces(plan: Plan, pos: Sequence[_Point]) -> list[dict[str, Any]]:
+    """The edges within a device; the cross-device edges and their bytes, if there are any."""
+    traces = [_line_trace("edge on one device", plan, pos, cross=False)]
+    dev = plan.device_of_layer
+    if any(dev[a] != dev[b] for a, b, _ in plan.layer_edges):
+        traces.append(_line_trace("cross-device edge", plan, pos, cross=True))
+        traces.append(_bytes_trace(plan, pos))
+    return traces
+
+
+def _node_trace(plan: Plan, pos: Sequence[_Point], d: int) -> dict[str, Any]:
+    """The layers on device ``d``, in its colour, labelled unless the graph is large."""
+    members = [k for k in range(len(plan.layer_order)) if plan.device_of_layer[k] == d]
+    hover = []
+    for k in members:
+        time = (
+            f"<br>compute {format_seconds(plan.layer_compute_s[k])}" if plan.layer_compute_s else ""
         )
-    show_labels = n <= _MAX_NODE_LABELS
-    for d in range(plan.num_devices):
-        members = [k for k in range(n) if dev[k] == d]
-        hover = []
-        for k in members:
-            time = (
-                f"<br>compute {format_seconds(plan.layer_compute_s[k])}"
-                if plan.layer_compute_s
-                else ""
-            )
-            hover.append(f"{_ptext(plan.layer_order[k])}<br>device {d}{time}")
-        traces.append(
-            {
-                "type": "scatter",
-                "mode": "markers+text" if show_labels else "markers",
-                "name": _ptext(_device_label(plan, d)),
-                "x": [pos[k][0] for k in members],
-                "y": [pos[k][1] for k in members],
-                "text": [_ptext(plan.layer_order[k]) for k in members],
-                "textposition": "top center",
-                "textfont": {"size": 10},
-                "marker": {"size": 12, "color": _colour(d), "line": {"color": "#333", "width": 1}},
-                "hovertext": hover,
-                "hoverinfo": "text",
-            }
-        )
+        hover.append(f"{_ptext(plan.layer_order[k])}<br>device {d}{time}")
+    show_labels = len(plan.layer_order) <= _MAX_NODE_LABELS
+    return {
+        "type": "scatter",
+        "mode": "markers+text" if show_labels else "markers",
+        "name": _ptext(_device_label(plan, d)),
+        "x": [pos[k][0] for k in members],
+        "y": [pos[k][1] for k in members],
+        "text": [_ptext(plan.layer_order[k]) for k in members],
+        "textposition": "top center",
+        "textfont": {"size": 10},
+        "marker": {"size": 12, "color": _colour(d), "line": {"color": "#333", "width": 1}},
+        "hovertext": hover,
+        "hoverinfo": "text",
+    }
+
+
+def _graph_figure(plan: Plan) -> dict[str, Any]:
+    """The layer graph: layers in dataflow columns coloured by device, edges between them."""
+    pos = layer_positions(len(plan.layer_order), plan.layer_edges)
+    traces = _edge_traces(plan, pos)
+    traces += [_node_trace(plan, pos, d) for d in range(plan.num_devices)]
     height = max(320, min(900, 70 * (1 + max((abs(p[1]) for p in pos), default=0) * 2) + 160))
     return {
         "data": traces,
@@ -279,101 +316,101 @@ def merge_events(events: Sequence[TimelineEvent]) -> tuple[TimelineEvent, ...]:
     return tuple(out)
 
 
+def _kind_trace(kind: EventKind, bars: Sequence[TimelineEvent], outline: float) -> dict[str, Any]:
+    """The Gantt bars of one kind of event (forward, backward, transfer, update), in ms."""
+    return {
+        "type": "bar",
+        "orientation": "h",
+        "name": kind.value,
+        "y": [_ptext(e.resource) for e in bars],
+        "base": [e.start_s * _MS for e in bars],
+        "x": [(e.end_s - e.start_s) * _MS for e in bars],
+        "marker": {"color": _KIND_COLOUR[kind], "line": {"color": "#ffffff", "width": outline}},
+        "hovertext": [
+            _ptext(
+                f"{e.label} ({kind.value}, micro-batch {e.microbatch}) on "
+                f"{e.resource}: {format_seconds(e.start_s)} → {format_seconds(e.end_s)}"
+            )
+            for e in bars
+        ],
+        "hoverinfo": "text",
+    }
+
+
+def _event_traces(plan: Plan) -> list[dict[str, Any]]:
+    """The recorded timeline as Gantt bars, one trace per kind of event."""
+    bars = merge_events(plan.timeline)
+    outline = 0.5 if len(bars) <= _MAX_OUTLINED_BARS else 0.0
+    traces = []
+    for kind in EventKind:
+        of_kind = [b for b in bars if b.kind is kind]
+        if of_kind:
+            traces.append(_kind_trace(kind, of_kind, outline))
+    return traces
+
+
+def _compute_trace(plan: Plan) -> dict[str, Any]:
+    """Without a timeline: one bar per device, its compute time from zero."""
+    resources = [f"device {d.device}" for d in plan.per_device]
+    return {
+        "type": "bar",
+        "orientation": "h",
+        "name": "compute",
+        "y": resources,
+        "base": [0.0] * len(resources),
+        "x": [d.compute_s * _MS for d in plan.per_device],
+        "marker": {"color": _KIND_COLOUR[EventKind.FORWARD]},
+        "hovertext": [
+            f"device {d.device}: compute {format_seconds(d.compute_s)}" for d in plan.per_device
+        ],
+        "hoverinfo": "text",
+    }
+
+
+def _vertical_line(time_s: float, line: dict[str, Any]) -> dict[str, Any]:
+    """A plotly shape: a vertical line across the plot at ``time_s`` (in ms on the axis)."""
+    x = time_s * _MS
+    return {"type": "line", "x0": x, "x1": x, "yref": "paper", "y0": 0, "y1": 1, "line": line}
+
+
+def _timeline_layout(plan: Plan, title: str, resources: Sequence[str]) -> dict[str, Any]:
+    """One row per resource, in order; the step time (solid) and lower bound (dashed) marked."""
+    categories = [_ptext(r) for r in resources]
+    shapes = [
+        _vertical_line(plan.step_time_s, {"color": "#000", "width": 1.5}),
+        _vertical_line(plan.lower_bound_s, {"color": "#888", "width": 1, "dash": "dash"}),
+    ]
+    return {
+        "title": {
+            "text": f"{title}: step {format_seconds(plan.step_time_s)} (solid), "
+            f"lower bound {format_seconds(plan.lower_bound_s)} (dashed)"
+        },
+        "barmode": "overlay",
+        "height": max(260, 60 + 38 * len(categories)),
+        "xaxis": {"title": {"text": "time (ms)"}, "rangemode": "tozero"},
+        "yaxis": {
+            "type": "category",
+            "categoryorder": "array",
+            "categoryarray": categories,
+            "autorange": "reversed",
+        },
+        "shapes": shapes,
+        "hovermode": "closest",
+        "margin": {"l": 110, "r": 20, "t": 50, "b": 50},
+    }
+
+
 def _timeline_figure(plan: Plan) -> dict[str, Any]:
-    ms = 1e3
-    traces: list[dict[str, Any]] = []
+    """The simulated step per device and link; per-device compute bars without a timeline."""
     if plan.timeline:
         resources = sorted({e.resource for e in plan.timeline}, key=resource_sort_key)
-        bars = merge_events(plan.timeline)
-        outline = 0.5 if len(bars) <= _MAX_OUTLINED_BARS else 0.0
-        for kind in EventKind:
-            events = [b for b in bars if b.kind is kind]
-            if not events:
-                continue
-            traces.append(
-                {
-                    "type": "bar",
-                    "orientation": "h",
-                    "name": kind.value,
-                    "y": [_ptext(e.resource) for e in events],
-                    "base": [e.start_s * ms for e in events],
-                    "x": [(e.end_s - e.start_s) * ms for e in events],
-                    "marker": {
-                        "color": _KIND_COLOUR[kind],
-                        "line": {"color": "#ffffff", "width": outline},
-                    },
-                    "hovertext": [
-                        _ptext(
-                            f"{e.label} ({kind.value}, micro-batch {e.microbatch}) on "
-                            f"{e.resource}: {format_seconds(e.start_s)} → {format_seconds(e.end_s)}"
-                        )
-                        for e in events
-                    ],
-                    "hoverinfo": "text",
-                }
-            )
+        traces = _event_traces(plan)
         title = "Simulated step per device and link"
     else:
         resources = [f"device {d.device}" for d in plan.per_device]
-        traces.append(
-            {
-                "type": "bar",
-                "orientation": "h",
-                "name": "compute",
-                "y": resources,
-                "base": [0.0] * len(resources),
-                "x": [d.compute_s * ms for d in plan.per_device],
-                "marker": {"color": _KIND_COLOUR[EventKind.FORWARD]},
-                "hovertext": [
-                    f"device {d.device}: compute {format_seconds(d.compute_s)}"
-                    for d in plan.per_device
-                ],
-                "hoverinfo": "text",
-            }
-        )
+        traces = [_compute_trace(plan)]
         title = "Compute per device (the plan records no timeline)"
-    categories = [_ptext(r) for r in resources]
-    shapes = [
-        {
-            "type": "line",
-            "x0": plan.step_time_s * ms,
-            "x1": plan.step_time_s * ms,
-            "yref": "paper",
-            "y0": 0,
-            "y1": 1,
-            "line": {"color": "#000", "width": 1.5},
-        },
-        {
-            "type": "line",
-            "x0": plan.lower_bound_s * ms,
-            "x1": plan.lower_bound_s * ms,
-            "yref": "paper",
-            "y0": 0,
-            "y1": 1,
-            "line": {"color": "#888", "width": 1, "dash": "dash"},
-        },
-    ]
-    return {
-        "data": traces,
-        "layout": {
-            "title": {
-                "text": f"{title}: step {format_seconds(plan.step_time_s)} (solid), "
-                f"lower bound {format_seconds(plan.lower_bound_s)} (dashed)"
-            },
-            "barmode": "overlay",
-            "height": max(260, 60 + 38 * len(categories)),
-            "xaxis": {"title": {"text": "time (ms)"}, "rangemode": "tozero"},
-            "yaxis": {
-                "type": "category",
-                "categoryorder": "array",
-                "categoryarray": categories,
-                "autorange": "reversed",
-            },
-            "shapes": shapes,
-            "hovermode": "closest",
-            "margin": {"l": 110, "r": 20, "t": 50, "b": 50},
-        },
-    }
+    return {"data": traces, "layout": _timeline_layout(plan, title, resources)}
 
 
 def _memory_figure(plan: Plan) -> dict[str, Any]:
@@ -403,7 +440,7 @@ def _memory_figure(plan: Plan) -> dict[str, Any]:
                 "y": used,
                 "width": 0.5,
                 "text": [
-                    _memory_text(d.memory_bytes, d.memory_limit_bytes) for d in plan.per_device
+                    memory_text(d.memory_bytes, d.memory_limit_bytes) for d in plan.per_device
                 ],
                 "textposition": "outside",
                 "constraintext": "none",
@@ -435,11 +472,10 @@ def _memory_figure(plan: Plan) -> dict[str, Any]:
 def _time_figure(plan: Plan) -> dict[str, Any]:
     rows = time_breakdown(plan)
     names = [_ptext(r.resource) for r in rows]
-    ms = 1e3
     parts = (
-        ("compute", [r.compute_s * ms for r in rows], "#1f77b4"),
-        ("transfer", [r.transfer_s * ms for r in rows], "#d62728"),
-        ("idle", [r.idle_s * ms for r in rows], "#d9d9d9"),
+        ("compute", [r.compute_s * _MS for r in rows], "#1f77b4"),
+        ("transfer", [r.transfer_s * _MS for r in rows], "#d62728"),
+        ("idle", [r.idle_s * _MS for r in rows], "#d9d9d9"),
     )
     return {
         "data": [
@@ -450,7 +486,7 @@ def _time_figure(plan: Plan) -> dict[str, Any]:
                 "y": names,
                 "x": values,
                 "marker": {"color": colour},
-                "hovertext": [f"{name} {format_seconds(v / ms)}" for v in values],
+                "hovertext": [f"{name} {format_seconds(v / _MS)}" for v in values],
                 "hoverinfo": "text",
             }
             for name, values, colour in parts
@@ -466,152 +502,37 @@ def _time_figure(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _table(columns: Sequence[str], rows: Sequence[tuple[Sequence[str], str]]) -> dict[str, Any]:
+def _table_data(table: Table) -> dict[str, Any]:
+    """A table for the page's script: headers, and per row its cells' text and CSS class."""
     return {
-        "columns": list(columns),
-        "rows": [{"cells": list(cells), "cls": cls} for cells, cls in rows],
+        "columns": [c.header for c in table.columns],
+        "rows": [{"cells": [c.text for c in r.cells], "cls": r.kind.value} for r in table.rows],
     }
 
 
-def _layers_text(layers: Sequence[str], limit: int = 6) -> str:
-    if not layers:
-        return "(none)"
-    more = f" +{len(layers) - limit} more" if len(layers) > limit else ""
-    return f"{len(layers)}: {', '.join(layers[:limit])}{more}"
-
-
-def _share(used: int, limit: int) -> str:
-    if limit <= 0:
-        return ""
-    share = used / limit
-    return " (<1%)" if 0 < share < 0.005 else f" ({share:.0%})"
-
-
-def _memory_text(used: int, limit: int) -> str:
-    share = _share(used, limit)
-    return f"{format_bytes(used)} / {format_bytes(limit)}{share}"
-
-
 def _tables(plan: Plan) -> dict[str, Any]:
-    devices = _table(
-        (
-            "device",
-            "type",
-            "host",
-            "TF device",
-            "layers",
-            "compute",
-            "memory / limit",
-            "sent",
-            "received",
-        ),
-        [
-            (
-                (
-                    str(d.device),
-                    plan.devices[d.device].device_type,
-                    str(plan.devices[d.device].host),
-                    plan.devices[d.device].name or "(local)",
-                    _layers_text(d.layers),
-                    format_seconds(d.compute_s),
-                    _memory_text(d.memory_bytes, d.memory_limit_bytes),
-                    format_bytes(d.bytes_sent),
-                    format_bytes(d.bytes_received),
-                ),
-                "" if d.fits else "over",
-            )
-            for d in plan.per_device
-        ],
-    )
-    stages = None
-    if plan.pipeline is not None:
-        pipe = plan.pipeline
-        stages = _table(
-            (
-                "stage",
-                "device",
-                "layers",
-                "compute",
-                "memory / limit",
-                "bytes in",
-                "bytes out",
-                "bubble",
-            ),
-            [
-                (
-                    (
-                        str(s),
-                        str(d),
-                        _layers_text(plan.per_device[d].layers),
-                        format_seconds(plan.per_device[d].compute_s),
-                        _memory_text(
-                            plan.per_device[d].memory_bytes, plan.per_device[d].memory_limit_bytes
-                        ),
-                        format_bytes(plan.per_device[d].bytes_received),
-                        format_bytes(plan.per_device[d].bytes_sent),
-                        f"{pipe.bubble_fraction[d]:.0%}" if d < len(pipe.bubble_fraction) else "-",
-                    ),
-                    "" if plan.per_device[d].fits else "over",
-                )
-                for s, d in enumerate(pipe.stage_devices)
-            ],
-        )
-
-    def versus(t: float) -> str:
-        return f"{t / plan.step_time_s:.2f}x" if plan.step_time_s > 0 else "-"
-
-    def bound(t: float) -> str:
-        return f"{t / plan.lower_bound_s:.2f}x" if plan.lower_bound_s > 0 else "-"
-
-    comparison_rows: list[tuple[Sequence[str], str]] = [
-        (
-            (
-                f"{plan.solver.name} (this plan, {plan.solver.status})",
-                format_seconds(plan.step_time_s),
-                "1.00x",
-                bound(plan.step_time_s),
-                f"solved in {format_seconds(plan.solver.solve_time_s)}",
-            ),
-            "this",
-        )
-    ]
-    for b in plan.baselines:
-        if b.step_time_s is None:
-            comparison_rows.append(((b.solver, "does not fit", "-", "-", b.note), "nofit"))
-        else:
-            faster = b.step_time_s < plan.step_time_s
-            comparison_rows.append(
-                (
-                    (
-                        b.solver,
-                        format_seconds(b.step_time_s),
-                        versus(b.step_time_s),
-                        bound(b.step_time_s),
-                        b.note,
-                    ),
-                    "faster" if faster else "",
-                )
-            )
-    comparison_rows.append(
-        (
-            (
-                "lower bound",
-                format_seconds(plan.lower_bound_s),
-                versus(plan.lower_bound_s),
-                "1.00x",
-                "no placement is faster",
-            ),
-            "bound",
-        )
-    )
-    comparison = _table(
-        ("plan", "step time", "vs this plan", "vs lower bound", "note"), comparison_rows
-    )
-    return {"devices": devices, "stages": stages, "comparison": comparison}
+    """The device, stage (None without a pipeline) and comparison tables."""
+    stages = stage_table(plan, Medium.PAGE)
+    return {
+        "devices": _table_data(device_table(plan, Medium.PAGE)),
+        "stages": None if stages is None else _table_data(stages),
+        "comparison": _table_data(comparison_table(plan, Medium.PAGE)),
+    }
 
 
-def report_data(plan: Plan) -> dict[str, Any]:
-    """Everything the page shows, as JSON-ready data (names raw; plotly labels entity-escaped)."""
+def _cross_device_bytes(plan: Plan) -> int:
+    """Bytes carried by the edges across devices (the bytes sent, for a plan without edges)."""
+    dev = plan.device_of_layer
+    if plan.layer_edges:
+        return sum(n for a, b, n in plan.layer_edges if dev[a] != dev[b])
+    return sum(d.bytes_sent for d in plan.per_device)
+
+
+def _summary(plan: Plan) -> list[tuple[str, str]]:
+    """The page's summary: what was planned, the step time against the bound, the traffic."""
+    bound = format_seconds(plan.lower_bound_s)
+    if plan.lower_bound_s > 0:
+        bound += f" (this plan is {plan.step_time_s / plan.lower_bound_s:.2f}x the bound)"
     summary = [
         ("model", plan.model_name),
         ("devices", f"{plan.num_devices} x {plan.device_type} ({plan.link})"),
@@ -619,39 +540,26 @@ def report_data(plan: Plan) -> dict[str, Any]:
         ("layers", str(len(plan.layer_order))),
         ("solver", f"{plan.solver.name} ({plan.solver.status})"),
         ("predicted step time", format_seconds(plan.step_time_s)),
-        (
-            "lower bound",
-            f"{format_seconds(plan.lower_bound_s)}"
-            + (
-                f" (this plan is {plan.step_time_s / plan.lower_bound_s:.2f}x the bound)"
-                if plan.lower_bound_s > 0
-                else ""
-            ),
-        ),
-        (
-            "cross-device bytes",
-            format_bytes(
-                sum(
-                    b
-                    for a, c, b in plan.layer_edges
-                    if plan.device_of_layer[a] != plan.device_of_layer[c]
-                )
-            )
-            if plan.layer_edges
-            else format_bytes(sum(d.bytes_sent for d in plan.per_device)),
-        ),
+        ("lower bound", bound),
+        ("cross-device bytes", format_bytes(_cross_device_bytes(plan))),
     ]
     if plan.pipeline is not None:
+        pipe = plan.pipeline
         summary.append(
             (
                 "pipeline",
-                f"{plan.pipeline.schedule.value}, {plan.pipeline.num_microbatches} micro-batches, "
-                f"{len(plan.pipeline.stage_devices)} stages",
+                f"{pipe.schedule.value}, {pipe.num_microbatches} micro-batches, "
+                f"{len(pipe.stage_devices)} stages",
             )
         )
+    return summary
+
+
+def report_data(plan: Plan) -> dict[str, Any]:
+    """Everything the page shows, as JSON-ready data (names raw; plotly labels entity-escaped)."""
     return {
         "title": f"Plan for {plan.model_name}",
-        "summary": [list(kv) for kv in summary],
+        "summary": [list(kv) for kv in _summary(plan)],
         "warnings": list(plan.warnings),
         "advice": list(plan.advice),
         "notes": list(plan.solver.notes),
