@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -289,14 +289,44 @@ class Graph:
         """The layer-level view; glue ops are merged into a neighbouring layer."""
         if not self.layers:
             raise InvalidGraphError(f"graph {self.name!r} has no layers to place")
-        owner: list[str | None] = [op.layer for op in self.ops]
         layer_pos = {layer.name: i for i, layer in enumerate(self.layers)}
-        # Glue ops join a producer's layer, chosen along the data's direction so that merging
-        # never makes data flow against the layer order (which a pipeline's stages follow): a
-        # forward glue op joins its latest producer layer (a loss reading two heads runs after
-        # both); a backward one joins the earliest layer among its backward producers (the
-        # gradient has come back that far). Else the earliest owned consumer (in layer order),
-        # else the first layer.
+        owner = [layer_pos[name] for name in self._resolved_owners(layer_pos)]
+        op_ids, fwd_flops, bwd_flops = self._layer_ops_and_flops(owner)
+        partial_bytes = self._gradient_partial_bytes(owner)
+        saved_bytes, traffic = self._saved_activations_and_traffic(owner)
+        nodes = tuple(
+            LayerNode(
+                name=info.name,
+                class_name=info.class_name,
+                index=k,
+                op_ids=tuple(op_ids[k]),
+                forward_flops=fwd_flops[k],
+                backward_flops=bwd_flops[k],
+                param_bytes=info.param_bytes,
+                trainable_param_bytes=info.trainable_param_bytes,
+                activation_bytes=saved_bytes[k],
+                gradient_partial_bytes=partial_bytes[k],
+            )
+            for k, info in enumerate(self.layers)
+        )
+        edges = tuple(
+            LayerEdge(self.layers[a].name, self.layers[b].name, fb, bb)
+            for (a, b), (fb, bb) in sorted(traffic.items())
+        )
+        owner_map = MappingProxyType({op.id: self.layers[k].name for op, k in zip(self.ops, owner)})
+        return LayerGraph(nodes=nodes, edges=edges, op_owner=owner_map)
+
+    def _resolved_owners(self, layer_pos: Mapping[str, int]) -> list[str]:
+        """The layer of every op, glue ops (``layer=None``) merged into a neighbouring layer.
+
+        Glue ops join a producer's layer, chosen along the data's direction so that merging never
+        makes data flow against the layer order (which a pipeline's stages follow): a forward
+        glue op joins its latest producer layer (a loss reading two heads runs after both); a
+        backward one joins the earliest layer among its backward producers (the gradient has
+        come back that far). Else the earliest owned consumer (in layer order), else the first
+        layer.
+        """
+        owner: list[str | None] = [op.layer for op in self.ops]
         for i, op in enumerate(self.ops):
             if owner[i] is not None:
                 continue
@@ -319,19 +349,25 @@ class Graph:
                 if consumer_layers:
                     owner[i] = min(consumer_layers, key=lambda n: layer_pos[n])
         first = self.layers[0].name
-        resolved = [o if o is not None else first for o in owner]
+        return [o if o is not None else first for o in owner]
 
+    def _layer_ops_and_flops(
+        self, owner: Sequence[int]
+    ) -> tuple[list[list[str]], list[int], list[int]]:
+        """Each layer's ops (in op order), forward FLOPs and backward FLOPs."""
         op_ids: list[list[str]] = [[] for _ in self.layers]
         fwd_flops = [0] * len(self.layers)
         bwd_flops = [0] * len(self.layers)
-        for op, own in zip(self.ops, resolved):
-            k = layer_pos[own]
+        for op, k in zip(self.ops, owner):
             op_ids[k].append(op.id)
             if op.phase is Phase.FORWARD:
                 fwd_flops[k] += op.flops
             else:
                 bwd_flops[k] += op.flops
+        return op_ids, fwd_flops, bwd_flops
 
+    def _gradient_partial_bytes(self, owner: Sequence[int]) -> list[int]:
+        """Each layer's bytes of partial gradients: the inputs of its backward gradient sums."""
         partial_bytes = [0] * len(self.layers)
         for i, op in enumerate(self.ops):
             if (
@@ -339,8 +375,15 @@ class Graph:
                 and op.op_type in _GRADIENT_SUMS
                 and len(self.in_edges[i]) > 1
             ):
-                partial_bytes[layer_pos[resolved[i]]] += sum(e.bytes for e in self.in_edges[i])
+                partial_bytes[owner[i]] += sum(e.bytes for e in self.in_edges[i])
+        return partial_bytes
 
+    def _saved_activations_and_traffic(
+        self, owner: Sequence[int]
+    ) -> tuple[list[int], dict[tuple[int, int], list[int]]]:
+        """Each layer's saved activation bytes (forward tensors the backward reads, each once),
+        and the ``[forward, backward]`` bytes between every pair of layers ``(low, high)``
+        (each tensor once per consuming layer)."""
         saved: list[set[tuple[str, int]]] = [set() for _ in self.layers]
         saved_bytes = [0] * len(self.layers)
         traffic: dict[tuple[int, int], list[int]] = {}
@@ -348,7 +391,7 @@ class Graph:
         for e in self.edges:
             si, di = self.op_index[e.src], self.op_index[e.dst]
             src_op, dst_op = self.ops[si], self.ops[di]
-            ks, kd = layer_pos[resolved[si]], layer_pos[resolved[di]]
+            ks, kd = owner[si], owner[di]
             if (
                 src_op.phase is Phase.FORWARD
                 and dst_op.phase is Phase.BACKWARD
@@ -363,28 +406,7 @@ class Graph:
             key = (min(ks, kd), max(ks, kd))
             slot = traffic.setdefault(key, [0, 0])
             slot[0 if dst_op.phase is Phase.FORWARD else 1] += e.bytes
-
-        nodes = tuple(
-            LayerNode(
-                name=info.name,
-                class_name=info.class_name,
-                index=k,
-                op_ids=tuple(op_ids[k]),
-                forward_flops=fwd_flops[k],
-                backward_flops=bwd_flops[k],
-                param_bytes=info.param_bytes,
-                trainable_param_bytes=info.trainable_param_bytes,
-                activation_bytes=saved_bytes[k],
-                gradient_partial_bytes=partial_bytes[k],
-            )
-            for k, info in enumerate(self.layers)
-        )
-        edges = tuple(
-            LayerEdge(self.layers[a].name, self.layers[b].name, fb, bb)
-            for (a, b), (fb, bb) in sorted(traffic.items())
-        )
-        owner_map = MappingProxyType({op.id: own for op, own in zip(self.ops, resolved)})
-        return LayerGraph(nodes=nodes, edges=edges, op_owner=owner_map)
+        return saved_bytes, traffic
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ class Plan:
     timeline: tuple[TimelineEvent, ...] = ()
     """The simulated step (coarse: one event per layer run or transfer), when recorded."""
     measured_layers: tuple[str, ...] = ()
-    """Layers whose compute times were profiled (``--profile``); every other cost is estimated."""
+    """Layers whose compute times were profiled (``profile=True``); every other cost is estimated."""
     cost_notes: tuple[str, ...] = ()
     """How the costs were obtained (profiled devices, cache hits, what stayed estimated)."""
     schema_version: int = SCHEMA_VERSION

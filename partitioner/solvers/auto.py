@@ -74,6 +74,9 @@ CANDIDATES: tuple[type[SolverOptions], ...] = (
 )
 """The fast solvers ``auto`` runs, in tie-breaking order."""
 
+_Best = tuple[float, str, tuple[int, ...]]
+"""The best placement so far: its score, the solver that made it, the assignment."""
+
 _MIN_ILP_TIME_S = 0.05
 """Below this much search time left, the ILP is not started."""
 
@@ -129,68 +132,12 @@ class AutoSolver(SolverOptions):
             )
 
     def solve(self, problem: PartitionProblem) -> SolverResult:
+        """Steps 1-3 of the module docstring."""
         t0 = time.perf_counter()
         validate_problem_for(problem)
         notes: list[str] = []
-        best: tuple[float, str, tuple[int, ...]] | None = None
-        need_all = _units(problem) >= problem.num_devices
-        for cls in CANDIDATES:
-            solver: Solver = cls(seed=self.seed, time_limit_s=self.time_limit_s)  # type: ignore[assignment]
-            try:
-                raw = solver.solve(problem).assignment
-            except InfeasibleError as exc:
-                logger.debug("auto: %s infeasible: %s", solver.name, exc)
-                notes.append(f"{solver.name}: infeasible (memory)")
-                continue
-            except SolverError as exc:
-                logger.warning("auto: %s failed: %s", solver.name, exc)
-                notes.append(f"{solver.name}: failed")
-                continue
-            assignment = colocate_groups(raw, problem)
-            if assignment != raw and not _fits(assignment, problem):
-                notes.append(f"{solver.name}: infeasible (memory, after colocation)")
-                continue
-            if need_all and len(set(assignment)) < problem.num_devices:
-                notes.append(f"{solver.name}: skipped (leaves a device empty)")
-                continue
-            score = auto_score_s(problem, assignment)
-            notes.append(f"{solver.name}: {format_seconds(score)}")
-            if best is None or score < best[0]:
-                best = (score, solver.name, assignment)
-
-        status = SolveStatus.HEURISTIC
-        bound = lower_bounds(problem).throughput_s
-        n = problem.num_layers
-        build_s = _ILP_BUILD_S_PER_TERM * throughput_model_terms(problem)
-        remaining_s = self.time_limit_s - (time.perf_counter() - t0) - build_s
-        if not self.ilp or self.ilp_max_layers == 0:
-            notes.append("ilp: off")
-        elif n > self.ilp_max_layers:
-            notes.append(f"ilp: skipped ({n} layers > ilp_max_layers={self.ilp_max_layers})")
-        elif remaining_s < _MIN_ILP_TIME_S:
-            notes.append("ilp: skipped (too little of time_limit_s left)")
-        else:
-            ilp = IlpSolver(
-                seed=self.seed,
-                time_limit_s=remaining_s,
-                objective="throughput",
-                warm_start=best[2] if best is not None else None,
-            )
-            try:
-                result = ilp.solve(problem)
-            except PartitionError as exc:
-                logger.info("auto: ilp gave nothing: %s", exc)
-                notes.append(f"ilp: no placement ({type(exc).__name__})")
-            else:
-                score = auto_score_s(problem, result.assignment)
-                notes.append(f"ilp: {format_seconds(score)} ({result.status.value})")
-                if result.best_bound is not None:
-                    bound = max(bound, result.best_bound)
-                won = best is None or score < best[0]
-                if won:
-                    best = (score, "ilp", result.assignment)
-                if won or result.status is SolveStatus.OPTIMAL:
-                    status = result.status
+        best = self._best_candidate(problem, notes)
+        best, status, bound = self._improve_with_ilp(problem, best, notes, t0)
         if best is None:
             raise InfeasibleError(
                 memory_infeasible_message(problem, "solver 'auto': no candidate placement fits")
@@ -206,3 +153,86 @@ class AutoSolver(SolverOptions):
             notes=tuple(notes),
             best_bound=min(bound, score) if math.isfinite(bound) else None,
         )
+
+    def _best_candidate(self, problem: PartitionProblem, notes: list[str]) -> _Best | None:
+        """Steps 1-2: run every candidate, note its score (or why it is out), keep the best."""
+        best: _Best | None = None
+        need_all = _units(problem) >= problem.num_devices
+        for cls in CANDIDATES:
+            solver: Solver = cls(seed=self.seed, time_limit_s=self.time_limit_s)  # type: ignore[assignment]
+            assignment = _candidate(solver, problem, need_all, notes)
+            if assignment is None:
+                continue
+            score = auto_score_s(problem, assignment)
+            notes.append(f"{solver.name}: {format_seconds(score)}")
+            if best is None or score < best[0]:
+                best = (score, solver.name, assignment)
+        return best
+
+    def _improve_with_ilp(
+        self, problem: PartitionProblem, best: _Best | None, notes: list[str], t0: float
+    ) -> tuple[_Best | None, SolveStatus, float]:
+        """Step 3: the warm-started ILP in the time left, when allowed; the best placement, its
+        status and the best lower bound known."""
+        status = SolveStatus.HEURISTIC
+        bound = lower_bounds(problem).throughput_s
+        n = problem.num_layers
+        build_s = _ILP_BUILD_S_PER_TERM * throughput_model_terms(problem)
+        remaining_s = self.time_limit_s - (time.perf_counter() - t0) - build_s
+        if not self.ilp or self.ilp_max_layers == 0:
+            notes.append("ilp: off")
+            return best, status, bound
+        if n > self.ilp_max_layers:
+            notes.append(f"ilp: skipped ({n} layers > ilp_max_layers={self.ilp_max_layers})")
+            return best, status, bound
+        if remaining_s < _MIN_ILP_TIME_S:
+            notes.append("ilp: skipped (too little of time_limit_s left)")
+            return best, status, bound
+        ilp = IlpSolver(
+            seed=self.seed,
+            time_limit_s=remaining_s,
+            objective="throughput",
+            warm_start=best[2] if best is not None else None,
+        )
+        try:
+            result = ilp.solve(problem)
+        except PartitionError as exc:
+            logger.info("auto: ilp gave nothing: %s", exc)
+            notes.append(f"ilp: no placement ({type(exc).__name__})")
+            return best, status, bound
+        score = auto_score_s(problem, result.assignment)
+        notes.append(f"ilp: {format_seconds(score)} ({result.status.value})")
+        if result.best_bound is not None:
+            bound = max(bound, result.best_bound)
+        won = best is None or score < best[0]
+        if won:
+            best = (score, "ilp", result.assignment)
+        if won or result.status is SolveStatus.OPTIMAL:
+            status = result.status
+        return best, status, bound
+
+
+def _candidate(
+    solver: Solver, problem: PartitionProblem, need_all: bool, notes: list[str]
+) -> tuple[int, ...] | None:
+    """A candidate's placement with its colocation groups together, or None (and a note) when it
+    is infeasible, fails, overflows memory after colocation, or leaves a device empty while
+    ``need_all``."""
+    try:
+        raw = solver.solve(problem).assignment
+    except InfeasibleError as exc:
+        logger.debug("auto: %s infeasible: %s", solver.name, exc)
+        notes.append(f"{solver.name}: infeasible (memory)")
+        return None
+    except SolverError as exc:
+        logger.warning("auto: %s failed: %s", solver.name, exc)
+        notes.append(f"{solver.name}: failed")
+        return None
+    assignment = colocate_groups(raw, problem)
+    if assignment != raw and not _fits(assignment, problem):
+        notes.append(f"{solver.name}: infeasible (memory, after colocation)")
+        return None
+    if need_all and len(set(assignment)) < problem.num_devices:
+        notes.append(f"{solver.name}: skipped (leaves a device empty)")
+        return None
+    return assignment

@@ -147,9 +147,9 @@ def memory_infeasible_message(
     fewest = math.ceil(total / limit) if limit > 0 else problem.num_layers
     n_dev = problem.num_devices
     if fewest > n_dev:
-        advice = f"use --gpus {fewest} or more, or larger devices"
+        advice = f"use gpus={fewest} or more, or larger devices"
     elif baseline:
-        advice = "use a solver that balances memory (--solver metis)"
+        advice = 'use a solver that balances memory (solver="metis")'
     else:
         advice = f"the layers do not pack into {n_dev} devices: use more or larger devices"
     return (
@@ -219,7 +219,7 @@ def validate_problem_for(problem: PartitionProblem) -> None:
     n_dev, n_layers = problem.num_devices, problem.num_layers
     if n_dev > n_layers:
         raise InfeasibleError(
-            f"--gpus {n_dev} is more than the {n_layers} layers of the model; "
+            f"gpus={n_dev} is more than the {n_layers} layers of the model; "
             f"use at most {n_layers} devices"
         )
 

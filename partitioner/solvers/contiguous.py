@@ -196,6 +196,30 @@ def min_bottleneck_split(
     ``memory_bytes`` and ``memory_limit_bytes`` (one limit per block) blocks must fit. Returns
     ``None`` when no split satisfies the memory limits (or ``n < num_blocks``).
     """
+    _check_split_arguments(weights, num_blocks, memory_limit_bytes)
+    engine = _Engine(weights, num_blocks, memory_bytes, memory_limit_bytes, _cut_rows(cut_cost))
+    if engine.n < num_blocks:
+        return None
+    rows = engine.probe(math.inf)
+    if rows is None:
+        return None
+    best_cuts = engine.backtrack(rows)
+    best_cuts, best = _bisect_bottleneck(engine, best_cuts, engine.bottleneck(best_cuts))
+    stage = [0] * engine.n
+    bounds = (0, *best_cuts, engine.n)
+    for s in range(num_blocks):
+        for k in range(bounds[s], bounds[s + 1]):
+            stage[k] = s
+    return ContiguousSplit(stage=tuple(stage), bottleneck=best, cuts=best_cuts)
+
+
+def _check_split_arguments(
+    weights: Sequence[Sequence[float]],
+    num_blocks: int,
+    memory_limit_bytes: Sequence[int] | None,
+) -> None:
+    """Raise SolverError on a weight-row count, block count or memory-limit count that does not
+    fit (the rows' values are checked by the engine)."""
     if not weights:
         raise SolverError("contiguous split: weights needs at least one row")
     if len(weights) not in (1, num_blocks):
@@ -209,21 +233,25 @@ def min_bottleneck_split(
         raise SolverError(
             f"contiguous split: {len(memory_limit_bytes)} memory limits for {num_blocks} blocks"
         )
-    cut_rows: list[Sequence[float]] | None = None
-    if cut_cost is not None:
-        if len(cut_cost) and isinstance(cut_cost[0], (list, tuple, np.ndarray)):
-            cut_rows = [list(row) for row in cut_cost]  # type: ignore[arg-type]
-        else:
-            cut_rows = [list(cut_cost)]  # type: ignore[arg-type]
-    engine = _Engine(weights, num_blocks, memory_bytes, memory_limit_bytes, cut_rows)
-    if engine.n < num_blocks:
+
+
+def _cut_rows(
+    cut_cost: Sequence[float] | Sequence[Sequence[float]] | None,
+) -> list[Sequence[float]] | None:
+    """``cut_cost`` as a list of rows (one row shared by every boundary, or one per boundary)."""
+    if cut_cost is None:
         return None
-    rows = engine.probe(math.inf)
-    if rows is None:
-        return None
-    best_cuts = engine.backtrack(rows)
-    best = engine.bottleneck(best_cuts)
-    # Bisection over the bit patterns of non-negative doubles: lo infeasible, hi feasible.
+    if len(cut_cost) and isinstance(cut_cost[0], (list, tuple, np.ndarray)):
+        return [list(row) for row in cut_cost]  # type: ignore[arg-type]
+    return [list(cut_cost)]  # type: ignore[arg-type]
+
+
+def _bisect_bottleneck(
+    engine: _Engine, cuts: tuple[int, ...], bottleneck: float
+) -> tuple[tuple[int, ...], float]:
+    """The smallest feasible bottleneck, from a feasible split ``cuts`` of value ``bottleneck``:
+    bisection over the bit patterns of non-negative doubles (lo infeasible, hi feasible)."""
+    best, best_cuts = bottleneck, cuts
     lo, hi = -1, _bits(best)
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -236,12 +264,7 @@ def min_bottleneck_split(
         if value <= best:
             best, best_cuts = value, cuts
         hi = min(mid, _bits(best))
-    stage = [0] * engine.n
-    bounds = (0, *best_cuts, engine.n)
-    for s in range(num_blocks):
-        for k in range(bounds[s], bounds[s + 1]):
-            stage[k] = s
-    return ContiguousSplit(stage=tuple(stage), bottleneck=best, cuts=best_cuts)
+    return best_cuts, best
 
 
 def linear_partition(weights: Sequence[float], num_blocks: int) -> tuple[int, ...]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from partitioner.core.errors import InfeasibleError
-from partitioner.core.ir import PartitionProblem, SolverResult, SolveStatus
+from partitioner.core.ir import Link, PartitionProblem, SolverResult, SolveStatus
 from partitioner.core.units import format_bytes
 from partitioner.solvers.base import (
     SolverOptions,
@@ -53,74 +53,103 @@ def etf_schedule(problem: PartitionProblem) -> tuple[tuple[int, ...], float]:
     """The m-ETF assignment (before filling empty devices) and its makespan in seconds."""
     n, n_dev = problem.num_layers, problem.num_devices
     uniform = problem.topology.is_uniform or n_dev == 1
-    link = problem.topology.link_between(0, 1) if n_dev > 1 else None
+    preds = _predecessors(problem, uniform)
     links = link_matrix(problem.topology)
-    preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    pred_bytes: list[list[int]] = [[] for _ in range(n)]
-    for a, b, nbytes in problem.edges:
-        xfer = link.transfer_time_s(nbytes) if link is not None and uniform else 0.0
-        preds[b].append((a, xfer))
-        pred_bytes[b].append(nbytes)
     free_s = [0.0] * n_dev
     free_mem = [d.memory_bytes for d in problem.topology.devices]
     end_s = [0.0] * n
     device = [0] * n
-    times = problem.compute_time_s
-    devices = range(n_dev)
     for k in range(n):
-        need = problem.memory_bytes[k]
-        # Inputs' arrival: the latest local end and the latest end + transfer, per device.
-        # For device d the remote arrival is the largest over producers on other devices:
-        # the overall largest, or the second largest when the largest comes from d itself.
-        local = [0.0] * n_dev
-        remote = [0.0] * n_dev
-        for a, xfer in preds[k]:
-            da, t = device[a], end_s[a]
-            if t > local[da]:
-                local[da] = t
-            if t + xfer > remote[da]:
-                remote[da] = t + xfer
-        if uniform:
-            top = max(devices, key=lambda e: remote[e])
-            second = max((remote[e] for e in devices if e != top), default=0.0)
-        else:
-            # Per-pair links: the arrival on d is the latest producer end plus its pair's time.
-            arrival = [0.0] * n_dev
-            for (a, _), nbytes in zip(preds[k], pred_bytes[k], strict=True):
-                da, t = device[a], end_s[a]
-                for d in devices:
-                    if d != da:
-                        at = t + transfer_time_s(links, nbytes, da, d)
-                        if at > arrival[d]:
-                            arrival[d] = at
-        best: tuple[float, int] | None = None
-        for d in devices:
-            if free_mem[d] < need:
-                continue
-            if uniform:
-                arrive = second if d == top else remote[top]
-            else:
-                arrive = arrival[d]
-            start = max(free_s[d], local[d], arrive)
-            finish = start + times[d][k]
-            if best is None or finish < best[0]:
-                best = (finish, d)
-        if best is None:
-            roomiest = max(devices, key=lambda d: (free_mem[d], -d))
-            raise InfeasibleError(
-                memory_infeasible_message(
-                    problem,
-                    f"solver 'etf': layer {problem.layers[k]!r} needs "
-                    f"{format_bytes(need, exact=True)} but the most free memory left is "
-                    f"{format_bytes(free_mem[roomiest], exact=True)} on device {roomiest}",
-                )
-            )
-        finish, d = best
+        ready = _inputs_ready_s(preds[k], device, end_s, uniform, links)
+        d, finish = _earliest_finish(problem, k, ready, free_s, free_mem)
         device[k] = d
         end_s[k] = finish
         free_s[d] = finish
-        free_mem[d] -= need
+        free_mem[d] -= problem.memory_bytes[k]
     return tuple(device), max(end_s, default=0.0)
+
+
+def _predecessors(problem: PartitionProblem, uniform: bool) -> list[list[tuple[int, float, int]]]:
+    """For every layer, its producers ``(a, transfer seconds, bytes)``; the transfer seconds are
+    the one link's on a uniform topology (0 otherwise: per-pair links are priced per device)."""
+    n_dev = problem.num_devices
+    link = problem.topology.link_between(0, 1) if n_dev > 1 else None
+    preds: list[list[tuple[int, float, int]]] = [[] for _ in range(problem.num_layers)]
+    for a, b, nbytes in problem.edges:
+        xfer = link.transfer_time_s(nbytes) if link is not None and uniform else 0.0
+        preds[b].append((a, xfer, nbytes))
+    return preds
+
+
+def _inputs_ready_s(
+    preds: list[tuple[int, float, int]],
+    device: list[int],
+    end_s: list[float],
+    uniform: bool,
+    links: tuple[tuple[Link | None, ...], ...],
+) -> list[float]:
+    """When all of a layer's inputs are on each device: the latest local end, or the latest end +
+    transfer from another device.
+
+    On a uniform topology the remote arrival on ``d`` is the largest over producers on other
+    devices: the overall largest, or the second largest when the largest comes from ``d`` itself.
+    With per-pair links it is the latest producer end plus its pair's transfer time.
+    """
+    n_dev = len(links)
+    devices = range(n_dev)
+    local = [0.0] * n_dev
+    remote = [0.0] * n_dev
+    for a, xfer, _ in preds:
+        da, t = device[a], end_s[a]
+        if t > local[da]:
+            local[da] = t
+        if t + xfer > remote[da]:
+            remote[da] = t + xfer
+    if uniform:
+        top = max(devices, key=lambda e: remote[e])
+        second = max((remote[e] for e in devices if e != top), default=0.0)
+        arrival = [second if d == top else remote[top] for d in devices]
+    else:
+        arrival = [0.0] * n_dev
+        for a, _, nbytes in preds:
+            da, t = device[a], end_s[a]
+            for d in devices:
+                if d != da:
+                    at = t + transfer_time_s(links, nbytes, da, d)
+                    if at > arrival[d]:
+                        arrival[d] = at
+    return [max(local[d], arrival[d]) for d in devices]
+
+
+def _earliest_finish(
+    problem: PartitionProblem,
+    k: int,
+    ready_s: list[float],
+    free_s: list[float],
+    free_mem: list[int],
+) -> tuple[int, float]:
+    """The device where layer ``k`` finishes first among those whose free memory holds it (ties:
+    lower index), and that finish; raise InfeasibleError when none holds it."""
+    need = problem.memory_bytes[k]
+    times = problem.compute_time_s
+    best: tuple[float, int] | None = None
+    for d in range(problem.num_devices):
+        if free_mem[d] < need:
+            continue
+        finish = max(free_s[d], ready_s[d]) + times[d][k]
+        if best is None or finish < best[0]:
+            best = (finish, d)
+    if best is None:
+        roomiest = max(range(problem.num_devices), key=lambda d: (free_mem[d], -d))
+        raise InfeasibleError(
+            memory_infeasible_message(
+                problem,
+                f"solver 'etf': layer {problem.layers[k]!r} needs "
+                f"{format_bytes(need, exact=True)} but the most free memory left is "
+                f"{format_bytes(free_mem[roomiest], exact=True)} on device {roomiest}",
+            )
+        )
+    return best[1], best[0]
 
 
 @dataclass(frozen=True)

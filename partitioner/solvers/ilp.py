@@ -143,6 +143,8 @@ IlpObjective = Literal["throughput", "step"]
 _OBJECTIVES: tuple[str, ...] = ("throughput", "step")
 
 _Evaluate = Callable[[PartitionProblem, Sequence[int]], float]
+_WarmStart = tuple[tuple[int, ...] | None, str, float]
+"""A warm start: the placement (None when no heuristic fits), where it came from, its value."""
 
 _TICKS_PER_UPPER_BOUND = 10**9
 """Integer ticks that the objective's upper bound is scaled to."""
@@ -386,10 +388,25 @@ class IlpSolver(SolverOptions):
     # ---------------------------------------------------------------------------------------
 
     def solve(self, problem: PartitionProblem) -> SolverResult:
+        """Warm start, CP-SAT search, then the better of the two in exact seconds."""
         t0 = time.perf_counter()
         validate_problem_for(problem)
         _check_layers_fit(problem)
-        n, n_dev = problem.num_layers, problem.num_devices
+        rules, notes = self._rules(problem)
+        evaluate = step_objective_s if self.objective == "step" else throughput_objective_s
+        if problem.num_devices == 1:
+            return self._one_device(problem, rules, evaluate, t0)
+        warm = self._warm_start(problem, rules, evaluate, notes)
+        outcome = self._search(problem, rules, warm[0], t0)
+        if outcome.assignment is None:
+            return self._warm_fallback(outcome, warm, notes, t0)
+        return self._searched(problem, outcome, outcome.assignment, warm, notes, t0)
+
+    # ---------------------------------------------------------------------------------------
+
+    def _rules(self, problem: PartitionProblem) -> tuple[_Rules, list[str]]:
+        """The model's rules for ``problem`` (constraints 3-5, 7), and the first notes."""
+        n_dev = problem.num_devices
         roots = colocation_roots(problem)
         n_units = len(set(roots))
         step = self.objective == "step"
@@ -399,28 +416,38 @@ class IlpSolver(SolverOptions):
             require_nonempty=not step and n_units >= n_dev,
             symmetric=not self.acyclic and _identical_devices(problem),
         )
-        evaluate = step_objective_s if step else throughput_objective_s
         notes: list[str] = []
         if not step and n_units < n_dev:
             notes.append(f"only {n_units} colocation units for {n_dev} devices; some stay empty")
+        return rules, notes
 
-        if n_dev == 1:
-            dev = (0,) * n
-            reason = rules.violation(problem, dev)
-            if reason is not None:
-                raise InfeasibleError(memory_infeasible_message(problem, f"solver 'ilp': {reason}"))
-            value = evaluate(problem, dev)
-            return SolverResult(
-                solver=self.name,
-                assignment=dev,
-                status=SolveStatus.OPTIMAL,
-                objective=value,
-                solve_time_s=time.perf_counter() - t0,
-                notes=("one device: every layer on device 0",),
-                best_bound=value,
-            )
+    def _one_device(
+        self, problem: PartitionProblem, rules: _Rules, evaluate: _Evaluate, t0: float
+    ) -> SolverResult:
+        """One device: every layer on it (optimal), if it fits."""
+        dev = (0,) * problem.num_layers
+        reason = rules.violation(problem, dev)
+        if reason is not None:
+            raise InfeasibleError(memory_infeasible_message(problem, f"solver 'ilp': {reason}"))
+        value = evaluate(problem, dev)
+        return SolverResult(
+            solver=self.name,
+            assignment=dev,
+            status=SolveStatus.OPTIMAL,
+            objective=value,
+            solve_time_s=time.perf_counter() - t0,
+            notes=("one device: every layer on device 0",),
+            best_bound=value,
+        )
 
-        warm, warm_source, warm_value = self._warm_start(problem, rules, evaluate, notes)
+    def _search(
+        self,
+        problem: PartitionProblem,
+        rules: _Rules,
+        warm: tuple[int, ...] | None,
+        t0: float,
+    ) -> _CpOutcome:
+        """Run CP-SAT in the time left; raise when it proves infeasibility or rejects the model."""
         outcome = _run_cp_sat(
             _CpRequest(
                 problem=problem,
@@ -438,8 +465,8 @@ class IlpSolver(SolverOptions):
             outcome.status,
             outcome.wall_time_s,
             self.objective,
-            n,
-            n_dev,
+            problem.num_layers,
+            problem.num_devices,
         )
         if outcome.status == "INFEASIBLE":
             raise InfeasibleError(memory_infeasible_message(problem, _infeasible_prefix(rules)))
@@ -447,57 +474,59 @@ class IlpSolver(SolverOptions):
             raise SolverError(
                 f"solver 'ilp': CP-SAT rejected the model ({outcome.detail}); report this bug"
             )
-        limit_note = f"time limit {self.time_limit_s:g} s reached"
+        return outcome
 
-        if outcome.assignment is None:
-            if warm is None:
-                raise SolverError(
-                    f"solver 'ilp' found no placement within time_limit_s={self.time_limit_s:g} "
-                    f"and no heuristic placement satisfies the constraints; raise --time-limit"
-                )
-            notes.append(
-                f"{limit_note} before CP-SAT found a placement; returned the warm start "
-                f"({warm_source})"
+    def _warm_fallback(
+        self, outcome: _CpOutcome, warm: _WarmStart, notes: list[str], t0: float
+    ) -> SolverResult:
+        """CP-SAT found nothing in time: the warm start, or an error when there is none."""
+        hint, source, value = warm
+        if hint is None:
+            raise SolverError(
+                f"solver 'ilp' found no placement within time_limit_s={self.time_limit_s:g} "
+                "and no heuristic placement satisfies the constraints; raise time_limit_s"
             )
-            return SolverResult(
-                solver=self.name,
-                assignment=warm,
-                status=SolveStatus.FEASIBLE,
-                objective=warm_value,
-                solve_time_s=time.perf_counter() - t0,
-                notes=tuple(notes),
-                best_bound=_clamp_bound(outcome.bound_s, warm_value),
-            )
+        notes.append(
+            f"time limit {self.time_limit_s:g} s reached before CP-SAT found a placement; "
+            f"returned the warm start ({source})"
+        )
+        return SolverResult(
+            solver=self.name,
+            assignment=hint,
+            status=SolveStatus.FEASIBLE,
+            objective=value,
+            solve_time_s=time.perf_counter() - t0,
+            notes=tuple(notes),
+            best_bound=_clamp_bound(outcome.bound_s, value),
+        )
 
-        dev = outcome.assignment
+    def _searched(
+        self,
+        problem: PartitionProblem,
+        outcome: _CpOutcome,
+        dev: tuple[int, ...],
+        warm: _WarmStart,
+        notes: list[str],
+        t0: float,
+    ) -> SolverResult:
+        """CP-SAT's placement ``dev`` retimed in exact seconds (or the warm start when that is
+        better), with its bound and a note on optimality or the gap."""
+        step = self.objective == "step"
         if step:
             value = _retimed_makespan_s(problem, dev, outcome.starts)
         else:
             value = throughput_objective_s(problem, dev)
-        if warm is not None and warm_value < value:
+        hint, source, hint_value = warm
+        if hint is not None and hint_value < value:
             notes.append(
-                f"kept the warm start ({warm_source}): {warm_value:.6g} s beats CP-SAT's "
+                f"kept the warm start ({source}): {hint_value:.6g} s beats CP-SAT's "
                 f"{value:.6g} s after time rounding"
             )
-            dev, value = warm, warm_value
+            dev, value = hint, hint_value
         bound = _clamp_bound(outcome.bound_s, value)
         relaxed = not step and _shared_host_channels(problem) is None
         proved = outcome.status == "OPTIMAL" and not relaxed
-        if proved:
-            notes.append("proved optimal by CP-SAT")
-        else:
-            gap = (
-                f"gap {max(0.0, (value - bound) / value) if value > 0 else 0.0:.1%}"
-                if bound is not None
-                else "no lower bound proved"
-            )
-            if relaxed and outcome.status == "OPTIMAL":
-                notes.append(
-                    "optimal for the device loads; host channels not modelled (a per-pair link "
-                    f"crosses hosts); {gap}"
-                )
-            else:
-                notes.append(f"{limit_note}; {gap}")
+        notes.append(self._optimality_note(outcome, value, bound, relaxed, proved))
         logger.info(
             "ilp: %s objective %.6g s, bound %s s (%s)",
             self.objective,
@@ -515,6 +544,29 @@ class IlpSolver(SolverOptions):
             best_bound=bound,
         )
 
+    def _optimality_note(
+        self,
+        outcome: _CpOutcome,
+        value: float,
+        bound: float | None,
+        relaxed: bool,
+        proved: bool,
+    ) -> str:
+        """Proved optimal, optimal for a relaxation, or stopped at the time limit: with the gap."""
+        if proved:
+            return "proved optimal by CP-SAT"
+        gap = (
+            f"gap {max(0.0, (value - bound) / value) if value > 0 else 0.0:.1%}"
+            if bound is not None
+            else "no lower bound proved"
+        )
+        if relaxed and outcome.status == "OPTIMAL":
+            return (
+                "optimal for the device loads; host channels not modelled (a per-pair link "
+                f"crosses hosts); {gap}"
+            )
+        return f"time limit {self.time_limit_s:g} s reached; {gap}"
+
     # ---------------------------------------------------------------------------------------
 
     def _warm_start(
@@ -523,7 +575,7 @@ class IlpSolver(SolverOptions):
         rules: _Rules,
         evaluate: _Evaluate,
         notes: list[str],
-    ) -> tuple[tuple[int, ...] | None, str, float]:
+    ) -> _WarmStart:
         """The hint: ``warm_start`` if feasible, else the best feasible heuristic placement."""
         n_dev = problem.num_devices
         if self.warm_start is not None:
@@ -537,7 +589,7 @@ class IlpSolver(SolverOptions):
             notes.append(f"warm_start ignored: {reason}")
             logger.info("ilp: warm_start ignored: %s", reason)
 
-        best: tuple[tuple[int, ...] | None, str, float] = (None, "", math.inf)
+        best: _WarmStart = (None, "", math.inf)
         for heuristic in (
             MetisSolver(seed=self.seed),
             EvenSolver(),
@@ -731,6 +783,7 @@ def _build_throughput(
     rules: _Rules,
     warm: tuple[int, ...] | None,
 ) -> tuple[cp_model.CpModel, _Built]:
+    """The throughput model: blocks 1-5, then 6-9 of the module docstring."""
     n, n_dev = problem.num_layers, problem.num_devices
     upper = max(sum(row) for row in problem.compute_time_s) + 2 * _upper_comm_s(problem)
     ticks_per_s = _TICKS_PER_UPPER_BOUND / upper if upper > 0 else 1.0
@@ -741,7 +794,36 @@ def _build_throughput(
     )
 
     model, x = _common(problem, rules, warm)
-    # 6. z[e, d, C] = edge e cut with one end on d and the other in d's link class C
+    cut_terms = _add_cut_edges(model, x, problem, cls, warm)
+    # 7. every device holds a layer
+    if rules.require_nonempty:
+        for d in range(n_dev):
+            model.add(sum(x[k][d] for k in range(n)) >= 1)
+    # 8. T >= load of every device; minimise T
+    stage = model.new_int_var(0, horizon, "T")
+    for d in range(n_dev):
+        model.add(
+            stage
+            >= sum(t[d][k] * x[k][d] for k in range(n) if t[d][k])
+            + sum(ce * z for ce, z in cut_terms[d])
+        )
+    _add_host_channels(model, x, stage, problem, ticks_per_s, warm)
+    model.minimize(stage)
+    if warm is not None:
+        model.add_hint(stage, _ticks_throughput(problem, t, cls, warm, ticks_per_s))
+    return model, _Built(x=x, starts=[], ticks_per_s=ticks_per_s)
+
+
+def _add_cut_edges(
+    model: cp_model.CpModel,
+    x: list[list[cp_model.IntVar]],
+    problem: PartitionProblem,
+    cls: _Classes,
+    warm: tuple[int, ...] | None,
+) -> list[list[tuple[int, cp_model.IntVar]]]:
+    """Block 6: ``z[e, d, C]``, edge ``e`` cut with one end on ``d`` and the other in ``d``'s
+    link class ``C``; returns each device's ``(ticks, z)`` load terms."""
+    n_dev = problem.num_devices
     cut_terms: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in range(n_dev)]
     for i, (a, b, _) in enumerate(problem.edges):
         for d in range(n_dev):
@@ -758,47 +840,44 @@ def _build_throughput(
                         (warm[a] == d and warm[b] in members)
                         or (warm[b] == d and warm[a] in members),
                     )
-    # 7. every device holds a layer
-    if rules.require_nonempty:
-        for d in range(n_dev):
-            model.add(sum(x[k][d] for k in range(n)) >= 1)
-    # 8. T >= load of every device; minimise T
-    stage = model.new_int_var(0, horizon, "T")
-    for d in range(n_dev):
-        model.add(
-            stage
-            >= sum(t[d][k] * x[k][d] for k in range(n) if t[d][k])
-            + sum(ce * z for ce, z in cut_terms[d])
-        )
-    # 9. T >= load of every host-to-host channel
+    return cut_terms
+
+
+def _add_host_channels(
+    model: cp_model.CpModel,
+    x: list[list[cp_model.IntVar]],
+    stage: cp_model.IntVar,
+    problem: PartitionProblem,
+    ticks_per_s: float,
+    warm: tuple[int, ...] | None,
+) -> None:
+    """Block 9: ``T >=`` the load of every host-to-host channel (when hosts share one)."""
     hosts = _shared_host_channels(problem)
     inter = problem.topology.inter_host_link
-    if hosts and inter is not None:
-        from ortools.sat.python import cp_model as cpm
+    if not hosts or inter is None:
+        return
+    from ortools.sat.python import cp_model as cpm
 
-        on = [
-            [cpm.LinearExpr.sum([x[v][d] for d in members]) for members in hosts] for v in range(n)
-        ]
-        host_of = {d: h for h, members in enumerate(hosts) for d in members}
-        for h in range(len(hosts)):
-            for g in range(h + 1, len(hosts)):
-                terms: list[tuple[int, cp_model.IntVar]] = []
-                for i, (a, b, nbytes) in enumerate(problem.edges):
-                    ce = _ticks(inter.transfer_time_s(nbytes), ticks_per_s)
-                    if ce <= 0:
-                        continue
-                    w = model.new_bool_var(f"w[{i},{h},{g}]")
-                    model.add(w >= on[a][h] + on[b][g] - 1)
-                    model.add(w >= on[a][g] + on[b][h] - 1)
-                    terms.append((ce, w))
-                    if warm is not None:
-                        model.add_hint(w, {host_of[warm[a]], host_of[warm[b]]} == {h, g})
-                if terms:
-                    model.add(stage >= sum(ce * w for ce, w in terms))
-    model.minimize(stage)
-    if warm is not None:
-        model.add_hint(stage, _ticks_throughput(problem, t, cls, warm, ticks_per_s))
-    return model, _Built(x=x, starts=[], ticks_per_s=ticks_per_s)
+    on = [
+        [cpm.LinearExpr.sum([x[v][d] for d in members]) for members in hosts]
+        for v in range(problem.num_layers)
+    ]
+    host_of = {d: h for h, members in enumerate(hosts) for d in members}
+    for h in range(len(hosts)):
+        for g in range(h + 1, len(hosts)):
+            terms: list[tuple[int, cp_model.IntVar]] = []
+            for i, (a, b, nbytes) in enumerate(problem.edges):
+                ce = _ticks(inter.transfer_time_s(nbytes), ticks_per_s)
+                if ce <= 0:
+                    continue
+                w = model.new_bool_var(f"w[{i},{h},{g}]")
+                model.add(w >= on[a][h] + on[b][g] - 1)
+                model.add(w >= on[a][g] + on[b][h] - 1)
+                terms.append((ce, w))
+                if warm is not None:
+                    model.add_hint(w, {host_of[warm[a]], host_of[warm[b]]} == {h, g})
+            if terms:
+                model.add(stage >= sum(ce * w for ce, w in terms))
 
 
 def _ticks_throughput(
@@ -832,7 +911,8 @@ def _build_step(
     rules: _Rules,
     warm: tuple[int, ...] | None,
 ) -> tuple[cp_model.CpModel, _Built]:
-    n, n_dev = problem.num_layers, problem.num_devices
+    """The step model: blocks 1-5, then the step objective's 6-9 of the module docstring."""
+    n = problem.num_layers
     upper = sum(max(row[k] for row in problem.compute_time_s) for k in range(n)) + _upper_comm_s(
         problem
     )
@@ -845,12 +925,32 @@ def _build_step(
     horizon = sum(max(row[k] for row in t) for k in range(n)) + sum(worst)
 
     model, x = _common(problem, rules, warm)
-    # 6. start and end of every layer
+    starts, ends = _add_layer_runs(model, x, t, horizon)
+    cuts = _add_precedence(model, x, starts, ends, problem, cls, worst)
+    # 9. makespan
+    has_successor = {a for a, _, _ in problem.edges}
+    makespan = model.new_int_var(0, horizon, "S")
+    for k in range(n):
+        if k not in has_successor:
+            model.add(makespan >= ends[k])
+    model.minimize(makespan)
+    if warm is not None:
+        _hint_step(model, problem, t, cls, warm, starts, ends, cuts, makespan)
+    return model, _Built(x=x, starts=starts, ticks_per_s=ticks_per_s)
+
+
+def _add_layer_runs(
+    model: cp_model.CpModel,
+    x: list[list[cp_model.IntVar]],
+    t: list[list[int]],
+    horizon: int,
+) -> tuple[list[cp_model.IntVar], list[cp_model.IntVar]]:
+    """Blocks 6-7 of the step model: each layer's start and end, one layer at a time per device."""
+    n_dev, n = len(t), len(x)
     starts = [model.new_int_var(0, horizon, f"s[{k}]") for k in range(n)]
     ends = [model.new_int_var(0, horizon, f"f[{k}]") for k in range(n)]
     for k in range(n):
         model.add(ends[k] == starts[k] + sum(t[d][k] * x[k][d] for d in range(n_dev)))
-    # 7. one layer at a time on each device
     for d in range(n_dev):
         model.add_no_overlap(
             [
@@ -860,7 +960,21 @@ def _build_step(
                 for k in range(n)
             ]
         )
-    # 8. precedence, with the transfer time on a cut edge (over the pair's link)
+    return starts, ends
+
+
+def _add_precedence(
+    model: cp_model.CpModel,
+    x: list[list[cp_model.IntVar]],
+    starts: list[cp_model.IntVar],
+    ends: list[cp_model.IntVar],
+    problem: PartitionProblem,
+    cls: _Classes,
+    worst: list[int],
+) -> list[tuple[int, cp_model.IntVar]]:
+    """Block 8 of the step model: precedence, with the transfer time on a cut edge (over the
+    pair's link); returns the ``(edge, cut)`` variables of the one-class form."""
+    n_dev = problem.num_devices
     cuts: list[tuple[int, cp_model.IntVar]] = []
     for i, (a, b, _) in enumerate(problem.edges):
         if worst[i] <= 0:
@@ -882,28 +996,35 @@ def _build_step(
                         starts[b]
                         >= ends[a] + ce * (x[a][d] + _in_class(x, b, d, members, n_dev) - 1)
                     )
-    # 9. makespan
-    has_successor = {a for a, _, _ in problem.edges}
-    makespan = model.new_int_var(0, horizon, "S")
+    return cuts
+
+
+def _hint_step(
+    model: cp_model.CpModel,
+    problem: PartitionProblem,
+    t: list[list[int]],
+    cls: _Classes,
+    warm: tuple[int, ...],
+    starts: list[cp_model.IntVar],
+    ends: list[cp_model.IntVar],
+    cuts: list[tuple[int, cp_model.IntVar]],
+    makespan: cp_model.IntVar,
+) -> None:
+    """Hint the step model with the list schedule of the warm start, in layer order."""
+    n = problem.num_layers
+
+    def comm_ticks(e: int, src: int, dst: int) -> float:
+        return float(_pair_ticks(cls, e, src, dst))
+
+    start = _list_schedule(t, problem.edges, comm_ticks, warm, range(n))
     for k in range(n):
-        if k not in has_successor:
-            model.add(makespan >= ends[k])
-    model.minimize(makespan)
-    if warm is not None:
-
-        def comm_ticks(e: int, src: int, dst: int) -> float:
-            return float(_pair_ticks(cls, e, src, dst))
-
-        start = _list_schedule(t, problem.edges, comm_ticks, warm, range(n))
-        for k in range(n):
-            s = round(start[k])
-            model.add_hint(starts[k], s)
-            model.add_hint(ends[k], s + t[warm[k]][k])
-        for i, cut in cuts:
-            a, b, _ = problem.edges[i]
-            model.add_hint(cut, warm[a] != warm[b])
-        model.add_hint(makespan, max(round(start[k]) + t[warm[k]][k] for k in range(n)))
-    return model, _Built(x=x, starts=starts, ticks_per_s=ticks_per_s)
+        s = round(start[k])
+        model.add_hint(starts[k], s)
+        model.add_hint(ends[k], s + t[warm[k]][k])
+    for i, cut in cuts:
+        a, b, _ = problem.edges[i]
+        model.add_hint(cut, warm[a] != warm[b])
+    model.add_hint(makespan, max(round(start[k]) + t[warm[k]][k] for k in range(n)))
 
 
 def _retimed_makespan_s(

@@ -124,7 +124,7 @@ def test_validate_problem_for_rejects_more_devices_than_layers() -> None:
     p = problem([1.0, 1.0, 1.0], 4)
     with pytest.raises(
         InfeasibleError,
-        match=r"--gpus 4 is more than the 3 layers of the model; use at most 3 devices",
+        match=r"gpus=4 is more than the 3 layers of the model; use at most 3 devices",
     ):
         validate_problem_for(p)
     for name in solver_names():
