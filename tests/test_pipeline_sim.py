@@ -30,13 +30,12 @@ from partitioner.simulation.pipeline import (
     SimTask,
     Stage,
     StageTransfer,
-    peak_live_formula,
     pipeline_stages,
     run_tasks,
     simulate_pipeline,
     simulate_stages,
-    stage_order,
 )
+from partitioner.simulation.schedules import peak_live_microbatches, stage_steps
 from partitioner.simulation.step import simulate_step
 
 F, B = Phase.FORWARD, Phase.BACKWARD
@@ -346,7 +345,7 @@ def test_peak_live_activations_follow_the_schedule(k: int, m: int, schedule: Sch
     )
     for s in range(k):
         live = {Schedule.NONE: 1, Schedule.GPIPE: m, Schedule.ONE_F_ONE_B: min(m, k - s)}[schedule]
-        assert sim.peak_live_microbatches[s] == live == peak_live_formula(schedule, k, s, m)
+        assert sim.peak_live_microbatches[s] == live == peak_live_microbatches(schedule, k, s, m)
         assert sim.peak_memory_bytes[s] == 1000 * (s + 1) + live * 700
 
 
@@ -364,13 +363,13 @@ def test_peak_memory_from_layer_memory() -> None:
 
 
 def test_schedule_orders() -> None:
-    assert stage_order(Schedule.ONE_F_ONE_B, 4, 1, 5) == (
+    assert stage_steps(Schedule.ONE_F_ONE_B, 4, 1, 5) == (
         (F, 0), (F, 1), (F, 2), (B, 0), (F, 3), (B, 1), (F, 4), (B, 2), (B, 3), (B, 4),
     )  # fmt: skip
-    assert stage_order(Schedule.GPIPE, 4, 1, 3) == ((F, 0), (F, 1), (F, 2), (B, 2), (B, 1), (B, 0))
-    assert stage_order(Schedule.NONE, 4, 1, 2) == ((F, 0), (B, 0), (F, 1), (B, 1))
+    assert stage_steps(Schedule.GPIPE, 4, 1, 3) == ((F, 0), (F, 1), (F, 2), (B, 2), (B, 1), (B, 0))
+    assert stage_steps(Schedule.NONE, 4, 1, 2) == ((F, 0), (B, 0), (F, 1), (B, 1))
     # fewer micro-batches than the warm-up: all forwards, then all backwards
-    assert stage_order(Schedule.ONE_F_ONE_B, 4, 0, 2) == ((F, 0), (F, 1), (B, 0), (B, 1))
+    assert stage_steps(Schedule.ONE_F_ONE_B, 4, 0, 2) == ((F, 0), (F, 1), (B, 0), (B, 1))
 
 
 # -- stages from a placement ---------------------------------------------------------------------
@@ -635,7 +634,7 @@ def test_pipeline_invariants(case: tuple[tuple[Stage, ...], Topology, Schedule, 
         busy = stage.forward_time_s + stage.backward_time_s
         assert sim.device_busy_s[s] == pytest.approx(busy, abs=eps)
         assert sim.step_time_s >= busy - eps
-        assert sim.peak_live_microbatches[s] == peak_live_formula(schedule, k, s, m)
+        assert sim.peak_live_microbatches[s] == peak_live_microbatches(schedule, k, s, m)
         assert 0.0 <= sim.bubble_fraction[s] <= 1.0
     link_total = sum(ev.end_s - ev.start_s for ev in transfers)
     assert sum(b for _, b in sim.link_busy_s) == pytest.approx(link_total, abs=1e-6)

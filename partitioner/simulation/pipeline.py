@@ -11,14 +11,16 @@ labels, constants, and layer-less glue computed from them alone) order nothing a
 sent: their values exist before any stage runs, and each stage reads them where it runs, as the
 pipelined rewrite (``passes.rewrite.pipeline``) feeds every stage its slice of the model's inputs; the
 layer a fed op is merged into for costing is an arbitrary one of its consumers, and must not
-order the stages (a model input read by several towers would otherwise chain them). The stage order is a topological order of these arcs
-(Kahn), taking among the available devices the one whose first non-fed op comes first in op
-order (then: whose first layer comes first in layer order) -- the order in which the model's
-call first reaches the devices, the tie-break the pipelined rewrite uses too (independent
-branches on different devices could otherwise be ordered differently by the two, and the
-rewrite refuses a plan whose stage order is not its own); for a placement of contiguous layers
-of a chain, the order in which devices first appear along the layers. A cycle raises :class:`~partitioner.core.errors.PlanError`. The stages need not form a chain:
-a skip edge from stage 0 to stage 2 is a transfer between those two devices.
+order the stages (a model input read by several towers would otherwise chain them). The stage
+order is :func:`partitioner.simulation.schedules.order_stages` of these arcs: a topological order,
+taking among the available devices the one whose first non-fed op comes first in op order (then:
+whose first layer comes first in layer order) -- the order in which the model's call first
+reaches the devices, the tie-break the pipelined rewrite uses too (independent branches on
+different devices could otherwise be ordered differently by the two, and the rewrite refuses a
+plan whose stage order is not its own); for a placement of contiguous layers of a chain, the
+order in which devices first appear along the layers. A cycle raises
+:class:`~partitioner.core.errors.PlanError`. The stages need not form a chain: a skip edge from
+stage 0 to stage 2 is a transfer between those two devices.
 
 Per stage, over the whole batch: the forward time (the sum of its ``Phase.FORWARD`` ops' times
 on its device), the backward time (``Phase.BACKWARD`` ops), the static memory (parameters,
@@ -40,21 +42,14 @@ a channel shared across hosts, :meth:`~partitioner.core.ir.Topology.channel_betw
 when its producing task ends and feeds the destination stage's forward and/or backward task of
 the same micro-batch. ``B(s, m)`` also waits for ``F(s, m)``. Compute and transfers overlap.
 
-**Schedules** fix the order of each device's compute queue (``K`` stages, stage ``s``):
-
-* ``Schedule.NONE``: ``F0 B0 F1 B1 ...``: micro-batches one after another (gradient
-  accumulation); with ``M = 1`` the plain un-pipelined step, run at stage level.
-* ``Schedule.GPIPE`` (Huang et al., "GPipe: Efficient Training of Giant Neural Networks using
-  Pipeline Parallelism", NeurIPS 2019): all forwards in micro-batch order, then all backwards in
-  *reverse* micro-batch order (the last micro-batch's backward first, as in the paper's
-  schedule figure). Every stage keeps ``M`` micro-batches of activations alive. With ``K``
-  identical stages and no transfer time the step is ``(M + K - 1)(f + b)`` and every stage idles
-  ``(K - 1)/(M + K - 1)`` of it (the bubble).
-* ``Schedule.ONE_F_ONE_B`` (PipeDream-Flush; Narayanan et al., "Memory-Efficient
-  Pipeline-Parallel DNN Training", ICML 2021): a warm-up of ``w = min(K - s - 1, M)`` forwards,
-  then ``M - w`` pairs of one forward and one backward, then a cool-down of the ``w`` remaining
-  backwards, both in micro-batch order. Stage ``s`` keeps at most ``min(M, K - s)`` micro-batches
-  of activations alive; the step time equals GPipe's for identical stages.
+**Schedules** fix the order of each device's compute queue: stage ``s`` of ``K`` runs its
+``F`` and ``B`` tasks in the order :func:`partitioner.simulation.schedules.stage_steps` gives,
+the one order the pipelined rewrite builds too. ``Schedule.NONE`` runs micro-batches one after
+another (gradient accumulation; with ``M = 1`` the plain un-pipelined step, at stage level);
+``Schedule.GPIPE`` keeps ``M`` micro-batches of activations alive on every stage, and with ``K``
+identical stages and no transfer time its step is ``(M + K - 1)(f + b)``, every stage idling
+``(K - 1)/(M + K - 1)`` of it (the bubble); ``Schedule.ONE_F_ONE_B`` keeps at most
+``min(M, K - s)`` on stage ``s`` in the same step time.
 
 **Discrete-event core** (:func:`run_tasks`). Tasks with a resource, a duration and
 dependencies. A resource with a given order runs its tasks in that order; any other resource
@@ -92,6 +87,7 @@ from partitioner.core.ir import (
     TimelineEvent,
     Topology,
 )
+from partitioner.simulation.schedules import order_stages, stage_steps
 from partitioner.simulation.step import channel_resource, device_resource, resolve_layer_devices
 
 __all__ = [
@@ -100,12 +96,10 @@ __all__ = [
     "Stage",
     "StageTransfer",
     "fed_ops",
-    "peak_live_formula",
     "pipeline_stages",
     "run_tasks",
     "simulate_pipeline",
     "simulate_stages",
-    "stage_order",
 ]
 
 
@@ -198,50 +192,89 @@ class PipelineSimulation:
 # -- stages ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _OpPlacement:
+    """Where every op runs: the device of each layer, and per op its owner layer and device."""
+
+    layer_devices: tuple[int, ...]
+    op_layer: tuple[int, ...]
+    op_device: tuple[int, ...]
+    fed: tuple[bool, ...]
+    """Per op: whether it is fed (:func:`fed_ops`)."""
+
+
+_Arcs = dict[tuple[int, int], tuple[int, int]]
+"""Arcs between devices (earlier -> later), each with an example op edge ``(i, j)`` for messages."""
+
+_Tensors = dict[tuple[int, int, int], tuple[int, set[Phase]]]
+"""``(producer op, output index, destination device) -> (bytes, consumer phases)``."""
+
+
 def pipeline_stages(
     costed: CostedGraph, layer_device: Mapping[str, int] | Sequence[int]
 ) -> tuple[Stage, ...]:
     """The pipeline stages of a placement, in dataflow order (see the module docstring)."""
     graph = costed.graph
+    place = _op_placement(costed, layer_device)
+    used, first_key = _first_reached(place, costed.topology.num_devices)
+    arcs, tensors = _cross_device_edges(graph, place)
+    order = _stage_device_order(used, first_key, arcs, costed)
+    stage_of = {d: s for s, d in enumerate(order)}
+    fwd_s, bwd_s = _phase_times_s(costed, place.op_device)
+    sends = _stage_sends(tensors, place, graph, stage_of)
+    return tuple(
+        _make_stage(costed, s, d, place.layer_devices, (fwd_s[d], bwd_s[d]), sends[s])
+        for s, d in enumerate(order)
+    )
+
+
+def _op_placement(
+    costed: CostedGraph, layer_device: Mapping[str, int] | Sequence[int]
+) -> _OpPlacement:
+    """Every op on the device of its effective owner layer (``LayerGraph.op_owner``)."""
+    graph = costed.graph
     lg = graph.layer_graph
     per_layer = resolve_layer_devices(costed, layer_device)
-    op_layer = [lg.index[lg.op_owner[op.id]] for op in graph.ops]
-    op_dev = [per_layer[k] for k in op_layer]
-    op_index = graph.op_index
-    ops = graph.ops
-    n_dev = costed.topology.num_devices
+    op_layer = tuple(lg.index[lg.op_owner[op.id]] for op in graph.ops)
+    op_device = tuple(per_layer[k] for k in op_layer)
+    return _OpPlacement(per_layer, op_layer, op_device, fed_ops(graph))
 
-    first_layer = [len(per_layer)] * n_dev
-    for k, d in enumerate(per_layer):
-        if first_layer[d] > k:
-            first_layer[d] = k
-    used = [d for d in range(n_dev) if first_layer[d] < len(per_layer)]
-    fed = fed_ops(graph)
-    # Ties between devices go to the one whose first (non-fed) op runs first: the order in which
-    # the model's call reaches them, which the pipelined rewrite also breaks ties by.
-    first_op = [len(ops)] * n_dev
-    for i in range(len(ops)):
-        if not fed[i] and first_op[op_dev[i]] > i:
-            first_op[op_dev[i]] = i
-    first_key = [(first_op[d], first_layer[d]) for d in range(n_dev)]
 
-    # Arcs between devices (earlier -> later), each with an example op edge for messages.
-    arcs: dict[tuple[int, int], tuple[int, int]] = {}
-    # (producer op, output index, destination device) -> (bytes, consumer phases)
-    tensors: dict[tuple[int, int, int], tuple[int, set[Phase]]] = {}
+def _first_reached(place: _OpPlacement, n_dev: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The devices that hold layers, and every device's tie-break key for the stage order.
+
+    The key is the device's first non-fed op, then its first layer: the order in which the
+    model's call reaches the devices, which the pipelined rewrite also breaks ties by.
+    """
+    n_layers = len(place.layer_devices)
+    first_layer = [n_layers] * n_dev
+    for k, d in enumerate(place.layer_devices):
+        first_layer[d] = min(first_layer[d], k)
+    used = [d for d in range(n_dev) if first_layer[d] < n_layers]
+    first_op = [len(place.op_device)] * n_dev
+    for i, d in enumerate(place.op_device):
+        if not place.fed[i]:
+            first_op[d] = min(first_op[d], i)
+    return used, [(first_op[d], first_layer[d]) for d in range(n_dev)]
+
+
+def _cross_device_edges(graph: Graph, place: _OpPlacement) -> tuple[_Arcs, _Tensors]:
+    """The arcs the cross-device op edges put between devices, and the tensors they send.
+
+    Fed ops' edges order nothing and send nothing; a backward op feeding another device's
+    forward op raises PlanError.
+    """
+    arcs: _Arcs = {}
+    tensors: _Tensors = {}
+    op_index, ops, op_dev = graph.op_index, graph.ops, place.op_device
     for e in graph.edges:
         i, j = op_index[e.src], op_index[e.dst]
         a, b = op_dev[i], op_dev[j]
-        if a == b or fed[i]:
+        if a == b or place.fed[i]:
             continue
         pi, pj = ops[i].phase, ops[j].phase
         if pi is Phase.BACKWARD and pj is Phase.FORWARD:
-            raise PlanError(
-                f"backward op {e.src!r} (layer {lg.nodes[op_layer[i]].name!r}, device {a}) feeds "
-                f"forward op {e.dst!r} (layer {lg.nodes[op_layer[j]].name!r}, device {b}): a "
-                "pipeline stage's forward cannot wait for another stage's backward; place both "
-                "layers on one device"
-            )
+            raise _backward_feeds_forward(graph, place, i, j)
         if pi is Phase.FORWARD and pj is Phase.FORWARD:
             arcs.setdefault((a, b), (i, j))
         elif pi is Phase.BACKWARD and pj is Phase.BACKWARD:
@@ -254,29 +287,49 @@ def pipeline_stages(
             old[1].add(pj)
             if e.bytes > old[0]:
                 tensors[key] = (e.bytes, old[1])
+    return arcs, tensors
 
-    order = _stage_device_order(used, first_key, arcs, costed)
-    stage_of = {d: s for s, d in enumerate(order)}
 
+def _backward_feeds_forward(graph: Graph, place: _OpPlacement, i: int, j: int) -> PlanError:
+    """The error for backward op ``i`` feeding forward op ``j`` on another device."""
+    nodes = graph.layer_graph.nodes
+    a, b = place.op_device[i], place.op_device[j]
+    return PlanError(
+        f"backward op {graph.ops[i].id!r} (layer {nodes[place.op_layer[i]].name!r}, device {a}) "
+        f"feeds forward op {graph.ops[j].id!r} (layer {nodes[place.op_layer[j]].name!r}, device "
+        f"{b}): a pipeline stage's forward cannot wait for another stage's backward; place both "
+        "layers on one device"
+    )
+
+
+def _phase_times_s(costed: CostedGraph, op_device: Sequence[int]) -> tuple[list[float], ...]:
+    """Per device: the seconds of its forward ops and of its backward ops (whole batch)."""
+    n_dev = costed.topology.num_devices
     fwd_s = [0.0] * n_dev
     bwd_s = [0.0] * n_dev
-    for i, op in enumerate(ops):
-        d = op_dev[i]
+    for i, op in enumerate(costed.graph.ops):
+        d = op_device[i]
         t = costed.op_compute_time_s[d][i]
         if op.phase is Phase.FORWARD:
             fwd_s[d] += t
         else:
             bwd_s[d] += t
+    return fwd_s, bwd_s
 
+
+def _stage_sends(
+    tensors: _Tensors, place: _OpPlacement, graph: Graph, stage_of: Mapping[int, int]
+) -> list[list[StageTransfer]]:
+    """Per stage, its sends: the tensors grouped by (producer phase, destination stage)."""
     groups: dict[tuple[int, Phase, int], tuple[int, set[Phase]]] = {}
     for (i, _, b), (nbytes, consumers) in tensors.items():
-        gkey = (op_dev[i], ops[i].phase, b)
+        gkey = (place.op_device[i], graph.ops[i].phase, b)
         old = groups.get(gkey)
         if old is None:
             groups[gkey] = (nbytes, set(consumers))
         else:
             groups[gkey] = (old[0] + nbytes, old[1] | consumers)
-    sends: list[list[StageTransfer]] = [[] for _ in order]
+    sends: list[list[StageTransfer]] = [[] for _ in stage_of]
     for (a, phase, b), (nbytes, consumers) in groups.items():
         sends[stage_of[a]].append(
             StageTransfer(
@@ -287,29 +340,32 @@ def pipeline_stages(
                 consumers=tuple(p for p in (Phase.FORWARD, Phase.BACKWARD) if p in consumers),
             )
         )
+    return sends
 
-    stages = []
-    for s, d in enumerate(order):
-        on_d = [k for k, x in enumerate(per_layer) if x == d]
-        mems = [costed.layer_memory[k] for k in on_d]
-        stages.append(
-            Stage(
-                index=s,
-                device=d,
-                layers=tuple(lg.nodes[k].name for k in on_d),
-                forward_time_s=fwd_s[d],
-                backward_time_s=bwd_s[d],
-                static_memory_bytes=sum(
-                    m.param_bytes + m.gradient_bytes + m.optimizer_bytes for m in mems
-                )
-                + max((m.transient_bytes for m in mems), default=0),
-                activation_bytes=sum(m.activation_bytes for m in mems),
-                sends=tuple(
-                    sorted(sends[s], key=lambda t: (t.phase is Phase.BACKWARD, t.dst_stage))
-                ),
-            )
-        )
-    return tuple(stages)
+
+def _make_stage(
+    costed: CostedGraph,
+    index: int,
+    device: int,
+    layer_devices: Sequence[int],
+    times_s: tuple[float, float],
+    sends: Sequence[StageTransfer],
+) -> Stage:
+    """Stage ``index``: the layers on ``device``, their (forward, backward) times and memory."""
+    on_d = [k for k, x in enumerate(layer_devices) if x == device]
+    mems = [costed.layer_memory[k] for k in on_d]
+    nodes = costed.graph.layer_graph.nodes
+    return Stage(
+        index=index,
+        device=device,
+        layers=tuple(nodes[k].name for k in on_d),
+        forward_time_s=times_s[0],
+        backward_time_s=times_s[1],
+        static_memory_bytes=sum(m.param_bytes + m.gradient_bytes + m.optimizer_bytes for m in mems)
+        + max((m.transient_bytes for m in mems), default=0),
+        activation_bytes=sum(m.activation_bytes for m in mems),
+        sends=tuple(sorted(sends, key=lambda t: (t.phase is Phase.BACKWARD, t.dst_stage))),
+    )
 
 
 def fed_ops(graph: Graph) -> tuple[bool, ...]:
@@ -333,70 +389,23 @@ def _stage_device_order(
     arcs: Mapping[tuple[int, int], tuple[int, int]],
     costed: CostedGraph,
 ) -> list[int]:
-    """Kahn's order of the used devices, earliest ``first_key`` first; PlanError on a cycle."""
-    succ: dict[int, list[int]] = {d: [] for d in used}
-    indeg = dict.fromkeys(used, 0)
-    for a, b in arcs:
-        succ[a].append(b)
-        indeg[b] += 1
-    heap = [(first_key[d], d) for d in used if indeg[d] == 0]
-    heapq.heapify(heap)
-    order: list[int] = []
-    while heap:
-        _, d = heapq.heappop(heap)
-        order.append(d)
-        for e in succ[d]:
-            indeg[e] -= 1
-            if indeg[e] == 0:
-                heapq.heappush(heap, (first_key[e], e))
-    if len(order) < len(used):
-        left = sorted(d for d in used if indeg[d] > 0)
-        a, b = next((a, b) for (a, b) in sorted(arcs) if indeg[a] > 0 and indeg[b] > 0)
-        i, j = arcs[(a, b)]
-        ops = costed.graph.ops
-        owner = costed.graph.layer_graph.op_owner
-        what = "forward" if ops[j].phase is Phase.FORWARD else "the gradient"
-        raise PlanError(
-            f"the placement's devices {left} depend on each other in a cycle, e.g. device {a} "
-            f"must run before device {b} because op {ops[i].id!r} (layer "
-            f"{owner[ops[i].id]!r}) feeds {what} op {ops[j].id!r} (layer {owner[ops[j].id]!r}), and "
-            f"device {b} before device {a} elsewhere: a pipeline needs data to flow one way; "
-            "keep each device's layers contiguous (partitioner.solvers.stages.make_acyclic)"
-        )
-    return order
-
-
-# -- schedules ---------------------------------------------------------------------------------
-
-
-def stage_order(
-    schedule: Schedule, num_stages: int, stage: int, num_microbatches: int
-) -> tuple[tuple[Phase, int], ...]:
-    """The order of ``(phase, micro-batch)`` tasks on stage ``stage`` under ``schedule``."""
-    m = num_microbatches
-    if schedule is Schedule.NONE:
-        return tuple(x for mb in range(m) for x in ((Phase.FORWARD, mb), (Phase.BACKWARD, mb)))
-    if schedule is Schedule.GPIPE:
-        return tuple((Phase.FORWARD, mb) for mb in range(m)) + tuple(
-            (Phase.BACKWARD, mb) for mb in reversed(range(m))
-        )
-    warmup = min(num_stages - stage - 1, m)
-    seq = [(Phase.FORWARD, mb) for mb in range(warmup)]
-    for k in range(m - warmup):
-        seq += [(Phase.FORWARD, warmup + k), (Phase.BACKWARD, k)]
-    seq += [(Phase.BACKWARD, mb) for mb in range(m - warmup, m)]
-    return tuple(seq)
-
-
-def peak_live_formula(
-    schedule: Schedule, num_stages: int, stage: int, num_microbatches: int
-) -> int:
-    """Micro-batches of activations a stage holds at once by the schedule's closed form."""
-    if schedule is Schedule.NONE:
-        return 1
-    if schedule is Schedule.GPIPE:
-        return num_microbatches
-    return min(num_microbatches, num_stages - stage)
+    """The used devices in stage order, earliest ``first_key`` first; PlanError on a cycle."""
+    found = order_stages(used, arcs, key=lambda d: (first_key[d], d))
+    if not found.blocked:
+        return list(found.order)
+    left = sorted(found.blocked)
+    a, b = next((a, b) for (a, b) in sorted(arcs) if a in left and b in left)
+    i, j = arcs[(a, b)]
+    ops = costed.graph.ops
+    owner = costed.graph.layer_graph.op_owner
+    what = "forward" if ops[j].phase is Phase.FORWARD else "the gradient"
+    raise PlanError(
+        f"the placement's devices {left} depend on each other in a cycle, e.g. device {a} "
+        f"must run before device {b} because op {ops[i].id!r} (layer "
+        f"{owner[ops[i].id]!r}) feeds {what} op {ops[j].id!r} (layer {owner[ops[j].id]!r}), and "
+        f"device {b} before device {a} elsewhere: a pipeline needs data to flow one way; "
+        "keep each device's layers contiguous (partitioner.solvers.stages.make_acyclic)"
+    )
 
 
 # -- the discrete-event core -------------------------------------------------------------------
@@ -411,6 +420,23 @@ def run_tasks(
     serve their tasks first come, first served.
     """
     n = len(tasks)
+    counts = _check_orders(tasks, orders)
+    missing, dependents = _dependencies(tasks)
+    loop = _EventLoop(tasks, orders, counts, missing, dependents)
+    loop.run()
+    if loop.done < n:
+        stuck = next(i for i in range(n) if not loop.ran[i])
+        raise PlanError(
+            f"the schedule deadlocks: {n - loop.done} of {n} tasks never ran (first: "
+            f"{tasks[stuck].label!r} on {tasks[stuck].resource}); its orders contradict the "
+            "dependencies"
+        )
+    return tuple(loop.start), tuple(loop.end)
+
+
+def _check_orders(tasks: Sequence[SimTask], orders: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The number of tasks on each resource; PlanError unless each order lists exactly its tasks."""
+    n = len(tasks)
     for r, seq in orders.items():
         if len(set(seq)) != len(seq) or any(not 0 <= i < n or tasks[i].resource != r for i in seq):
             raise PlanError(f"the order of resource {r!r} lists a task twice or one not on it")
@@ -420,7 +446,12 @@ def run_tasks(
     for r, seq in orders.items():
         if len(seq) != counts.get(r, 0):
             raise PlanError(f"the order of resource {r!r} leaves out some of its tasks")
+    return counts
 
+
+def _dependencies(tasks: Sequence[SimTask]) -> tuple[list[int], list[list[int]]]:
+    """Per task: how many distinct tasks it waits for, and which tasks wait for it."""
+    n = len(tasks)
     missing = [0] * n
     dependents: list[list[int]] = [[] for _ in range(n)]
     for i, t in enumerate(tasks):
@@ -429,71 +460,88 @@ def run_tasks(
                 raise PlanError(f"task {i} ({t.label!r}) depends on task {j}, not another task")
             missing[i] += 1
             dependents[j].append(i)
+    return missing, dependents
 
-    start = [0.0] * n
-    end = [0.0] * n
-    ready_at = [0.0] * n
-    ran = [False] * n
-    busy: dict[str, bool] = dict.fromkeys(counts, False)
-    position = dict.fromkeys(orders, 0)
-    fifo: dict[str, list[tuple[float, int]]] = {r: [] for r in counts if r not in orders}
-    events: list[tuple[float, int]] = []
-    done = 0
 
-    def dispatch(r: str, now: float) -> None:
-        if busy[r]:
+class _EventLoop:
+    """The state of :func:`run_tasks`: resources, their queues, and the heap of task ends."""
+
+    def __init__(
+        self,
+        tasks: Sequence[SimTask],
+        orders: Mapping[str, Sequence[int]],
+        counts: Mapping[str, int],
+        missing: list[int],
+        dependents: Sequence[Sequence[int]],
+    ) -> None:
+        n = len(tasks)
+        self.tasks, self.orders = tasks, orders
+        self.missing, self.dependents = missing, dependents
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.ready_at = [0.0] * n
+        self.ran = [False] * n
+        self.done = 0
+        self.busy: dict[str, bool] = dict.fromkeys(counts, False)
+        self.position = dict.fromkeys(orders, 0)
+        self.fifo: dict[str, list[tuple[float, int]]] = {r: [] for r in counts if r not in orders}
+        self.events: list[tuple[float, int]] = []
+
+    def run(self) -> None:
+        """Start what is ready at time 0, then process task ends in time order."""
+        for i, task in enumerate(self.tasks):
+            if self.missing[i] == 0 and task.resource in self.fifo:
+                heapq.heappush(self.fifo[task.resource], (0.0, i))
+        for r in sorted(self.busy):
+            self._dispatch(r, 0.0)
+        while self.events:
+            now = self.events[0][0]
+            for r in sorted(self._finish_at(now)):
+                self._dispatch(r, now)
+
+    def _next_task(self, r: str) -> int | None:
+        """The task resource ``r`` runs next, if it is ready (taking it off the queue)."""
+        if r in self.orders:
+            seq = self.orders[r]
+            p = self.position[r]
+            if p >= len(seq) or self.missing[seq[p]] > 0:
+                return None
+            self.position[r] = p + 1
+            return seq[p]
+        queue = self.fifo[r]
+        return heapq.heappop(queue)[1] if queue else None
+
+    def _dispatch(self, r: str, now: float) -> None:
+        """Start resource ``r``'s next task at ``now`` if ``r`` is free and the task ready."""
+        if self.busy[r]:
             return
-        if r in orders:
-            seq = orders[r]
-            p = position[r]
-            if p >= len(seq) or missing[seq[p]] > 0:
-                return
-            position[r] = p + 1
-            i = seq[p]
-        else:
-            queue = fifo[r]
-            if not queue:
-                return
-            i = heapq.heappop(queue)[1]
-        busy[r] = True
-        start[i] = now
-        end[i] = now + tasks[i].duration_s
-        heapq.heappush(events, (end[i], i))
+        i = self._next_task(r)
+        if i is None:
+            return
+        self.busy[r] = True
+        self.start[i] = now
+        self.end[i] = now + self.tasks[i].duration_s
+        heapq.heappush(self.events, (self.end[i], i))
 
-    for i in range(n):
-        if missing[i] == 0 and tasks[i].resource in fifo:
-            heapq.heappush(fifo[tasks[i].resource], (0.0, i))
-    for r in sorted(counts):
-        dispatch(r, 0.0)
-    while events:
-        now = events[0][0]
+    def _finish_at(self, now: float) -> set[str]:
+        """End every task that ends at ``now``; the resources that may start a task now."""
         touched: set[str] = set()
-        while events and events[0][0] == now:
-            _, i = heapq.heappop(events)
-            done += 1
-            ran[i] = True
-            r = tasks[i].resource
-            busy[r] = False
+        while self.events and self.events[0][0] == now:
+            _, i = heapq.heappop(self.events)
+            self.done += 1
+            self.ran[i] = True
+            r = self.tasks[i].resource
+            self.busy[r] = False
             touched.add(r)
-            for k in dependents[i]:
-                missing[k] -= 1
-                if now > ready_at[k]:
-                    ready_at[k] = now
-                if missing[k] == 0:
-                    rk = tasks[k].resource
-                    if rk in fifo:
-                        heapq.heappush(fifo[rk], (ready_at[k], k))
+            for k in self.dependents[i]:
+                self.missing[k] -= 1
+                self.ready_at[k] = max(self.ready_at[k], now)
+                if self.missing[k] == 0:
+                    rk = self.tasks[k].resource
+                    if rk in self.fifo:
+                        heapq.heappush(self.fifo[rk], (self.ready_at[k], k))
                     touched.add(rk)
-        for r in sorted(touched):
-            dispatch(r, now)
-    if done < n:
-        stuck = next(i for i in range(n) if not ran[i])
-        raise PlanError(
-            f"the schedule deadlocks: {n - done} of {n} tasks never ran (first: "
-            f"{tasks[stuck].label!r} on {tasks[stuck].resource}); its orders contradict the "
-            "dependencies"
-        )
-    return tuple(start), tuple(end)
+        return touched
 
 
 # -- the pipelined step ------------------------------------------------------------------------
@@ -555,9 +603,43 @@ def simulate_stages(
     """Simulate stages (from :func:`pipeline_stages`, or made by hand) on ``topology``."""
     _check_options(schedule, num_microbatches)
     stages = tuple(stages)
-    k_stages = len(stages)
     m = num_microbatches
     n_dev = topology.num_devices
+    _check_stages(stages, n_dev)
+    tasks, idx = _stage_tasks(stages, topology, m)
+    orders = _device_orders(stages, idx, schedule, m)
+    start, end = run_tasks(tasks, orders)
+    step = max(end, default=0.0)
+    device_busy = [0.0] * n_dev
+    for st in stages:
+        device_busy[st.device] = sum(
+            tasks[i].duration_s for i in orders[device_resource(st.device)]
+        )
+    link_busy: dict[str, float] = {}
+    for task in tasks:
+        if task.kind is EventKind.TRANSFER:
+            link_busy[task.resource] = link_busy.get(task.resource, 0.0) + task.duration_s
+    peak_live = tuple(_peak_live(tasks, orders[device_resource(st.device)], start) for st in stages)
+    peak_mem = [0] * n_dev
+    for st, live in zip(stages, peak_live, strict=True):
+        peak_mem[st.device] = st.static_memory_bytes + math.ceil(live * st.activation_bytes / m)
+    return PipelineSimulation(
+        schedule=schedule,
+        num_microbatches=m,
+        stages=stages,
+        step_time_s=step,
+        timeline=_timeline(tasks, start, end),
+        device_busy_s=tuple(device_busy),
+        bubble_fraction=tuple(0.0 if step <= 0 else max(0.0, 1.0 - b / step) for b in device_busy),
+        link_busy_s=tuple(sorted(link_busy.items())),
+        peak_memory_bytes=tuple(peak_mem),
+        peak_live_microbatches=peak_live,
+    )
+
+
+def _check_stages(stages: Sequence[Stage], n_dev: int) -> None:
+    """PlanError unless the stages are numbered 0..K-1, one per device, sending to each other."""
+    k_stages = len(stages)
     if not stages:
         raise PlanError("a pipeline needs at least one stage")
     devices = [st.device for st in stages]
@@ -574,47 +656,92 @@ def simulate_stages(
     if len(set(devices)) != len(devices):
         raise PlanError(f"stages sit on devices {devices}; each device may hold one stage")
 
-    # Compute tasks, then transfer tasks; idx[(stage, is_backward, micro-batch)] -> task index.
-    idx: dict[tuple[int, bool, int], int] = {}
-    specs: list[tuple[str, float, list[int], EventKind, str, int]] = []
+
+_TaskIndex = dict[tuple[int, Phase, int], int]
+"""``(stage, phase, micro-batch) -> index`` of the stage's compute task."""
+
+
+@dataclass(frozen=True)
+class _TaskSpec:
+    """A task being built: its dependencies still grow as transfers are added."""
+
+    resource: str
+    duration_s: float
+    deps: list[int]
+    kind: EventKind
+    label: str
+    microbatch: int
+
+
+def _stage_tasks(
+    stages: Sequence[Stage], topology: Topology, m: int
+) -> tuple[list[SimTask], _TaskIndex]:
+    """Every stage's ``F`` and ``B`` task per micro-batch, then every send's transfer tasks."""
+    idx: _TaskIndex = {}
+    specs: list[_TaskSpec] = []
     for s, st in enumerate(stages):
         res = device_resource(st.device)
         for mb in range(m):
-            idx[(s, False, mb)] = len(specs)
-            specs.append((res, st.forward_time_s / m, [], EventKind.FORWARD, f"stage {s}", mb))
-            idx[(s, True, mb)] = len(specs)
-            deps = [idx[(s, False, mb)]]
-            specs.append((res, st.backward_time_s / m, deps, EventKind.BACKWARD, f"stage {s}", mb))
-    for s, st in enumerate(stages):
-        for t in st.sends:
-            dst_device = stages[t.dst_stage].device
-            seconds = _transfer_time_s(topology, st.device, dst_device, t.batch_bytes / m)
-            res = channel_resource(topology, st.device, dst_device)
-            label = f"stage {s}->{t.dst_stage} " + (
-                "activations" if t.phase is Phase.FORWARD else "gradients"
+            idx[(s, Phase.FORWARD, mb)] = len(specs)
+            specs.append(
+                _TaskSpec(res, st.forward_time_s / m, [], EventKind.FORWARD, f"stage {s}", mb)
             )
-            for mb in range(m):
-                ti = len(specs)
-                specs.append(
-                    (res, seconds, [idx[(s, t.phase is Phase.BACKWARD, mb)]],
-                     EventKind.TRANSFER, label, mb)
-                )  # fmt: skip
-                for phase in t.consumers:
-                    specs[idx[(t.dst_stage, phase is Phase.BACKWARD, mb)]][2].append(ti)
+            idx[(s, Phase.BACKWARD, mb)] = len(specs)
+            deps = [idx[(s, Phase.FORWARD, mb)]]
+            specs.append(
+                _TaskSpec(res, st.backward_time_s / m, deps, EventKind.BACKWARD, f"stage {s}", mb)
+            )
+    for st in stages:
+        for t in st.sends:
+            _add_transfers(specs, idx, stages, topology, t, m)
     tasks = [
-        SimTask(r, sec, tuple(deps), kind, label, mb) for r, sec, deps, kind, label, mb in specs
+        SimTask(x.resource, x.duration_s, tuple(x.deps), x.kind, x.label, x.microbatch)
+        for x in specs
     ]
+    return tasks, idx
 
-    orders: dict[str, tuple[int, ...]] = {}
-    for s, st in enumerate(stages):
-        seq = stage_order(schedule, k_stages, s, m)
-        orders[device_resource(st.device)] = tuple(
-            idx[(s, phase is Phase.BACKWARD, mb)] for phase, mb in seq
+
+def _add_transfers(
+    specs: list[_TaskSpec],
+    idx: _TaskIndex,
+    stages: Sequence[Stage],
+    topology: Topology,
+    t: StageTransfer,
+    m: int,
+) -> None:
+    """One transfer task per micro-batch for send ``t``, after its producer, before its readers."""
+    src_device, dst_device = stages[t.src_stage].device, stages[t.dst_stage].device
+    seconds = _transfer_time_s(topology, src_device, dst_device, t.batch_bytes / m)
+    res = channel_resource(topology, src_device, dst_device)
+    label = f"stage {t.src_stage}->{t.dst_stage} " + (
+        "activations" if t.phase is Phase.FORWARD else "gradients"
+    )
+    for mb in range(m):
+        ti = len(specs)
+        producer = idx[(t.src_stage, t.phase, mb)]
+        specs.append(_TaskSpec(res, seconds, [producer], EventKind.TRANSFER, label, mb))
+        for phase in t.consumers:
+            specs[idx[(t.dst_stage, phase, mb)]].deps.append(ti)
+
+
+def _device_orders(
+    stages: Sequence[Stage], idx: _TaskIndex, schedule: Schedule, m: int
+) -> dict[str, tuple[int, ...]]:
+    """Each stage's device queue: its compute tasks in the schedule's order."""
+    k_stages = len(stages)
+    return {
+        device_resource(st.device): tuple(
+            idx[(s, step.phase, step.microbatch)] for step in stage_steps(schedule, k_stages, s, m)
         )
-    start, end = run_tasks(tasks, orders)
-    step = max(end, default=0.0)
+        for s, st in enumerate(stages)
+    }
 
-    timeline = tuple(
+
+def _timeline(
+    tasks: Sequence[SimTask], start: Sequence[float], end: Sequence[float]
+) -> tuple[TimelineEvent, ...]:
+    """Every task as a timeline event, sorted by start time."""
+    return tuple(
         sorted(
             (
                 TimelineEvent(t.resource, t.kind, t.label, start[i], end[i], t.microbatch)
@@ -623,42 +750,20 @@ def simulate_stages(
             key=lambda ev: (ev.start_s, ev.resource, ev.end_s, ev.microbatch),
         )
     )
-    device_busy = [0.0] * n_dev
-    for st in stages:
-        device_busy[st.device] = sum(
-            tasks[i].duration_s for i in orders[device_resource(st.device)]
-        )
-    link_busy: dict[str, float] = {}
-    for task in tasks:
-        if task.kind is EventKind.TRANSFER:
-            link_busy[task.resource] = link_busy.get(task.resource, 0.0) + task.duration_s
-    bubble = tuple(0.0 if step <= 0 else max(0.0, 1.0 - b / step) for b in device_busy)
 
-    peak_live: list[int] = []
-    peak_mem = [0] * n_dev
-    for st in stages:
-        # The device's events in the order they ran (start time; ties in queue order).
-        queue = orders[device_resource(st.device)]
-        ran_order = sorted(range(len(queue)), key=lambda p: (start[queue[p]], p))
-        live = best = 0
-        for i in (queue[p] for p in ran_order):
-            if tasks[i].kind is EventKind.FORWARD:
-                live += 1
-                best = max(best, live)
-            else:
-                live -= 1
-        peak_live.append(best)
-        peak_mem[st.device] = st.static_memory_bytes + math.ceil(best * st.activation_bytes / m)
 
-    return PipelineSimulation(
-        schedule=schedule,
-        num_microbatches=m,
-        stages=stages,
-        step_time_s=step,
-        timeline=timeline,
-        device_busy_s=tuple(device_busy),
-        bubble_fraction=bubble,
-        link_busy_s=tuple(sorted(link_busy.items())),
-        peak_memory_bytes=tuple(peak_mem),
-        peak_live_microbatches=tuple(peak_live),
-    )
+def _peak_live(tasks: Sequence[SimTask], queue: Sequence[int], start: Sequence[float]) -> int:
+    """The most micro-batches whose activations a device held at once.
+
+    Counted over the device's events in the order they ran (start time; ties in queue order):
+    alive from the start of ``F(s, m)`` until the end of ``B(s, m)``.
+    """
+    ran_order = sorted(range(len(queue)), key=lambda p: (start[queue[p]], p))
+    live = best = 0
+    for i in (queue[p] for p in ran_order):
+        if tasks[i].kind is EventKind.FORWARD:
+            live += 1
+            best = max(best, live)
+        else:
+            live -= 1
+    return best
