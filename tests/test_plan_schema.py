@@ -147,6 +147,52 @@ def test_other_violations_are_named() -> None:
     assert "field '(top level)' must be object, got array" in refused([1, 2])
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_numbers_are_finite(value: float) -> None:
+    # Python's JSON reader accepts NaN and Infinity; the plan's validator does not.
+    for field, change in (
+        ("predicted.step_time_s", lambda d: d["predicted"].__setitem__("step_time_s", value)),
+        ("solver.objective", lambda d: d["solver"].__setitem__("objective", value)),
+        ("timeline[1].end_s", lambda d: d["timeline"][1].__setitem__("end_s", value)),
+    ):
+        message = refused(edited(change))
+        assert f"field {field!r} must be a finite number, got {value!r}" in message
+
+
+def test_integers_are_json_integers() -> None:
+    # jsonschema counts 2.0 as an integer; a plan's counts and indices are written as ints.
+    assert "field 'batch_size' must be integer, got number" in refused(
+        edited(lambda d: d.__setitem__("batch_size", 2.0))
+    )
+    assert "field 'assignment.fc1' must be integer, got number" in refused(
+        edited(lambda d: d["assignment"].__setitem__("fc1", 1.0))
+    )
+
+
+def test_from_json_dict_checks_what_the_schema_cannot() -> None:
+    data = data_of(PLANS["pipelined"])
+    n_dev = len(data["devices"])
+    with pytest.raises(
+        PlanError, match=rf"plan\.json: field 'assignment' puts layer .* on device {n_dev},"
+    ):
+        bad = copy.deepcopy(data)
+        bad["assignment"][next(iter(bad["assignment"]))] = n_dev
+        Plan.from_json_dict(bad, "plan.json")
+    with pytest.raises(
+        PlanError, match=rf"plan\.json: predicted\.bytes_sent has 1 entries for {n_dev}"
+    ):
+        bad = copy.deepcopy(data)
+        bad["predicted"]["bytes_sent"] = [0]
+        Plan.from_json_dict(bad, "plan.json")
+    with pytest.raises(
+        PlanError, match=r"plan\.json: field 'timeline\[0\]' has start_s=.* > end_s="
+    ):
+        bad = copy.deepcopy(data)
+        bad["timeline"][0]["start_s"] = bad["timeline"][0]["end_s"] + 1.0
+        Plan.from_json_dict(bad, "plan.json")
+    assert Plan.from_json_dict(data).to_json_dict() == data
+
+
 def test_another_schema_version_is_refused_with_the_next_step() -> None:
     message = refused(edited(lambda d: d.__setitem__("schema_version", SCHEMA_VERSION + 1)))
     assert f"schema_version {SCHEMA_VERSION + 1} is not supported" in message
