@@ -26,6 +26,7 @@ from partitioner.core.ir import (
     Topology,
     peak_bytes,
 )
+from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import (
     BaselineResult,
@@ -45,20 +46,6 @@ logger = logging.getLogger(__name__)
 
 BASELINES = ("single", "even")
 """Baselines every plan is compared with: one device, and the even split an expert writes."""
-
-INEXACT_UNDER_MICROBATCHES = {
-    "BatchNormalization": "normalises over each micro-batch's samples, not the whole batch, so "
-    "its outputs, gradients and moving statistics differ from the unpipelined model's",
-    "Dropout": "draws its random masks per micro-batch, so they differ from the unpipelined "
-    "model's (the same in distribution)",
-    "SpatialDropout1D": "draws its random masks per micro-batch",
-    "SpatialDropout2D": "draws its random masks per micro-batch",
-    "SpatialDropout3D": "draws its random masks per micro-batch",
-    "GaussianDropout": "draws its random noise per micro-batch",
-    "GaussianNoise": "draws its random noise per micro-batch",
-    "AlphaDropout": "draws its random masks per micro-batch",
-}
-"""Layer classes whose training results depend on how the batch is split (warned loudly)."""
 
 
 class Progress(Protocol):
