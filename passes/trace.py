@@ -27,7 +27,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,7 +188,7 @@ def input_specs(
     model, and is required where the model leaves a non-batch dimension unknown.
     """
     if batch_size < 1:
-        raise TraceError(f"--batch-size must be >= 1, got {batch_size}")
+        raise TraceError(f"batch_size={batch_size} must be >= 1")
     shapes: list[tuple[Any, ...]]
     dtypes: list[str]
     try:
@@ -204,7 +204,7 @@ def input_specs(
         if shape is None and input_shape is None:
             raise TraceError(
                 f"model {model.name!r} has no known input shape (a subclassed model that was never "
-                "built); pass --input-shape, e.g. --input-shape 784 or --input-shape 32,32,3"
+                "built); pass input_shape, e.g. input_shape=(784,) or input_shape=(32, 32, 3)"
             )
         if (
             shape is not None
@@ -219,10 +219,11 @@ def input_specs(
     if input_shape is not None:
         if len(shapes) != 1:
             raise TraceError(
-                f"--input-shape gives one shape but model {model.name!r} has {len(shapes)} inputs"
+                f"input_shape={tuple(input_shape)} gives one shape but model {model.name!r} has "
+                f"{len(shapes)} inputs"
             )
         if any(int(d) < 1 for d in input_shape):
-            raise TraceError(f"--input-shape dims must be >= 1, got {tuple(input_shape)}")
+            raise TraceError(f"input_shape={tuple(input_shape)} dims must be >= 1")
         shapes = [(None, *(int(d) for d in input_shape))]
     specs = []
     for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
@@ -230,7 +231,7 @@ def input_specs(
         if any(d is None for d in rest):
             raise TraceError(
                 f"input {k} of model {model.name!r} has unknown dimensions {shape}; pass "
-                "--input-shape with every dimension after the batch, e.g. --input-shape 128,64"
+                "input_shape with every dimension after the batch, e.g. input_shape=(128, 64)"
             )
         specs.append(tf.TensorSpec((batch_size, *rest), dtype=dtype, name=f"input_{k}"))
     return specs
@@ -447,16 +448,11 @@ def _topological(ops: list[Op], edges: list[Edge]) -> tuple[Op, ...]:
     return tuple(ops[i] for i in order)
 
 
-def trace_model(
-    model: keras.Model, *, batch_size: int, input_shape: Sequence[int] | None = None
-) -> TraceResult:
-    """Trace one training step of ``model`` (forward, synthetic loss, backward) into a Graph."""
-    t0 = time.perf_counter()
-    specs = input_specs(model, batch_size, input_shape)
-    units = placement_units(model)
-    if not units:
-        raise TraceError(f"model {model.name!r} has no layers to place")
-    recorder = _CallRecorder(units)
+def _trace_step(
+    model: keras.Model, specs: Sequence[tf.TensorSpec], recorder: _CallRecorder
+) -> tuple[Any, int | None]:
+    """The concrete function of one training step (forward with ``recorder`` on, a synthetic
+    loss, ``tf.gradients``), and the number of ops before the gradients (None if unknown)."""
     boundary: list[int] = []
 
     def step(*inputs: tf.Tensor) -> Any:
@@ -474,26 +470,31 @@ def trace_model(
     except TraceError:
         raise
     except Exception as exc:
-        bad_scope = re.search(r"'([^']*)' is not a valid scope name", str(exc))
-        if bad_scope:
-            raise TraceError(
-                f"layer name {bad_scope.group(1)!r} of model {model.name!r} is not a valid "
-                "TensorFlow scope name (letters, digits and _ . / > - only); rename the layer"
-            ) from exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TraceError(
-            f"tracing model {model.name!r} at input {[tuple(s.shape) for s in specs]} failed: "
-            f"{type(exc).__name__}: {first}"
-        ) from exc
-    trace_time_s = time.perf_counter() - t0
-    tf_graph = concrete.graph
-    tf_ops = tf_graph.get_operations()
-    forward_end = boundary[0] if boundary else len(tf_ops)
+        raise _trace_failure(model, specs, exc) from exc
+    return concrete, boundary[0] if boundary else None
 
-    t1 = time.perf_counter()
-    flops = _count_flops(tf_graph)
-    flops_time_s = time.perf_counter() - t1
 
+def _trace_failure(
+    model: keras.Model, specs: Sequence[tf.TensorSpec], exc: Exception
+) -> TraceError:
+    """One line for a model TensorFlow could not trace."""
+    bad_scope = re.search(r"'([^']*)' is not a valid scope name", str(exc))
+    if bad_scope:
+        return TraceError(
+            f"layer name {bad_scope.group(1)!r} of model {model.name!r} is not a valid "
+            "TensorFlow scope name (letters, digits and _ . / > - only); rename the layer"
+        )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return TraceError(
+        f"tracing model {model.name!r} at input {[tuple(s.shape) for s in specs]} failed: "
+        f"{type(exc).__name__}: {first}"
+    )
+
+
+def _ops_and_edges(
+    tf_ops: Sequence[Any], forward_end: int, recorder: _CallRecorder, flops: dict[str, int]
+) -> tuple[list[Op], list[Edge]]:
+    """The IR's ops (with their owning layer and phase) and edges, in creation order."""
     list_bytes: dict[tuple[str, int], int] = {
         (op.name, i): size
         for op in tf_ops
@@ -514,17 +515,7 @@ def trace_model(
             layer = recorder.owner_of(pos)
         else:
             phase = Phase.BACKWARD
-            layer = None
-            # tf.gradients' sum of a tensor's gradients from its several consumers is colocated
-            # with one of them, which may sit far downstream (MobileNet's residuals: a later
-            # block's conv). Left as glue, the layer view merges it into the earliest consumer,
-            # so gradients keep flowing back along the layer order.
-            groups = () if _GRADIENT_SUM.search(op.name) else op.colocation_groups()
-            for group in groups:
-                target = group.decode()[len("loc:@") :] if group.startswith(b"loc:@") else ""
-                if target and target != op.name and target in owner:
-                    layer = owner[target]
-                    break
+            layer = _backward_owner(op, owner)
         owner[op.name] = layer
         shapes, dtypes, out_bytes = [], [], 0
         for out in op.outputs:
@@ -551,6 +542,47 @@ def trace_model(
                     src=t.op.name, dst=op.name, bytes=tensor_bytes(t)[2], output_index=t.value_index
                 )
             )
+    return ops, edges
+
+
+def _backward_owner(op: Any, owner: Mapping[str, str | None]) -> str | None:
+    """The layer of a backward op: that of the forward op it is colocated with, if any.
+
+    tf.gradients' sum of a tensor's gradients from its several consumers is colocated with one
+    of them, which may sit far downstream (MobileNet's residuals: a later block's conv). Left as
+    glue, the layer view merges it into the earliest consumer, so gradients keep flowing back
+    along the layer order.
+    """
+    groups = () if _GRADIENT_SUM.search(op.name) else op.colocation_groups()
+    for group in groups:
+        target = group.decode()[len("loc:@") :] if group.startswith(b"loc:@") else ""
+        if target and target != op.name and target in owner:
+            return owner[target]
+    return None
+
+
+def trace_model(
+    model: keras.Model, *, batch_size: int, input_shape: Sequence[int] | None = None
+) -> TraceResult:
+    """Trace one training step of ``model`` (forward, synthetic loss, backward) into a Graph."""
+    t0 = time.perf_counter()
+    specs = input_specs(model, batch_size, input_shape)
+    units = placement_units(model)
+    if not units:
+        raise TraceError(f"model {model.name!r} has no layers to place")
+    recorder = _CallRecorder(units)
+    concrete, forward_end = _trace_step(model, specs, recorder)
+    trace_time_s = time.perf_counter() - t0
+    tf_graph = concrete.graph
+    tf_ops = tf_graph.get_operations()
+    if forward_end is None:
+        forward_end = len(tf_ops)
+
+    t1 = time.perf_counter()
+    flops = _count_flops(tf_graph)
+    flops_time_s = time.perf_counter() - t1
+
+    ops, edges = _ops_and_edges(tf_ops, forward_end, recorder, flops)
     graph = Graph(
         name=model.name,
         ops=_topological(ops, edges),

@@ -214,7 +214,7 @@ def _sequence_model(kind: str) -> keras.Model:
 @pytest.mark.parametrize("kind", ["gap", "lstm"])
 def test_unknown_dimension_needs_input_shape(kind: str) -> None:
     model = _sequence_model(kind)
-    with pytest.raises(TraceError, match="--input-shape"):
+    with pytest.raises(TraceError, match="input_shape"):
         trace_model(model, batch_size=BATCH)
     result = trace_model(model, batch_size=BATCH, input_shape=(5, 8))
     graph = result.graph
@@ -235,9 +235,9 @@ def test_unknown_dimension_needs_input_shape(kind: str) -> None:
 
 def test_bad_batch_size_and_input_shape() -> None:
     model = build_example("mnist_mlp")
-    with pytest.raises(TraceError, match="--batch-size"):
+    with pytest.raises(TraceError, match="batch_size"):
         trace_model(model, batch_size=0)
-    with pytest.raises(TraceError, match="--input-shape"):
+    with pytest.raises(TraceError, match="input_shape"):
         trace_model(model, batch_size=2, input_shape=(0,))
 
 
