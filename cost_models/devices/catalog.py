@@ -1,17 +1,18 @@
 """The device catalog: datasheet figures of the device types a topology can be built from.
 
-The figures live in ``cost_models/data/devices.json`` (data, not code); this module loads and
-validates them. Every figure must be present and positive, else loading raises
-:class:`~partitioner.core.errors.CatalogError` naming the entry and the field.
+The figures live in ``cost_models/data/devices.json`` (data, not code); this module loads them
+and checks them against ``catalog.schema.json`` (next to it) and the cross-references the schema
+cannot express (link kinds, aliases). Every figure must be present and positive, else loading
+raises :class:`~partitioner.core.errors.CatalogError` naming the entry and the field. Each
+device type has a :class:`DeviceKind` (CPU or GPU) and a ``family`` (its architecture
+generation): code tells device types apart by these fields, never by their names.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-import json
 import logging
-import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,11 +21,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from cost_models.devices.datafiles import (
+    SchemaProblem,
+    field_path,
+    parse_json,
+    read_text,
+    schema_problem,
+)
 from partitioner.core.errors import CatalogError, UnknownDeviceError
 from partitioner.core.ir import Link
 
 __all__ = [
     "Catalog",
+    "DeviceKind",
     "DeviceType",
     "Precision",
     "catalog",
@@ -38,6 +47,18 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _PACKAGED_NAME = "devices.json"
+
+
+class DeviceKind(enum.Enum):
+    """What executes a device type's ops: the host's CPU or a GPU."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+
+    @property
+    def tf_name(self) -> str:
+        """The device type in a TensorFlow device string: ``CPU`` or ``GPU``."""
+        return self.value.upper()
 
 
 class Precision(enum.Enum):
@@ -76,6 +97,11 @@ class DeviceType:
 
     name: str
     description: str
+    kind: DeviceKind
+    """CPU or GPU: how TensorFlow names the device, and which links reach it."""
+    family: str
+    """The architecture generation (``turing``, ``ampere``, ``hopper``, ...; ``cpu``): a
+    calibration fitted on one member of a family applies to the others."""
     peak_flops_per_s: Mapping[str, float] = field(compare=False)
     """Dense peak FLOP/s by precision key (``'fp32'``, ``'bf16'``, ``'fp16'``); read-only."""
     memory_bandwidth_bytes_per_s: float
@@ -126,150 +152,95 @@ class Catalog(Mapping[str, DeviceType]):
             ) from None
 
 
-_FLOP_KEYS = tuple(p.value for p in Precision)
-_DEVICE_FIELDS = (
-    "description",
-    "peak_flops_per_s",
-    "memory_bandwidth_bytes_per_s",
-    "memory_bytes",
-    "kernel_overhead_s",
-    "default_link",
-    "source",
-)
-_LINK_FIELDS = ("latency_s", "bandwidth_bytes_per_s", "source")
+_SCHEMA = "devices/catalog.schema.json"
+"""The catalog's JSON Schema, next to this reader (package data of ``cost_models``)."""
 
 
 def _fail(origin: str, what: str) -> CatalogError:
     return CatalogError(f"device catalog {origin}: {what}")
 
 
-def _number(origin: str, entry: str, key: str, value: object, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(origin, f"entry {entry!r} field {key!r} must be a number, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise _fail(origin, f"entry {entry!r} field {key!r} must be {bound}, got {value!r}")
-    return float(value)
+def _schema_error(origin: str, problem: SchemaProblem) -> CatalogError:
+    """A schema problem worded as the catalog's entries: ``entry 't4' field 'memory_bytes' ...``."""
+    path = problem.path
+    if len(path) < 2 or path[0] not in ("devices", "links"):
+        return _fail(origin, f"{field_path(path)}: {problem.what}")
+    entry = str(path[1]) if path[0] == "devices" else f"links.{path[1]}"
+    rest = path[2:]
+    if problem.missing_key is not None:
+        missing = field_path((*rest, problem.missing_key))
+        return _fail(origin, f"entry {entry!r} is missing field {missing!r}")
+    if not rest:
+        return _fail(origin, f"entry {entry!r} {problem.what}")
+    return _fail(origin, f"entry {entry!r} field {field_path(rest)!r} {problem.what}")
 
 
-def _text(origin: str, entry: str, key: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
+def _link_kind(origin: str, entry: str, key: str, value: str, links: Mapping[str, Link]) -> str:
+    """``value`` (a device's link field) as a known link kind."""
+    kind = value.lower()
+    if kind not in links:
         raise _fail(
-            origin, f"entry {entry!r} field {key!r} must be a non-empty string, got {value!r}"
+            origin, f"entry {entry!r} {key} {kind!r} is not a link kind; known: {', '.join(links)}"
         )
-    return value
+    return kind
 
 
-def _require(origin: str, entry: str, obj: object, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(obj, dict):
-        raise _fail(origin, f"entry {entry!r} must be a JSON object, got {type(obj).__name__}")
-    for key in keys:
-        if key not in obj or obj[key] is None:
-            raise _fail(
-                origin,
-                f"entry {entry!r} is missing field {key!r}; every entry needs: {', '.join(keys)}",
-            )
-    return obj
-
-
-def _parse_links(origin: str, raw: object) -> tuple[dict[str, Link], dict[str, str]]:
-    if not isinstance(raw, dict) or not raw:
-        raise _fail(origin, "'links' must be a non-empty JSON object of link kinds")
+def _links(origin: str, raw: Mapping[str, Any]) -> tuple[dict[str, Link], dict[str, str]]:
+    """The link kinds (lower-case) and the source of each figure."""
     links: dict[str, Link] = {}
     sources: dict[str, str] = {}
     for kind, body in raw.items():
         key = kind.lower()
-        entry = f"links.{kind}"
-        obj = _require(origin, entry, body, _LINK_FIELDS)
-        latency = _number(origin, entry, "latency_s", obj["latency_s"], allow_zero=True)
-        bandwidth = _number(origin, entry, "bandwidth_bytes_per_s", obj["bandwidth_bytes_per_s"])
-        links[key] = Link(kind=key, latency_s=latency, bandwidth_bytes_per_s=bandwidth)
-        sources[key] = _text(origin, entry, "source", obj["source"])
+        links[key] = Link(
+            kind=key,
+            latency_s=float(body["latency_s"]),
+            bandwidth_bytes_per_s=float(body["bandwidth_bytes_per_s"]),
+        )
+        sources[key] = body["source"]
     return links, sources
 
 
-def _parse_device(origin: str, name: str, body: object, links: Mapping[str, Link]) -> DeviceType:
-    obj = _require(origin, name, body, _DEVICE_FIELDS)
-    flops_raw = obj["peak_flops_per_s"]
-    if not isinstance(flops_raw, dict):
-        raise _fail(
-            origin, f"entry {name!r} field 'peak_flops_per_s' must be an object of {_FLOP_KEYS}"
-        )
-    flops: dict[str, float] = {}
-    for key in _FLOP_KEYS:
-        if key not in flops_raw or flops_raw[key] is None:
-            raise _fail(
-                origin,
-                f"entry {name!r} is missing field 'peak_flops_per_s.{key}'; "
-                f"every entry needs: {', '.join(_FLOP_KEYS)}",
-            )
-        flops[key] = _number(origin, name, f"peak_flops_per_s.{key}", flops_raw[key])
-    memory = obj["memory_bytes"]
-    if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
-        raise _fail(
-            origin,
-            f"entry {name!r} field 'memory_bytes' must be a positive integer, got {memory!r}",
-        )
-    default_link = _text(origin, name, "default_link", obj["default_link"]).lower()
-    if default_link not in links:
-        raise _fail(
-            origin,
-            f"entry {name!r} default_link {default_link!r} is not a link kind; known: {', '.join(links)}",
-        )
-    nvlink_raw = obj.get("nvlink")
-    nvlink: str | None = None
-    if nvlink_raw is not None:
-        nvlink = _text(origin, name, "nvlink", nvlink_raw).lower()
-        if nvlink not in links:
-            raise _fail(
-                origin,
-                f"entry {name!r} nvlink {nvlink!r} is not a link kind; known: {', '.join(links)}",
-            )
-    note = obj.get("note", "")
+def _device(origin: str, name: str, body: Mapping[str, Any], links: Mapping[str, Link]) -> DeviceType:
+    """One schema-valid device entry, its link kinds checked against the catalog's links."""
+    nvlink = body.get("nvlink")
     return DeviceType(
         name=name,
-        description=_text(origin, name, "description", obj["description"]),
-        peak_flops_per_s=MappingProxyType(flops),
-        memory_bandwidth_bytes_per_s=_number(
-            origin, name, "memory_bandwidth_bytes_per_s", obj["memory_bandwidth_bytes_per_s"]
+        description=body["description"],
+        kind=DeviceKind(body["kind"]),
+        family=body["family"].strip().lower(),
+        peak_flops_per_s=MappingProxyType(
+            {p.value: float(body["peak_flops_per_s"][p.value]) for p in Precision}
         ),
-        memory_bytes=memory,
-        kernel_overhead_s=_number(
-            origin, name, "kernel_overhead_s", obj["kernel_overhead_s"], allow_zero=True
-        ),
-        default_link=default_link,
-        source=_text(origin, name, "source", obj["source"]),
-        nvlink=nvlink,
-        note=note if isinstance(note, str) else "",
+        memory_bandwidth_bytes_per_s=float(body["memory_bandwidth_bytes_per_s"]),
+        memory_bytes=body["memory_bytes"],
+        kernel_overhead_s=float(body["kernel_overhead_s"]),
+        default_link=_link_kind(origin, name, "default_link", body["default_link"], links),
+        source=body["source"],
+        nvlink=None if nvlink is None else _link_kind(origin, name, "nvlink", nvlink, links),
+        note=body.get("note", ""),
     )
 
 
-def _parse(text: str, origin: str) -> Catalog:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(
-            origin, f"not valid JSON ({exc.msg} at line {exc.lineno}); fix the file"
-        ) from None
-    if not isinstance(raw, dict):
-        raise _fail(origin, "top level must be a JSON object with 'devices' and 'links'")
-    links, link_sources = _parse_links(origin, raw.get("links"))
-    devices_raw = raw.get("devices")
-    if not isinstance(devices_raw, dict) or not devices_raw:
-        raise _fail(origin, "'devices' must be a non-empty JSON object of device entries")
+def _devices(
+    origin: str, raw: Mapping[str, Any], links: Mapping[str, Link]
+) -> dict[str, DeviceType]:
+    """The device entries by canonical (lower-case) name."""
     devices: dict[str, DeviceType] = {}
-    for name, body in devices_raw.items():
+    for name, body in raw.items():
         key = name.strip().lower()
         if key in devices:
             raise _fail(origin, f"duplicate device entry {name!r} (names are case-insensitive)")
-        devices[key] = _parse_device(origin, key, body, links)
-    aliases_raw = raw.get("aliases", {})
-    if not isinstance(aliases_raw, dict):
-        raise _fail(origin, "'aliases' must be a JSON object mapping alias -> device name")
+        devices[key] = _device(origin, key, body, links)
+    return devices
+
+
+def _aliases(
+    origin: str, raw: Mapping[str, str], devices: Mapping[str, DeviceType]
+) -> dict[str, str]:
+    """Alias -> canonical device name, each pointing at a device and shadowing none."""
     aliases: dict[str, str] = {}
-    for alias, target in aliases_raw.items():
-        a = alias.strip().lower()
-        t = target.strip().lower() if isinstance(target, str) else target
+    for alias, target in raw.items():
+        a, t = alias.strip().lower(), target.strip().lower()
         if a in devices:
             raise _fail(origin, f"alias {alias!r} shadows a device entry of the same name")
         if t not in devices:
@@ -278,6 +249,18 @@ def _parse(text: str, origin: str) -> Catalog:
                 f"alias {alias!r} points to unknown device {target!r}; known: {', '.join(devices)}",
             )
         aliases[a] = t
+    return aliases
+
+
+def _parse(text: str, origin: str) -> Catalog:
+    """Parse, check against the schema, and build the catalog."""
+    raw = parse_json(text, f"device catalog {origin}", CatalogError)
+    problem = schema_problem(raw, "cost_models", _SCHEMA)
+    if problem is not None:
+        raise _schema_error(origin, problem)
+    links, link_sources = _links(origin, raw["links"])
+    devices = _devices(origin, raw["devices"], links)
+    aliases = _aliases(origin, raw.get("aliases", {}), devices)
     logger.debug("loaded device catalog %s: %d devices, %d links", origin, len(devices), len(links))
     return Catalog(
         devices=MappingProxyType(devices),
@@ -291,13 +274,7 @@ def _parse(text: str, origin: str) -> Catalog:
 def load_catalog_from(path: str | os.PathLike[str]) -> Catalog:
     """Load and validate a catalog file (the packaged one, or another for tests/overrides)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CatalogError(
-            f"cannot read device catalog {str(p)!r}: {exc.strerror or exc}; check the path"
-        ) from None
-    return _parse(text, str(p))
+    return _parse(read_text(p, f"device catalog {str(p)!r}", CatalogError), str(p))
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,7 +25,6 @@ family), else :data:`DEFAULT_ROOFLINE`.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -34,19 +33,21 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
-from cost_models.devices.catalog import DeviceType
-from partitioner.core.errors import CatalogError
+from cost_models.devices.catalog import DeviceType, get_device_type
+from cost_models.devices.datafiles import check_schema, parse_json
+from partitioner.core.errors import CatalogError, UnknownDeviceError
 from partitioner.core.ir import Graph
 
 __all__ = [
+    "CALIBRATION_SCHEMA_RESOURCE",
     "DEFAULT_ROOFLINE",
-    "DEVICE_FAMILIES",
     "MATMUL_LIKE_OPS",
     "ZERO_WORK_OPS",
     "RooflineModel",
     "calibrated_roofline",
     "device_family",
     "estimate_op_times_s",
+    "read_calibration",
     "roofline_from_dict",
     "roofline_to_dict",
 ]
@@ -272,27 +273,14 @@ def estimate_op_times_s(
     return tuple(times)
 
 
-DEVICE_FAMILIES: Mapping[str, str] = MappingProxyType(
-    {
-        "cpu": "cpu",
-        "t4": "turing",
-        "l4": "ada",
-        "v100": "volta",
-        "v100-16gb": "volta",
-        "a100-40gb": "ampere",
-        "a100-80gb": "ampere",
-        "h100": "hopper",
-        "h200": "hopper",
-    }
-)
-"""Catalog device type -> architecture family: a calibration fitted on one member applies to the
-others (efficiencies are fractions of each device's own datasheet peaks)."""
-
-
 def device_family(device_type: str) -> str:
-    """The family of a catalog device type name (the name itself when it has none)."""
+    """The family (catalog ``family`` field) of a device type name; the name itself when the
+    catalog does not know it."""
     key = device_type.strip().lower()
-    return DEVICE_FAMILIES.get(key, key)
+    try:
+        return get_device_type(key).family
+    except UnknownDeviceError:
+        return key
 
 
 def roofline_to_dict(model: RooflineModel) -> dict[str, Any]:
@@ -313,50 +301,52 @@ def roofline_to_dict(model: RooflineModel) -> dict[str, Any]:
     }
 
 
+CALIBRATION_SCHEMA_RESOURCE = "estimate/calibration.schema.json"
+"""The JSON Schema of calibration files, next to this reader (package data of ``cost_models``)."""
+
+
+def _numbers(raw: Mapping[str, Any], key: str) -> Mapping[str, float]:
+    return MappingProxyType({str(k): float(v) for k, v in raw.get(key, {}).items()})
+
+
+def _roofline(raw: Mapping[str, Any]) -> RooflineModel:
+    """The model of schema-valid ``raw`` (the ranges are checked by :class:`RooflineModel`)."""
+    overhead = raw.get("kernel_overhead_s")
+    return RooflineModel(
+        overhead_s=_numbers(raw, "overhead_s"),
+        efficiency=_numbers(raw, "efficiency"),
+        default_compute_efficiency=float(raw["default_compute_efficiency"]),
+        memory_efficiency=float(raw["memory_efficiency"]),
+        memory_efficiency_by_type=_numbers(raw, "memory_efficiency_by_type"),
+        kernel_overhead_s=None if overhead is None else float(overhead),
+        peak_flops_scale=float(raw.get("peak_flops_scale", 1.0)),
+        memory_bandwidth_scale=float(raw.get("memory_bandwidth_scale", 1.0)),
+        dispatch_overhead_s=float(raw.get("dispatch_overhead_s", 0.0)),
+        spill_threshold_bytes=int(raw.get("spill_threshold_bytes", 1 << 18)),
+        spill_s_per_byte=float(raw.get("spill_s_per_byte", 0.0)),
+        transpose_s_per_byte=float(raw.get("transpose_s_per_byte", 0.0)),
+    )
+
+
 def roofline_from_dict(raw: Mapping[str, Any], origin: str = "roofline") -> RooflineModel:
     """The model stored by :func:`roofline_to_dict`; raises CatalogError naming ``origin``."""
-
-    def number(key: str, value: object) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CatalogError(f"{origin}: field {key!r} must be a number, got {value!r}")
-        return float(value)
-
-    eff_raw = raw.get("efficiency", {})
-    if not isinstance(eff_raw, Mapping):
-        raise CatalogError(f"{origin}: 'efficiency' must map op types to fractions")
-    overhead = raw.get("kernel_overhead_s")
-    mem_raw = raw.get("memory_efficiency_by_type", {})
-    if not isinstance(mem_raw, Mapping):
-        raise CatalogError(f"{origin}: 'memory_efficiency_by_type' must map op types to fractions")
-    per_op_raw = raw.get("overhead_s", {})
-    if not isinstance(per_op_raw, Mapping):
-        raise CatalogError(f"{origin}: 'overhead_s' must map op types to seconds")
-    return RooflineModel(
-        overhead_s=MappingProxyType(
-            {str(k): number(f"overhead_s.{k}", v) for k, v in per_op_raw.items()}
-        ),
-        efficiency=MappingProxyType(
-            {str(k): number(f"efficiency.{k}", v) for k, v in eff_raw.items()}
-        ),
-        default_compute_efficiency=number(
-            "default_compute_efficiency", raw.get("default_compute_efficiency")
-        ),
-        memory_efficiency=number("memory_efficiency", raw.get("memory_efficiency")),
-        memory_efficiency_by_type=MappingProxyType(
-            {str(k): number(f"memory_efficiency_by_type.{k}", v) for k, v in mem_raw.items()}
-        ),
-        kernel_overhead_s=None if overhead is None else number("kernel_overhead_s", overhead),
-        peak_flops_scale=number("peak_flops_scale", raw.get("peak_flops_scale", 1.0)),
-        memory_bandwidth_scale=number(
-            "memory_bandwidth_scale", raw.get("memory_bandwidth_scale", 1.0)
-        ),
-        dispatch_overhead_s=number("dispatch_overhead_s", raw.get("dispatch_overhead_s", 0.0)),
-        spill_threshold_bytes=int(
-            number("spill_threshold_bytes", raw.get("spill_threshold_bytes", 1 << 18))
-        ),
-        spill_s_per_byte=number("spill_s_per_byte", raw.get("spill_s_per_byte", 0.0)),
-        transpose_s_per_byte=number("transpose_s_per_byte", raw.get("transpose_s_per_byte", 0.0)),
+    check_schema(
+        raw, "cost_models", CALIBRATION_SCHEMA_RESOURCE, origin, CatalogError, ref="#/$defs/roofline"
     )
+    return _roofline(raw)
+
+
+def read_calibration(text: str, origin: str) -> tuple[Mapping[str, Any], RooflineModel]:
+    """The one reader of calibration files: ``text`` parsed, checked against
+    ``calibration.schema.json``, and its roofline built. Returns the checked data (for the fit
+    record :func:`cost_models.estimate.calibrate.load_calibration` builds) and the model; raises
+    a one-line :class:`~partitioner.core.errors.CatalogError` naming ``origin`` and the field."""
+    raw = parse_json(text, origin, CatalogError, hint="refit it")
+    check_schema(raw, "cost_models", CALIBRATION_SCHEMA_RESOURCE, origin, CatalogError)
+    try:
+        return raw, _roofline(raw["roofline"])
+    except CatalogError as exc:
+        raise CatalogError(f"{origin}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=32)
@@ -366,21 +356,14 @@ def _packaged_calibration(family: str) -> RooflineModel | None:
         text = ref.read_text(encoding="utf-8")
     except (OSError, FileNotFoundError):
         return None
-    origin = f"data/calibration_{family}.json"
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CatalogError(f"{origin}: not valid JSON ({exc.msg}); reinstall the package") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("roofline"), dict):
-        raise CatalogError(f"{origin}: needs a 'roofline' object; reinstall the package")
-    return roofline_from_dict(raw["roofline"], origin)
+    return read_calibration(text, f"data/calibration_{family}.json")[1]
 
 
 def calibrated_roofline(device_type: str) -> RooflineModel:
     """The packaged calibrated model for ``device_type``'s family, else :data:`DEFAULT_ROOFLINE`.
 
-    Packaged calibrations are ``cost_models/data/calibration_<family>.json`` (see
-    :data:`DEVICE_FAMILIES`); the one for ``cpu`` was fitted on the reference 2-core machine.
+    Packaged calibrations are ``cost_models/data/calibration_<family>.json`` (the family is the
+    catalog's ``family`` field); the one for ``cpu`` was fitted on the reference 2-core machine.
     """
     found = _packaged_calibration(device_family(device_type))
     return DEFAULT_ROOFLINE if found is None else found

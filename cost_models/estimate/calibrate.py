@@ -56,13 +56,14 @@ from typing import Any
 import numpy as np
 
 from cost_models.devices.catalog import DeviceType
+from cost_models.devices.datafiles import read_text
 from cost_models.estimate.analytic import (
     DEFAULT_ROOFLINE,
     MATMUL_LIKE_OPS,
     ZERO_WORK_OPS,
     RooflineModel,
     device_family,
-    roofline_from_dict,
+    read_calibration,
     roofline_to_dict,
 )
 from partitioner.core.errors import CatalogError, PartitionError
@@ -448,7 +449,34 @@ def fit_roofline(
     # Relative error, with times below ``weight_floor`` (a fraction of the median sample) weighted
     # as if they were that long: tiny, noise-dominated layers must not steer the fit.
     w = 1.0 / np.maximum(y, weight_floor * float(np.median(y)))
-    # Which columns the samples exercise at all.
+    used = _used_columns(feats, fit_overhead=fit_overhead, fit_byte_terms=fit_byte_terms)
+    start_x = _start_point(base, device)
+    lower = _lower_bounds(used, start_x, max_scale)
+    best_x, iterations = _alternate(feats, y, w, start_x, lower, used, max_iterations)
+    fitted = _fitted(best_x, used, base)
+    stats = fit_stats(samples, device, fitted.roofline)
+    logger.debug(
+        "calibrated %s on %d samples in %d iterations: rms %.3f, median |err| %.3f",
+        device.name, stats.num_samples, iterations, stats.rms_relative_error,
+        stats.median_abs_relative_error,
+    )
+    return Calibration(
+        device_type=device.name,
+        roofline=fitted.roofline,
+        fit=stats,
+        class_efficiency=MappingProxyType(fitted.class_efficiency),
+        class_memory_efficiency=MappingProxyType(fitted.class_memory_efficiency),
+        class_overhead_s=MappingProxyType(fitted.class_overhead_s),
+        iterations=iterations,
+        models=tuple(dict.fromkeys(s.model for s in samples)),
+        source=source,
+    )
+
+
+def _used_columns(
+    feats: Sequence[_Feature], *, fit_overhead: bool, fit_byte_terms: bool
+) -> np.ndarray:
+    """Which columns of ``x`` the samples exercise at all (the others keep their start)."""
     used = np.zeros(_N_COLS, dtype=bool)
     for cls, comp, _, spill, transposed in feats:
         used[np.unique(cls[comp > 0])] = True
@@ -459,26 +487,48 @@ def fit_roofline(
             used[_COL_SPILL] = True
         if fit_byte_terms and transposed > 0:
             used[_COL_TRANSPOSE] = True
+    return used
 
+
+def _start_point(base: RooflineModel, device: DeviceType) -> np.ndarray:
+    """``x`` of the starting model: inverse efficiencies, overheads and per-byte costs."""
     start_x = np.empty(_N_COLS)
     default_overhead = (
         device.kernel_overhead_s if base.kernel_overhead_s is None else base.kernel_overhead_s
     )
-    representative = {c: _representative_op(c) for c in _CLASSES}
     for i, c in enumerate(_CLASSES):
-        start_x[i] = 1.0 / (base.compute_efficiency(representative[c]) * base.peak_flops_scale)
-        start_x[_COL_OVERHEAD + i] = base.overhead_s.get(representative[c], default_overhead)
+        op_type = _representative_op(c)
+        start_x[i] = 1.0 / (base.compute_efficiency(op_type) * base.peak_flops_scale)
+        start_x[_COL_OVERHEAD + i] = base.overhead_s.get(op_type, default_overhead)
         start_x[_COL_MEM + i] = 1.0 / (
-            base.memory_efficiency_of(representative[c]) * base.memory_bandwidth_scale
+            base.memory_efficiency_of(op_type) * base.memory_bandwidth_scale
         )
     start_x[_COL_SPILL] = base.spill_s_per_byte
     start_x[_COL_TRANSPOSE] = base.transpose_s_per_byte
+    return start_x
+
+
+def _lower_bounds(used: np.ndarray, start_x: np.ndarray, max_scale: float) -> np.ndarray:
+    """Bounds of the fitted columns; unused columns are pinned at their start."""
     # theta = 1 / (efficiency * scale) >= 1 / max_scale: a catalog figure may understate the
     # machine (the nominal cpu entry) by up to max_scale; overheads >= 0; efficiencies are kept
     # >= 1e-4 at the end.
     lower = np.where(used, 1.0 / max_scale, start_x)
     lower[_COL_OVERHEAD:] = np.where(used[_COL_OVERHEAD:], 0.0, start_x[_COL_OVERHEAD:])
     # (the spill and transposed-operand columns are among them: seconds per byte >= 0)
+    return lower
+
+
+def _alternate(
+    feats: Sequence[_Feature],
+    y: np.ndarray,
+    w: np.ndarray,
+    start_x: np.ndarray,
+    lower: np.ndarray,
+    used: np.ndarray,
+    max_iterations: int,
+) -> tuple[np.ndarray, int]:
+    """The active-set iteration (module docstring): the best ``x`` and the iterations run."""
 
     def objective(x: np.ndarray) -> float:
         return float((((_predict(feats, x) - y) * w) ** 2).sum())
@@ -499,40 +549,81 @@ def fit_roofline(
         if obj < best_obj:
             best_x, best_obj = x_new.copy(), obj
         x = x_new
-    # Raw fitted efficiencies relative to the catalog peaks (may exceed 1 when max_scale > 1).
-    raw_eff = 1.0 / best_x[:_N_CLASSES]
-    peak_scale = max(1.0, float(raw_eff[used[:_N_CLASSES]].max())) if used[:_N_CLASSES].any() else 1.0
+    return best_x, iterations
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """A fitted ``x`` read back as a model and as per-class figures."""
+
+    roofline: RooflineModel
+    class_efficiency: dict[str, float]
+    class_memory_efficiency: dict[str, float]
+    class_overhead_s: dict[str, float]
+
+
+def _per_type(by_class: Mapping[str, float]) -> dict[str, float]:
+    """Every known dense-math op type whose class has a figure in ``by_class``, with it."""
+    out: dict[str, float] = {}
+    for op_type in sorted(set(_CLASS_OF) | set(MATMUL_LIKE_OPS)):
+        c = op_class(op_type)
+        if c is not OpClass.OTHER and c.value in by_class:
+            out[op_type] = by_class[c.value]
+    return out
+
+
+def _peak_scale(best_x: np.ndarray, used: np.ndarray, base: RooflineModel) -> float:
+    """The measured peak over the catalog's: the largest raw compute efficiency, when above 1."""
     if not used[:_N_CLASSES].any():
-        peak_scale = base.peak_flops_scale
+        return base.peak_flops_scale
+    raw_eff = 1.0 / best_x[:_N_CLASSES]
+    return max(1.0, float(raw_eff[used[:_N_CLASSES]].max()))
+
+
+def _memory_efficiencies(best_x: np.ndarray, used: np.ndarray) -> tuple[float, dict[str, float]]:
+    """The bandwidth scale and the fitted memory efficiency per class (relative to it)."""
     mem_used = used[_COL_MEM:_COL_OVERHEAD]
     raw_mem = 1.0 / best_x[_COL_MEM:_COL_OVERHEAD]
     bw_scale = max(1.0, float(raw_mem[mem_used].max())) if mem_used.any() else 1.0
-    memory_efficiency = {
+    by_class = {
         c.value: min(1.0, float(raw_mem[i] / bw_scale)) for i, c in enumerate(_CLASSES) if mem_used[i]
     }
-    per_type_memory: dict[str, float] = {}
-    for op_type in sorted(set(_CLASS_OF) | set(MATMUL_LIKE_OPS)):
-        c = op_class(op_type)
-        if c is not OpClass.OTHER and c.value in memory_efficiency:
-            per_type_memory[op_type] = memory_efficiency[c.value]
-    efficiency = {
-        c.value: float(raw_eff[i] / peak_scale) for i, c in enumerate(_CLASSES) if used[i]
-    }
-    per_type: dict[str, float] = {
-        k: min(1.0, v * base.peak_flops_scale / peak_scale) for k, v in base.efficiency.items()
-    }
-    for op_type in sorted(set(_CLASS_OF) | set(MATMUL_LIKE_OPS)):
-        c = op_class(op_type)
-        if c is not OpClass.OTHER and used[_CLASSES.index(c)]:
-            per_type[op_type] = efficiency[c.value]
-    other = _CLASSES.index(OpClass.OTHER)
-    overheads: dict[str, float] = dict(base.overhead_s)
+    return bw_scale, by_class
+
+
+def _overheads(
+    best_x: np.ndarray, used: np.ndarray, base: RooflineModel
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Fitted fixed seconds per op: by op type (over the base's) and by class."""
+    per_type: dict[str, float] = dict(base.overhead_s)
     for op_type, c in _CLASS_OF.items():
         col = _COL_OVERHEAD + _CLASSES.index(c)
         if used[col]:
-            overheads[op_type] = float(best_x[col])
+            per_type[op_type] = float(best_x[col])
+    by_class = {
+        c.value: float(best_x[_COL_OVERHEAD + i])
+        for i, c in enumerate(_CLASSES)
+        if used[_COL_OVERHEAD + i]
+    }
+    return per_type, by_class
+
+
+def _fitted(best_x: np.ndarray, used: np.ndarray, base: RooflineModel) -> _Fitted:
+    """The model of the fitted ``x``: efficiencies relative to the fitted scales."""
+    peak_scale = _peak_scale(best_x, used, base)
+    bw_scale, memory_efficiency = _memory_efficiencies(best_x, used)
+    raw_eff = 1.0 / best_x[:_N_CLASSES]
+    efficiency = {
+        c.value: float(raw_eff[i] / peak_scale) for i, c in enumerate(_CLASSES) if used[i]
+    }
+    per_type = {
+        k: min(1.0, v * base.peak_flops_scale / peak_scale) for k, v in base.efficiency.items()
+    }
+    per_type.update(_per_type(efficiency))
+    overheads, class_overhead = _overheads(best_x, used, base)
+    other = _CLASSES.index(OpClass.OTHER)
     other_col = _COL_OVERHEAD + other
-    fitted = RooflineModel(
+    roofline = RooflineModel(
         efficiency=MappingProxyType(dict(sorted(per_type.items()))),
         default_compute_efficiency=efficiency[OpClass.OTHER.value]
         if used[other]
@@ -540,7 +631,7 @@ def fit_roofline(
         memory_efficiency=memory_efficiency.get(
             OpClass.OTHER.value, min(1.0, base.memory_efficiency * base.memory_bandwidth_scale / bw_scale)
         ),
-        memory_efficiency_by_type=MappingProxyType(per_type_memory),
+        memory_efficiency_by_type=MappingProxyType(_per_type(memory_efficiency)),
         peak_flops_scale=peak_scale,
         memory_bandwidth_scale=bw_scale,
         kernel_overhead_s=float(best_x[other_col]) if used[other_col] else base.kernel_overhead_s,
@@ -550,29 +641,7 @@ def fit_roofline(
         spill_s_per_byte=float(best_x[_COL_SPILL]),
         transpose_s_per_byte=float(best_x[_COL_TRANSPOSE]),
     )
-    class_overhead = {
-        c.value: float(best_x[_COL_OVERHEAD + i])
-        for i, c in enumerate(_CLASSES)
-        if used[_COL_OVERHEAD + i]
-    }
-    stats = fit_stats(samples, device, fitted)
-    models = tuple(dict.fromkeys(s.model for s in samples))
-    logger.debug(
-        "calibrated %s on %d samples in %d iterations: rms %.3f, median |err| %.3f",
-        device.name, stats.num_samples, iterations, stats.rms_relative_error,
-        stats.median_abs_relative_error,
-    )
-    return Calibration(
-        device_type=device.name,
-        roofline=fitted,
-        fit=stats,
-        class_efficiency=MappingProxyType(efficiency),
-        class_memory_efficiency=MappingProxyType(memory_efficiency),
-        class_overhead_s=MappingProxyType(class_overhead),
-        iterations=iterations,
-        models=models,
-        source=source,
-    )
+    return _Fitted(roofline, efficiency, memory_efficiency, class_overhead)
 
 
 def fit_dispatch_overhead(steps: Sequence[tuple[float, float, int]]) -> float:
@@ -633,44 +702,31 @@ def save_calibration(cal: Calibration, path: str | os.PathLike[str]) -> Path:
 
 
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:
-    """Read a file written by :func:`save_calibration`; raises CatalogError naming the field."""
+    """Read a file written by :func:`save_calibration` (through the one calibration reader,
+    :func:`~cost_models.estimate.analytic.read_calibration`); raises CatalogError naming the
+    file and the field."""
     p = Path(path)
-    origin = str(p)
-    try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CatalogError(f"cannot read calibration {origin!r}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise CatalogError(f"calibration {origin!r} is not valid JSON ({exc.msg}); refit it") from None
-    if not isinstance(raw, dict) or raw.get("schema") != CALIBRATION_SCHEMA:
-        raise CatalogError(
-            f"calibration {origin!r} has schema {raw.get('schema') if isinstance(raw, dict) else None!r}, "
-            f"expected {CALIBRATION_SCHEMA}; refit it"
-        )
-    try:
-        fit = raw["fit"]
-        stats = FitStats(
-            num_samples=int(fit["num_samples"]),
+    origin = f"calibration {str(p)!r}"
+    raw, roofline = read_calibration(read_text(p, origin, CatalogError), origin)
+    fit = raw["fit"]
+    return Calibration(
+        device_type=raw["device_type"],
+        roofline=roofline,
+        fit=FitStats(
+            num_samples=fit["num_samples"],
             rms_relative_error=float(fit["rms_relative_error"]),
             median_abs_relative_error=float(fit["median_abs_relative_error"]),
             max_abs_relative_error=float(fit["max_abs_relative_error"]),
-        )
-        return Calibration(
-            device_type=str(raw["device_type"]),
-            roofline=roofline_from_dict(raw["roofline"], origin),
-            fit=stats,
-            class_efficiency=MappingProxyType(
-                {str(k): float(v) for k, v in raw.get("class_efficiency", {}).items()}
-            ),
-            class_overhead_s=MappingProxyType(
-                {str(k): float(v) for k, v in raw.get("class_overhead_s", {}).items()}
-            ),
-            class_memory_efficiency=MappingProxyType(
-                {str(k): float(v) for k, v in raw.get("class_memory_efficiency", {}).items()}
-            ),
-            iterations=int(fit.get("iterations", 0)),
-            models=tuple(str(m) for m in fit.get("models", ())),
-            source=str(raw.get("source", "")),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CatalogError(f"calibration {origin!r} is missing or has a bad field: {exc}") from None
+        ),
+        class_efficiency=_class_figures(raw, "class_efficiency"),
+        class_overhead_s=_class_figures(raw, "class_overhead_s"),
+        class_memory_efficiency=_class_figures(raw, "class_memory_efficiency"),
+        iterations=fit.get("iterations", 0),
+        models=tuple(fit.get("models", ())),
+        source=raw.get("source", ""),
+    )
+
+
+def _class_figures(raw: Mapping[str, Any], key: str) -> Mapping[str, float]:
+    """A per-class figure mapping of a schema-valid calibration file (empty when absent)."""
+    return MappingProxyType({str(k): float(v) for k, v in raw.get(key, {}).items()})
