@@ -204,7 +204,8 @@ def input_specs(
         if shape is None and input_shape is None:
             raise TraceError(
                 f"model {model.name!r} has no known input shape (a subclassed model that was never "
-                "built); pass input_shape, e.g. input_shape=(784,) or input_shape=(32, 32, 3)"
+                "built); give the shape after the batch, e.g. input_shape=(784,) or "
+                "input_shape=(32, 32, 3)"
             )
         if (
             shape is not None
@@ -231,7 +232,7 @@ def input_specs(
         if any(d is None for d in rest):
             raise TraceError(
                 f"input {k} of model {model.name!r} has unknown dimensions {shape}; pass "
-                "input_shape with every dimension after the batch, e.g. input_shape=(128, 64)"
+                "every dimension after the batch, e.g. input_shape=(128, 64)"
             )
         specs.append(tf.TensorSpec((batch_size, *rest), dtype=dtype, name=f"input_{k}"))
     return specs

@@ -484,7 +484,7 @@ class IlpSolver(SolverOptions):
         if hint is None:
             raise SolverError(
                 f"solver 'ilp' found no placement within time_limit_s={self.time_limit_s:g} "
-                "and no heuristic placement satisfies the constraints; raise time_limit_s"
+                "and no heuristic placement satisfies the constraints; raise the time limit"
             )
         notes.append(
             f"time limit {self.time_limit_s:g} s reached before CP-SAT found a placement; "
