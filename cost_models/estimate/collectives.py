@@ -1,0 +1,75 @@
+"""The time of gradient all-reduces over a topology's links.
+
+Data-parallel replicas sum their gradients with an all-reduce. TensorFlow's
+``MirroredStrategy`` uses NCCL's all-reduce between local GPUs, and
+``MultiWorkerMirroredStrategy`` its ring collectives across workers; both are **ring**
+all-reduces (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+workstations", JPDC 2009): ``R`` devices in a ring, the tensor cut into ``R`` chunks, ``R - 1``
+reduce-scatter steps then ``R - 1`` all-gather steps, each step sending one chunk from every
+device to its ring successor at the same time. A step lasts as long as its slowest channel::
+
+    step_s = max over channels c of (latency_c + chunk bytes carried by c / bandwidth_c)
+    all_reduce_s = 2 (R - 1) step_s
+
+Transfers that share a channel (:meth:`~partitioner.core.ir.Topology.channel_between`: all
+traffic from one host to another shares one NIC) share its bandwidth, so a ring that crosses
+hosts several times is slower than one that crosses them once (:func:`ring_order` keeps each
+host's devices together). A hybrid strategy all-reduces every stage's gradients among that
+stage's replicas at the same time: :func:`concurrent_all_reduce_s` adds the chunks of all the
+rings step by step on the channels they share.
+
+Pure Python, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from partitioner.core.errors import PlanError
+from partitioner.core.ir import Topology
+
+__all__ = ["all_reduce_s", "concurrent_all_reduce_s", "ring_order"]
+
+
+def ring_order(topology: Topology, group: Sequence[int]) -> tuple[int, ...]:
+    """``group``'s devices in ring order: host by host, so the ring crosses each host once."""
+    return tuple(sorted(group, key=lambda d: (topology.devices[d].host, d)))
+
+
+def concurrent_all_reduce_s(
+    topology: Topology, rings: Sequence[tuple[Sequence[int], int]]
+) -> float:
+    """Seconds for ring all-reduces of ``(group, num_bytes)`` running at the same time.
+
+    Every ring has the same number of members (replicas); a ring of one device, or of no bytes,
+    costs nothing. See the module docstring for the model."""
+    active = [(ring_order(topology, g), b) for g, b in rings if len(g) > 1 and b > 0]
+    if not active:
+        return 0.0
+    sizes = {len(g) for g, _ in active}
+    if len(sizes) != 1:
+        raise PlanError(f"rings of different sizes {sorted(sizes)} cannot step together")
+    members = sizes.pop()
+    load: dict[tuple[str, int, int], float] = {}
+    latency: dict[tuple[str, int, int], float] = {}
+    bandwidth: dict[tuple[str, int, int], float] = {}
+    for group, num_bytes in active:
+        chunk = num_bytes / members
+        for i, src in enumerate(group):
+            dst = group[(i + 1) % members]
+            link = topology.link_between(src, dst)
+            if link is None:  # pragma: no cover - a ring's members are distinct devices
+                continue
+            channel = topology.channel_between(src, dst)
+            load[channel] = load.get(channel, 0.0) + chunk
+            latency[channel] = max(latency.get(channel, 0.0), link.latency_s)
+            bandwidth[channel] = min(
+                bandwidth.get(channel, link.bandwidth_bytes_per_s), link.bandwidth_bytes_per_s
+            )
+    step_s = max(latency[c] + load[c] / bandwidth[c] for c in load)
+    return 2 * (members - 1) * step_s
+
+
+def all_reduce_s(topology: Topology, group: Sequence[int], num_bytes: int) -> float:
+    """Seconds for one ring all-reduce of ``num_bytes`` among ``group``'s devices."""
+    return concurrent_all_reduce_s(topology, [(group, num_bytes)])

@@ -1,0 +1,302 @@
+"""The strategy planner: every family, scored by the simulated step of what would run.
+
+For ``N`` devices and a global batch ``B`` the planner enumerates strategies of ``R`` replicas x
+``S`` stages with ``R * S <= N`` and ``R`` dividing ``B`` (replicas take equal shares, as
+``tf.distribute`` splits a batch):
+
+* **device groups**: replica ``r``'s stage ``s`` on a device chosen from the topology, in two
+  layouts: stages next to each other on a host (replicas across hosts), or replicas next to each
+  other (stages across hosts); both are scored where they differ;
+* **stage placement** (``S > 1``): the layer placement solvers of :mod:`partitioner.solvers`
+  (METIS, PipeDream's DP, time / parameter balance, ...) run on replica 0's devices, with the
+  costs of the per-replica batch; a pipeline's stages are made acyclic;
+* **micro-batches** (``S > 1``): none (a plain split), or ``M`` dividing ``B / R`` up to
+  ``max_microbatches_per_stage * S``, under each schedule asked for.
+
+Every candidate is scored by :func:`~partitioner.simulation.strategy.simulate_strategy`, the step
+the rewrite would run, with the costs of its own per-replica batch (``costed_at(B / R)``). The
+best candidate that fits in memory wins; when none fits, the one that overflows least is
+returned and says so. The best pipeline or split is then refined by
+:func:`~partitioner.planner.refine.refine_strategy`, scored the same way. The planner never
+returns a strategy slower than a candidate it evaluated, ``single`` included.
+
+Pure Python, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+from partitioner.core.errors import PartitionError, PlanError, UsageError
+from partitioner.core.ir import CostedGraph, PartitionProblem, Schedule, Topology
+from partitioner.core.strategy import Family, Strategy
+from partitioner.planner.refine import refine_strategy
+from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
+from partitioner.solvers import get_solver
+from partitioner.solvers.stages import make_acyclic
+
+__all__ = [
+    "StrategyCandidate",
+    "StrategyOptions",
+    "StrategySearch",
+    "device_layouts",
+    "microbatch_choices",
+    "search_strategies",
+    "sub_problem",
+]
+
+logger = logging.getLogger(__name__)
+
+CostedAt = Callable[[int], CostedGraph]
+"""The model costed at a per-replica batch size, on the whole topology."""
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """How the planner searches (see the module docstring)."""
+
+    families: tuple[Family, ...] = tuple(Family)
+    placement_solvers: tuple[str, ...] = ("dp", "time", "even", "metis")
+    schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B,)
+    max_microbatches_per_stage: int = 4
+    refine: bool = True
+    seed: int = 0
+    time_limit_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class StrategyCandidate:
+    """One strategy the planner scored, with the solver that placed its stages."""
+
+    simulation: StrategySimulation
+    placement: str
+    """The solver that placed the layers on the stages (``"-"`` for one stage)."""
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.simulation.strategy
+
+    @property
+    def step_time_s(self) -> float:
+        return self.simulation.step_time_s
+
+    def rank(self) -> tuple[bool, float, float]:
+        """Sort key: fitting first, then the predicted step, then the memory overflow."""
+        over = sum(need - limit for _, need, limit in self.simulation.over_memory)
+        return (not self.simulation.fits, self.step_time_s if self.simulation.fits else over, self.step_time_s)
+
+
+@dataclass(frozen=True)
+class StrategySearch:
+    """What the planner scored, and its choice."""
+
+    best: StrategyCandidate
+    candidates: tuple[StrategyCandidate, ...]
+    rejected: tuple[tuple[str, str], ...] = ()
+    """``(what, why)`` of every candidate that could not be scored."""
+    notes: tuple[str, ...] = field(default=())
+
+    def best_per_family(self) -> dict[Family, StrategyCandidate]:
+        """The best candidate of each family that was scored."""
+        out: dict[Family, StrategyCandidate] = {}
+        for c in sorted(self.candidates, key=StrategyCandidate.rank):
+            out.setdefault(c.strategy.family, c)
+        return out
+
+
+def device_layouts(topology: Topology, replicas: int, stages: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """The distinct device groupings of ``replicas`` x ``stages`` (see the module docstring)."""
+    order = sorted(range(topology.num_devices), key=lambda d: (topology.devices[d].host, d))
+    used = order[: replicas * stages]
+    stages_together = tuple(tuple(used[r * stages : (r + 1) * stages]) for r in range(replicas))
+    replicas_together = tuple(
+        tuple(used[s * replicas + r] for s in range(stages)) for r in range(replicas)
+    )
+    if replicas_together == stages_together:
+        return (stages_together,)
+    return (stages_together, replicas_together)
+
+
+def microbatch_choices(batch_per_replica: int, stages: int, most_per_stage: int) -> tuple[int, ...]:
+    """Micro-batch counts to try: 1 (no pipelining) and the divisors of the batch among
+    ``stages``, ``2 * stages``, ..., up to ``most_per_stage * stages`` (the largest divisor up to
+    that when none of them divides)."""
+    if stages == 1:
+        return (1,)
+    limit = min(batch_per_replica, most_per_stage * stages)
+    wanted = [m for m in range(stages, limit + 1, stages) if batch_per_replica % m == 0]
+    if not wanted:
+        wanted = [m for m in range(2, limit + 1) if batch_per_replica % m == 0][-1:]
+    return (1, *sorted(set(wanted)))
+
+
+def sub_problem(problem: PartitionProblem, devices: tuple[int, ...]) -> PartitionProblem:
+    """``problem`` on ``devices`` only, renumbered ``0..len(devices)-1`` in that order."""
+    topo = problem.topology
+    index = {d: i for i, d in enumerate(devices)}
+    links = tuple(
+        (min(index[a], index[b]), max(index[a], index[b]), link)
+        for a, b, link in topo.links
+        if a in index and b in index
+    )
+    sub_topology = Topology(
+        devices=tuple(replace(topo.devices[d], index=i) for i, d in enumerate(devices)),
+        link=topo.link,
+        inter_host_link=topo.inter_host_link if len({topo.devices[d].host for d in devices}) > 1 else None,
+        links=links,
+    )
+    return replace(
+        problem,
+        compute_time_s=tuple(problem.compute_time_s[d] for d in devices),
+        topology=sub_topology,
+    )
+
+
+def _stage_placements(
+    costed: CostedGraph, group: tuple[int, ...], options: StrategyOptions, pipelined: bool
+) -> Iterator[tuple[str, tuple[int, ...]] | tuple[str, PartitionError]]:
+    """``(solver, stage of each layer)`` from every placement solver on ``group``'s devices."""
+    problem = sub_problem(costed.problem(), group)
+    seen: set[tuple[int, ...]] = set()
+    for name in options.placement_solvers:
+        solver = get_solver(name, seed=options.seed, time_limit_s=options.time_limit_s)
+        try:
+            stages = solver.solve(problem).assignment
+            if pipelined:
+                stages = make_acyclic(stages, problem)
+        except PartitionError as exc:
+            yield name, exc
+            continue
+        if stages not in seen:
+            seen.add(stages)
+            yield name, stages
+
+
+def _shapes(num_devices: int, batch_size: int, families: tuple[Family, ...]) -> Iterator[tuple[int, int]]:
+    """``(R, S)`` pairs worth scoring for the families asked for."""
+    for replicas in range(1, num_devices + 1):
+        if batch_size % replicas:
+            continue
+        for stages in range(1, num_devices // replicas + 1):
+            kinds = _families_of(replicas, stages)
+            if any(f in families for f in kinds):
+                yield replicas, stages
+
+
+def _families_of(replicas: int, stages: int) -> tuple[Family, ...]:
+    if replicas == 1 and stages == 1:
+        return (Family.SINGLE,)
+    if stages == 1:
+        return (Family.DATA_PARALLEL,)
+    if replicas > 1:
+        return (Family.HYBRID,)
+    return (Family.PIPELINE, Family.PLACED)
+
+
+class _Scorer:
+    """Scores strategies, remembering the costed graph of each per-replica batch."""
+
+    def __init__(self, costed_at: CostedAt, batch_size: int, deadline: float) -> None:
+        self._costed_at = costed_at
+        self.batch_size = batch_size
+        self._costed: dict[int, CostedGraph] = {}
+        self.deadline = deadline
+        self.candidates: list[StrategyCandidate] = []
+        self.rejected: list[tuple[str, str]] = []
+
+    def costed(self, replicas: int) -> CostedGraph:
+        batch = self.batch_size // replicas
+        if batch not in self._costed:
+            self._costed[batch] = self._costed_at(batch)
+        return self._costed[batch]
+
+    def score(self, strategy: Strategy, placement: str) -> StrategyCandidate | None:
+        try:
+            sim = simulate_strategy(self.costed(strategy.replicas), strategy)
+        except PartitionError as exc:
+            self.rejected.append((f"{strategy.describe()} ({placement})", str(exc)))
+            return None
+        candidate = StrategyCandidate(simulation=sim, placement=placement)
+        self.candidates.append(candidate)
+        return candidate
+
+
+def _score_shape(
+    scorer: _Scorer, replicas: int, stages: int, options: StrategyOptions
+) -> None:
+    costed = scorer.costed(replicas)
+    n_layers = len(costed.layer_memory)
+    for groups in device_layouts(costed.topology, replicas, stages):
+        if stages == 1:
+            scorer.score(Strategy(device_groups=groups, stage_of_layer=(0,) * n_layers), "-")
+            continue
+        micro = microbatch_choices(
+            scorer.batch_size // replicas, stages, options.max_microbatches_per_stage
+        )
+        _score_placements(scorer, groups, micro, options, replicas)
+
+
+def _score_placements(
+    scorer: _Scorer,
+    groups: tuple[tuple[int, ...], ...],
+    micro: tuple[int, ...],
+    options: StrategyOptions,
+    replicas: int,
+) -> None:
+    costed = scorer.costed(replicas)
+    want_plain = Family.PLACED in options.families or replicas > 1
+    pipelined_counts = [m for m in micro if m > 1]
+    for pipelined in (False, True):
+        counts = pipelined_counts if pipelined else ([1] if want_plain else [])
+        if not counts or time.monotonic() > scorer.deadline:
+            continue
+        for name, found in _stage_placements(costed, groups[0], options, pipelined):
+            if isinstance(found, PartitionError):
+                scorer.rejected.append((f"{len(groups)} x {len(groups[0])} by {name}", str(found)))
+                continue
+            for m in counts:
+                for schedule in options.schedules if m > 1 else (Schedule.NONE,):
+                    strategy = Strategy(groups, found, m, schedule)
+                    if strategy.family in options.families:
+                        scorer.score(strategy, name)
+
+
+def search_strategies(
+    costed_at: CostedAt, batch_size: int, options: StrategyOptions | None = None
+) -> StrategySearch:
+    """Score every strategy family and return the best (see the module docstring)."""
+    options = options or StrategyOptions()
+    if batch_size < 1:
+        raise UsageError(f"batch_size={batch_size} must be >= 1")
+    deadline = time.monotonic() + options.time_limit_s
+    scorer = _Scorer(costed_at, batch_size, deadline)
+    num_devices = costed_at(batch_size).topology.num_devices
+    for replicas, stages in _shapes(num_devices, batch_size, options.families):
+        _score_shape(scorer, replicas, stages, options)
+    if not scorer.candidates:
+        why = "; ".join(f"{what}: {reason}" for what, reason in scorer.rejected[:4])
+        raise PlanError(f"no strategy of the families asked for could be scored ({why})")
+    best = min(scorer.candidates, key=StrategyCandidate.rank)
+    notes: tuple[str, ...] = ()
+    if options.refine and best.strategy.stages > 1:
+        refined = refine_strategy(
+            scorer.costed(best.strategy.replicas), best.simulation,
+            seed=options.seed, time_limit_s=max(0.0, deadline - time.monotonic()),
+        )
+        if refined.step_time_s < best.step_time_s and refined.fits >= best.simulation.fits:
+            notes = (
+                f"refined by the simulated step from {best.step_time_s:.6g} s to "
+                f"{refined.step_time_s:.6g} s",
+            )
+            best = StrategyCandidate(simulation=refined, placement=f"{best.placement}+refine")
+            scorer.candidates.append(best)
+    return StrategySearch(
+        best=best,
+        candidates=tuple(scorer.candidates),
+        rejected=tuple(scorer.rejected),
+        notes=notes,
+    )
+

@@ -1,0 +1,121 @@
+"""The predicted step of a strategy: what the rewrite would run, replicas and all-reduce included.
+
+A :class:`~partitioner.core.strategy.Strategy` of ``R`` replicas x ``S`` stages runs, in every
+replica, the model's forward and backward on ``batch / R`` samples: the op-level simulation of a
+plain placement (:func:`~partitioner.simulation.evaluate.evaluate`) when there are no
+micro-batches, else the pipeline simulation under the strategy's schedule
+(:func:`~partitioner.simulation.evaluate.evaluate_pipeline`). The costed graph given here must be
+costed at that per-replica batch (the caller traces or scales it; costs do not scale linearly
+with the batch, so the planner re-costs rather than divides). Every replica is simulated on its
+own devices (they may differ in type); synchronous data parallelism waits for the slowest one.
+
+Then each stage's gradients are summed across the replicas holding that stage: ring all-reduces,
+all stages at once, sharing channels (:mod:`cost_models.estimate.collectives`). Keras's
+``train_step`` under ``tf.distribute`` all-reduces the gradients after the whole backward (one
+batched all-reduce inside ``optimizer.apply``), so the all-reduce is **not** overlapped with
+the backward here::
+
+    step_s = max over replicas (replica step) + all_reduce_s
+
+Memory per device is the replica's simulated peak on that device: a replica holds whole copies of
+its stages' weights, gradients and optimizer slots, plus the activations of ``batch / R``
+samples (of the micro-batches the schedule keeps alive, for a pipeline).
+
+Pure Python, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.estimate.collectives import concurrent_all_reduce_s
+from partitioner.core.errors import PlanError
+from partitioner.core.ir import CostedGraph
+from partitioner.core.strategy import Strategy
+from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
+
+__all__ = ["StrategySimulation", "gradient_bytes_per_stage", "simulate_strategy"]
+
+
+@dataclass(frozen=True)
+class StrategySimulation:
+    """The simulated step of a strategy (see the module docstring)."""
+
+    strategy: Strategy
+    replica_step_s: tuple[float, ...]
+    """Each replica's forward and backward (plain or pipelined), seconds."""
+    all_reduce_s: float
+    gradient_bytes: tuple[int, ...]
+    """Bytes of gradients each stage all-reduces."""
+    peak_memory_bytes: tuple[int, ...]
+    """Per topology device (0 where the strategy uses none)."""
+    memory_limit_bytes: tuple[int, ...]
+    replica: PlanEvaluation
+    """The evaluation of replica 0 (per-device loads, timeline)."""
+
+    @property
+    def step_time_s(self) -> float:
+        """The predicted training step: the slowest replica, then the all-reduce."""
+        return max(self.replica_step_s) + self.all_reduce_s
+
+    @property
+    def over_memory(self) -> tuple[tuple[int, int, int], ...]:
+        """``(device, peak bytes, limit bytes)`` of every device that does not fit."""
+        return tuple(
+            (d, need, limit)
+            for d, (need, limit) in enumerate(zip(self.peak_memory_bytes, self.memory_limit_bytes))
+            if need > limit
+        )
+
+    @property
+    def fits(self) -> bool:
+        return not self.over_memory
+
+
+def gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> tuple[int, ...]:
+    """The bytes of gradients of each stage's layers."""
+    per_stage = [0] * strategy.stages
+    for memory, stage in zip(costed.layer_memory, strategy.stage_of_layer):
+        per_stage[stage] += memory.gradient_bytes
+    return tuple(per_stage)
+
+
+def _replica(costed: CostedGraph, strategy: Strategy, replica: int) -> PlanEvaluation:
+    assignment = strategy.layer_devices(replica)
+    if strategy.num_microbatches > 1:
+        return evaluate_pipeline(
+            costed,
+            assignment,
+            schedule=strategy.schedule,
+            num_microbatches=strategy.num_microbatches,
+        )
+    return evaluate(costed, assignment)
+
+
+def simulate_strategy(costed: CostedGraph, strategy: Strategy) -> StrategySimulation:
+    """Simulate one training step of ``strategy``; ``costed`` is costed at the per-replica batch."""
+    if len(strategy.stage_of_layer) != len(costed.layer_memory):
+        raise PlanError(
+            f"the strategy places {len(strategy.stage_of_layer)} layers, the graph has "
+            f"{len(costed.layer_memory)}"
+        )
+    topology = costed.topology
+    replicas = [_replica(costed, strategy, r) for r in range(strategy.replicas)]
+    peak = [0] * topology.num_devices
+    for evaluation, group in zip(replicas, strategy.device_groups):
+        for d in group:
+            peak[d] = evaluation.per_device[d].memory_bytes
+    grads = gradient_bytes_per_stage(costed, strategy)
+    rings = [
+        (tuple(group[s] for group in strategy.device_groups), grads[s])
+        for s in range(strategy.stages)
+    ]
+    return StrategySimulation(
+        strategy=strategy,
+        replica_step_s=tuple(e.step_time_s for e in replicas),
+        all_reduce_s=concurrent_all_reduce_s(topology, rings),
+        gradient_bytes=grads,
+        peak_memory_bytes=tuple(peak),
+        memory_limit_bytes=tuple(d.memory_bytes for d in topology.devices),
+        replica=replicas[0],
+    )

@@ -1,0 +1,187 @@
+"""The strategy planner: strategies as data, all-reduce times, the simulated step of a strategy,
+the search over families and its refinement (pure Python, milliseconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.estimate.collectives import all_reduce_s, concurrent_all_reduce_s, ring_order
+from partitioner.core.errors import InvalidGraphError
+from partitioner.core.ir import Schedule
+from partitioner.core.strategy import Family, Strategy
+from partitioner.planner.refine import boundary_moves, refine_strategy
+from partitioner.planner.search import (
+    StrategyOptions,
+    device_layouts,
+    microbatch_choices,
+    search_strategies,
+)
+from partitioner.simulation.evaluate import evaluate
+from partitioner.simulation.strategy import simulate_strategy
+from tests.planner.strategy_graphs import (
+    FAST_LINK,
+    SLOW_LINK,
+    chain_at,
+    chain_costs,
+    uniform_topology,
+)
+
+# -- strategies as data -------------------------------------------------------------------------
+
+
+def test_families_and_words() -> None:
+    one = Strategy(((0,),), (0, 0))
+    dp = Strategy(((0,), (1,)), (0, 0))
+    pipe = Strategy(((0, 1),), (0, 1), 8, Schedule.ONE_F_ONE_B)
+    split = Strategy(((0, 1),), (0, 1))
+    hybrid = Strategy(((0, 1), (2, 3)), (0, 1), 16, Schedule.ONE_F_ONE_B)
+    assert [s.family for s in (one, dp, pipe, split, hybrid)] == [
+        Family.SINGLE,
+        Family.DATA_PARALLEL,
+        Family.PIPELINE,
+        Family.PLACED,
+        Family.HYBRID,
+    ]
+    assert hybrid.describe() == "2 data-parallel replicas x 2 stages, 1F1B, 16 micro-batches"
+    assert one.describe() == "one device"
+    assert hybrid.layer_devices(1) == (2, 3)
+    assert hybrid.devices == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"device_groups": ((0, 1), (2,)), "stage_of_layer": (0,)},
+        {"device_groups": ((0,), (0,)), "stage_of_layer": (0,)},
+        {"device_groups": ((0, 1),), "stage_of_layer": (0, 2)},
+        {"device_groups": ((0, 1),), "stage_of_layer": (0, 1), "num_microbatches": 4},
+        {"device_groups": ((0, 1),), "stage_of_layer": (0, 1), "schedule": Schedule.GPIPE},
+    ],
+)
+def test_bad_strategies_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidGraphError):
+        Strategy(**kwargs)  # type: ignore[arg-type]
+
+
+# -- all-reduce --------------------------------------------------------------------------------
+
+
+def test_ring_all_reduce_times() -> None:
+    topo = uniform_topology(4, SLOW_LINK)
+    # 2 devices, 100 bytes: 2 (R-1) = 2 steps of 0.25 + 50/100.
+    assert all_reduce_s(topo, (0, 1), 100) == pytest.approx(1.5)
+    # 4 devices: 6 steps of 0.25 + 25/100.
+    assert all_reduce_s(topo, (0, 1, 2, 3), 100) == pytest.approx(3.0)
+    assert all_reduce_s(topo, (0,), 100) == 0.0
+    assert all_reduce_s(topo, (0, 1), 0) == 0.0
+
+
+def test_rings_sharing_a_host_channel_are_slower() -> None:
+    topo = uniform_topology(4, SLOW_LINK, hosts=2)  # devices 0, 1 on host 0; 2, 3 on host 1
+    assert ring_order(topo, (2, 0, 3, 1)) == (0, 1, 2, 3)
+    alone = all_reduce_s(topo, (0, 2), 100)
+    # Two stages all-reducing across the hosts at once share the host -> host channel.
+    together = concurrent_all_reduce_s(topo, [((0, 2), 100), ((1, 3), 100)])
+    assert together == pytest.approx(2 * (0.25 + 100 / 100))
+    assert alone == pytest.approx(2 * (0.25 + 50 / 100))
+
+
+# -- the simulated step of a strategy ----------------------------------------------------------
+
+CHAIN = {"fwd_s": (1.0, 1.0, 1.0, 1.0), "weight_bytes": (100, 100, 100, 100), "act_bytes": 40}
+
+
+def test_data_parallel_step_is_replica_step_plus_all_reduce() -> None:
+    topo = uniform_topology(2, SLOW_LINK)
+    half = chain_at(8, full_batch=16, topology=topo, **CHAIN)  # type: ignore[arg-type]
+    sim = simulate_strategy(half, Strategy(((0,), (1,)), (0, 0, 0, 0)))
+    one_replica = evaluate(half, (0, 0, 0, 0)).step_time_s
+    assert sim.replica_step_s == pytest.approx((one_replica, one_replica))
+    assert sim.gradient_bytes == (400,)
+    assert sim.all_reduce_s == pytest.approx(all_reduce_s(topo, (0, 1), 400))
+    assert sim.step_time_s == pytest.approx(one_replica + sim.all_reduce_s)
+    # each replica holds the whole model: weights + gradients + the activations of its half.
+    assert sim.peak_memory_bytes == (4 * (100 + 100 + 20),) * 2
+    assert sim.fits
+
+
+def test_memory_overflow_is_reported_per_device() -> None:
+    topo = uniform_topology(2, SLOW_LINK, memory_bytes=500)
+    costed = chain_at(16, full_batch=16, topology=topo, **CHAIN)  # type: ignore[arg-type]
+    sim = simulate_strategy(costed, Strategy(((0,),), (0, 0, 0, 0)))
+    assert not sim.fits
+    assert sim.over_memory == ((0, 4 * (200 + 40), 500),)
+
+
+# -- the search --------------------------------------------------------------------------------
+
+
+def test_layouts_and_microbatch_choices() -> None:
+    topo = uniform_topology(4, SLOW_LINK, hosts=2)
+    assert device_layouts(topo, 2, 2) == (((0, 1), (2, 3)), ((0, 2), (1, 3)))
+    assert device_layouts(topo, 1, 4) == (((0, 1, 2, 3),),)
+    assert microbatch_choices(32, 2, 4) == (1, 2, 4, 8)
+    assert microbatch_choices(32, 1, 4) == (1,)
+    assert microbatch_choices(6, 4, 4) == (1, 6)
+
+
+def _search(link, memory_bytes=1 << 40, weight=100, **options):  # type: ignore[no-untyped-def]
+    topo = uniform_topology(4, link, memory_bytes=memory_bytes)
+    chain = dict(CHAIN, weight_bytes=(weight,) * 4)
+    costs = chain_costs(32, topology=topo, **chain)
+    return search_strategies(costs, 32, StrategyOptions(**options))
+
+
+def test_cheap_gradients_on_a_fast_link_choose_data_parallel() -> None:
+    found = _search(FAST_LINK)
+    assert found.best.strategy.family is Family.DATA_PARALLEL
+    assert found.best.strategy.replicas == 4
+    single = found.best_per_family()[Family.SINGLE]
+    assert found.best.step_time_s == pytest.approx(single.step_time_s / 4)
+
+
+def test_heavy_gradients_on_a_slow_link_do_not_choose_data_parallel() -> None:
+    found = _search(SLOW_LINK, weight=100_000)
+    per_family = found.best_per_family()
+    assert found.best.strategy.family is not Family.DATA_PARALLEL
+    assert per_family[Family.DATA_PARALLEL].step_time_s > found.best.step_time_s
+
+
+def test_a_model_that_fits_no_device_is_split() -> None:
+    # 4 layers x (2 x 100 weights+grads + 40 activations) = 960 bytes; a device holds 600.
+    found = _search(FAST_LINK, memory_bytes=600)
+    assert found.best.simulation.fits
+    assert found.best.strategy.stages > 1
+    assert not found.best_per_family()[Family.SINGLE].simulation.fits
+
+
+@pytest.mark.parametrize("link", [FAST_LINK, SLOW_LINK])
+def test_the_choice_is_never_slower_than_a_fitting_candidate(link) -> None:  # type: ignore[no-untyped-def]
+    found = _search(link, weight=1000)
+    fitting = [c.step_time_s for c in found.candidates if c.simulation.fits]
+    assert found.best.step_time_s <= min(fitting) + 1e-12
+    assert {Family.SINGLE, Family.DATA_PARALLEL, Family.PIPELINE, Family.PLACED, Family.HYBRID} <= set(
+        found.best_per_family()
+    )
+
+
+def test_forcing_a_family() -> None:
+    found = _search(FAST_LINK, families=(Family.PIPELINE,))
+    assert {c.strategy.family for c in found.candidates} == {Family.PIPELINE}
+
+
+# -- refinement --------------------------------------------------------------------------------
+
+
+def test_boundary_moves() -> None:
+    assert boundary_moves((0, 0, 1, 1)) == ((1, 1), (2, 0))
+    assert boundary_moves((0, 0)) == ()
+
+
+def test_refinement_improves_an_uneven_split_and_never_worsens() -> None:
+    topo = uniform_topology(2, FAST_LINK)
+    costed = chain_at(16, full_batch=16, topology=topo, fwd_s=(1.0,) * 8, weight_bytes=(1,) * 8, act_bytes=8)
+    start = simulate_strategy(costed, Strategy(((0, 1),), (0,) * 7 + (1,), 8, Schedule.ONE_F_ONE_B))
+    best = refine_strategy(costed, start, seed=0, time_limit_s=5.0, max_moves=300)
+    assert best.step_time_s < 0.8 * start.step_time_s
+    assert best.strategy.stage_of_layer.count(1) >= 3
