@@ -1,0 +1,713 @@
+"""Data-parallel replicas: ``R`` copies of a model (or of its pipeline) trained on shares of the
+global batch, with the gradients averaged across the copies.
+
+Two rewrites, one per strategy family with ``R > 1`` (``passes.rewrite.device_placement`` and
+``passes.rewrite.pipeline`` realise ``R = 1``; :func:`realise_strategy` chooses among all four):
+
+* :func:`replicate_model` (``R`` replicas x 1 stage) is TensorFlow's own data parallelism: a
+  :class:`ReplicatedModel` whose variables are created under
+  ``tf.distribute.MirroredStrategy(devices=replica_devices).scope()``, so each is a
+  ``MirroredVariable`` with one copy per replica device. Keras's TensorFlow trainer then runs
+  every step through ``strategy.run``: ``fit`` distributes its dataset with
+  ``experimental_distribute_dataset`` (each replica gets ``global batch / R`` rows), each replica
+  computes its loss scaled by ``1/R`` (``keras.src.losses.loss.scale_loss_for_distribution``),
+  the optimizer all-reduces (sums) the gradients across replicas (``ReplicaContext.all_reduce``;
+  on local devices MirroredStrategy picks NCCL for GPUs, a reduction to one device otherwise) and
+  ``MirroredVariable`` applies the same update to every copy (``extended.update``). For a loss that
+  is a mean over the batch the summed, ``1/R``-scaled gradient is the global-batch gradient.
+  ``train_on_batch`` is overridden to split its batch the same way (Keras's own would hand the
+  whole batch to every replica).
+
+* :func:`replicate_pipeline` (``R`` replicas x ``S`` stages, hybrid) builds ``R`` pipelined copies
+  (:func:`passes.rewrite.pipeline.pipeline_model`, replica ``r``'s stage ``s`` on its own device)
+  inside one :class:`ReplicatedPipeline`, whose ``train_step`` (one ``tf.function``) splits the
+  global batch into ``R`` equal shares, runs each replica's pipelined forward and backward on its
+  share (``PipelinedModel.pipeline_gradients``), averages every variable's gradient over the
+  replicas and applies that one gradient to every replica's copy of the variable.
+
+  **Why not tf.distribute here.** MirroredStrategy creates each ``MirroredVariable``'s components
+  on the strategy's devices, one per replica, whatever ``tf.device`` scope is in effect, and runs
+  each replica's step under its one device: a replica spanning ``S`` devices, with each stage's
+  variables on the stage's device, cannot be expressed (its variables would all sit on the
+  replica's first device and every other stage would read them across devices every step). The
+  cross-device reductions (``tf.distribute.CrossDeviceOps``) take ``PerReplica`` values, which only
+  a strategy creates. The all-reduce is therefore explicit: every variable's ``R`` gradients are
+  summed with one ``AddN`` on replica 0's device of that variable's stage, divided by ``R``, and
+  that same tensor is read by every replica's update. TensorFlow copies a tensor to each consuming
+  device byte for byte (``Send``/``Recv``), so every replica applies bitwise the same gradient and,
+  with the same optimizer state, computes bitwise the same update: the copies stay identical.
+  Each update runs on its variable's device (as in the placed model); the optimizer's step
+  counter is advanced once per batch. This is a reduce-then-broadcast, not a ring: fine for a few
+  local replicas; across hosts use the cluster path.
+
+For a mean-reduced loss (Keras's default), both rewrites compute the global-batch gradient up to
+float rounding, so one step updates the weights as one device would on the whole batch (the tests
+check <= 1e-5 relative with SGD). A ``sum``-reduced loss is summed across replicas (the hybrid) or
+divided by ``R`` (Keras under MirroredStrategy does this; it is not the single-device step).
+BatchNormalization normalises each replica's share with its own statistics (MirroredStrategy
+keeps its moving averages mean-synchronised, the hybrid keeps replica 0's rule: the averaged
+gradient, but per-replica moving statistics); random layers draw per replica.
+
+Bad input fails with one line (:class:`~partitioner.core.errors.RewriteError` or
+:class:`~partitioner.core.errors.UsageError`): a global batch that ``R`` replicas (x ``M``
+micro-batches) do not divide (before the step when the size is known, else by an in-graph
+assertion that runs before any update), replica device lists of different lengths or layouts, a
+device string TensorFlow does not know, a device in two replicas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from partitioner.core.errors import RewriteError, UsageError
+from partitioner.core.ir import Schedule
+from passes.rewrite.device_placement import place_model
+from passes.rewrite.pipeline import PipelinedModel, pipeline_model
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ReplicatedModel",
+    "ReplicatedPipeline",
+    "check_replica_devices",
+    "realise_strategy",
+    "replicate_model",
+    "replicate_pipeline",
+]
+
+_NOT_SPLIT = re.compile(r"global batch \d+ does not split[^\n\]\"']*")
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+
+def _known_devices() -> dict[tuple[str, int], str]:
+    """This process's logical devices, by (type, index)."""
+    known: dict[tuple[str, int], str] = {}
+    for d in tf.config.list_logical_devices():
+        spec = tf.DeviceSpec.from_string(d.name)
+        known[(str(spec.device_type).upper(), int(spec.device_index or 0))] = d.name
+    return known
+
+
+def check_replica_devices(devices: Sequence[str]) -> tuple[str, ...]:
+    """``devices`` as local ``/device:TYPE:i`` strings; one-line error on an unknown or repeated
+    device, or one of another process (MirroredStrategy runs on this process's devices only)."""
+    known = _known_devices()
+    seen: dict[tuple[str, int], str] = {}
+    out: list[str] = []
+    for name in devices:
+        try:
+            spec = tf.DeviceSpec.from_string(str(name))
+        except (ValueError, TypeError) as exc:
+            raise RewriteError(f"{name!r} is not a TensorFlow device string ({exc})") from None
+        if spec.job not in (None, "localhost") or spec.task not in (None, 0):
+            raise RewriteError(
+                f"device {name!r} is on another process; replicas here run on this process's "
+                "devices: use the cluster path (--cluster) for devices of other hosts"
+            )
+        key = (str(spec.device_type or "").upper(), int(spec.device_index or 0))
+        if spec.device_type is None or key not in known:
+            raise RewriteError(
+                f"device {name!r} is not one TensorFlow sees here; it sees {sorted(known.values())}"
+            )
+        if key in seen:
+            raise RewriteError(
+                f"device {name!r} is named twice ({seen[key]!r}); each replica and stage needs a "
+                "device of its own"
+            )
+        seen[key] = str(name)
+        out.append(f"/device:{key[0]}:{key[1]}")
+    return tuple(out)
+
+
+def _split_message(batch: int | str, replicas: int, microbatches: int = 1) -> str:
+    parts = f"{replicas} replicas" + (
+        f" x {microbatches} micro-batches" if microbatches > 1 else ""
+    )
+    unit = replicas * microbatches
+    if isinstance(batch, int):
+        low = batch // unit * unit
+        valid = f"{low} or {low + unit}" if low else f"{unit}"
+    else:
+        valid = "{} or {}"
+    return (
+        f"global batch {batch} does not split into {parts}: use a batch size (and a dataset "
+        f"length) that is a multiple of {unit}, e.g. {valid}"
+    )
+
+
+def _check_static_batch(batch: int, replicas: int, microbatches: int = 1) -> None:
+    if batch % (replicas * microbatches):
+        raise UsageError(_split_message(batch, replicas, microbatches))
+
+
+def _batch_assertion(batch: Any, total: Any, replicas: int, microbatches: int) -> Any:
+    """An in-graph check that ``total`` rows split into equal shares of ``batch`` rows each."""
+    unit = replicas * microbatches
+    low = total // unit * unit
+    ok = tf.logical_and(tf.equal(batch * replicas, total), tf.equal(total % unit, 0))
+    message = tf.strings.format(
+        _split_message("{}", replicas, microbatches), (total, low, low + unit)
+    )
+    return tf.debugging.Assert(ok, [message])
+
+
+@contextlib.contextmanager
+def _batch_errors() -> Iterator[None]:
+    """Turn the in-graph batch assertion into the one-line :class:`UsageError`."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as exc:
+        found = _NOT_SPLIT.search(str(exc))
+        if found is None:
+            raise
+        raise UsageError(found.group(0).strip()) from None
+
+
+def _check_array_batches(x: Any, batch_size: Any, validation_split: Any, replicas: int) -> None:
+    """For array inputs, the batch sizes ``fit`` will cut (the full ones and the last, partial
+    one, after ``validation_split``) must each split into ``replicas`` equal shares."""
+    from keras.src import tree
+
+    leaves = [t for t in tree.flatten(x) if t is not None]
+    if not leaves or not all(isinstance(t, (np.ndarray, tf.Tensor)) for t in leaves):
+        return  # datasets and generators: the step's in-graph check
+    rows = int(np.shape(leaves[0])[0])
+    rows = int(np.floor(rows * (1.0 - float(validation_split or 0.0))))
+    batch = int(batch_size or 32)
+    for size in {min(batch, rows), rows % batch if rows > batch else 0} - {0}:
+        _check_static_batch(size, replicas)
+
+
+def _first_leaf(x: Any) -> Any:
+    from keras.src import tree
+
+    leaves = [t for t in tree.flatten(x) if t is not None]
+    if not leaves:
+        raise RewriteError("replicated training needs input data (x is empty)")
+    return leaves[0]
+
+
+def _sample_batch(sample_inputs: Sequence[Any]) -> Any:
+    return sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs)
+
+
+# -- R replicas x 1 stage: MirroredStrategy ---------------------------------------------------
+
+
+class ReplicatedModel(keras.Model):
+    """A model trained data-parallel by ``tf.distribute.MirroredStrategy``; see the module
+    docstring. Create it inside the strategy's scope (:func:`replicate_model` does)."""
+
+    def __init__(self, inner: keras.Model, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.inner = inner
+
+    @property
+    def num_replicas(self) -> int:
+        return int(self.distribute_strategy.num_replicas_in_sync)
+
+    @property
+    def replica_devices(self) -> tuple[str, ...]:
+        return tuple(self.distribute_strategy.extended.worker_devices)
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        return self.inner(inputs, training=training)
+
+    def train_step(self, data: Any) -> Any:
+        """Keras's step, after checking (in the graph, before any update) that every replica
+        got the same number of rows: tf.distribute splits a batch that ``R`` does not divide
+        unevenly, which would weight the replicas' ``1/R``-scaled losses wrongly."""
+        from keras.src import tree
+
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        batch = tf.shape(_first_leaf(x))[0]
+        context = tf.distribute.get_replica_context()
+        total = context.all_reduce(tf.distribute.ReduceOp.SUM, batch)
+        check = _batch_assertion(batch, total, self.num_replicas, 1)
+        with tf.control_dependencies([check]):
+            x = tree.map_structure(lambda t: None if t is None else tf.identity(t), x)
+        return super().train_step(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+
+    def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """Keras ``fit``; arrays whose batches ``R`` does not divide are refused up front."""
+        batch_size = args[0] if args else kwargs.get("batch_size")
+        _check_array_batches(x, batch_size, kwargs.get("validation_split"), self.num_replicas)
+        with _batch_errors():
+            return super().fit(x, y, *args, **kwargs)
+
+    def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> Any:
+        """Keras builds the model from the first batch averaged over the replicas, which fails
+        on unequal shares before the step's own check could run: say so in one line."""
+        try:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        except tf.errors.InvalidArgumentError as exc:
+            if "must have the same size and shape" not in str(exc):
+                raise
+            shapes = re.findall(r"input \d+: \[(\d+)", str(exc), flags=re.IGNORECASE)
+            raise UsageError(
+                f"the first batch does not split into {self.num_replicas} equal replica shares "
+                f"(shares of {' and '.join(shapes) or 'unequal'} rows): use a batch size (and a "
+                f"dataset length) that is a multiple of {self.num_replicas}"
+            ) from None
+
+    def train_on_batch(
+        self,
+        x: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        class_weight: Any = None,
+        return_dict: bool = False,
+    ) -> Any:
+        """One step on ``x``, split into ``R`` equal shares, one per replica.
+
+        Keras's own ``train_on_batch`` passes the whole batch to every replica; here each
+        replica's share is cut out and placed on its device by
+        ``strategy.experimental_distribute_values_from_function``.
+        """
+        from keras.src import tree
+        from keras.src.trainers.data_adapters import data_adapter_utils
+        from keras.src.utils.python_utils import pythonify_logs
+
+        self._assert_compile_called("train_on_batch")
+        if class_weight is not None:
+            sample_weight = data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
+        batch = int(np.shape(_first_leaf(x))[0])
+        replicas = self.num_replicas
+        _check_static_batch(batch, replicas)
+        data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        share = batch // replicas
+
+        def shard(context: Any) -> Any:
+            r = context.replica_id_in_sync_group
+            return tree.map_structure(
+                lambda t: tf.convert_to_tensor(t)[r * share : (r + 1) * share], data
+            )
+
+        distributed = self.distribute_strategy.experimental_distribute_values_from_function(shard)
+        self._maybe_symbolic_build(data_batch=(x, y, sample_weight))
+        self.make_train_function()
+        self.reset_metrics()
+        with _batch_errors():
+            logs = pythonify_logs(self.train_function(iter([distributed])))
+        return logs if return_dict else self._flatten_metrics_in_order(logs)
+
+
+def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Model:
+    """A fresh copy of ``model`` (variables created in the current scope) with its weights."""
+    try:
+        if isinstance(model, keras.Sequential) or _is_functional(model):
+            copy = keras.models.clone_model(model)
+        else:
+            copy = model.__class__.from_config(model.get_config())
+        copy(_sample_batch(sample_inputs))
+    except Exception as exc:
+        raise RewriteError(
+            f"could not copy model {model.name!r} for replication: {type(exc).__name__}: {exc}; "
+            "implement get_config/from_config"
+        ) from exc
+    if [tuple(w.shape) for w in copy.weights] != [tuple(w.shape) for w in model.weights]:
+        raise RewriteError(
+            f"the copy of {model.name!r} has other weights than the original "
+            f"({len(copy.weights)} vs {len(model.weights)}); implement get_config/from_config"
+        )
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def _is_functional(model: Any) -> bool:
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, Functional)
+
+
+def replicate_model(
+    model: keras.Model, replica_devices: Sequence[str], sample_inputs: Sequence[Any]
+) -> ReplicatedModel:
+    """A copy of ``model`` trained data-parallel on ``replica_devices`` (one replica each).
+
+    The copy's variables are ``MirroredVariable``\\ s of
+    ``tf.distribute.MirroredStrategy(devices=replica_devices)`` holding the original's values, and
+    it is compiled with the original's compile config (when the original is compiled) under the
+    strategy's scope; ``fit``, ``train_on_batch``, ``evaluate`` and ``predict`` split each global
+    batch across the replicas. ``sample_inputs`` (one array per model input) builds the copy. The
+    original model is never modified. XLA is turned off, as for the placed model.
+    """
+    devices = check_replica_devices(replica_devices)
+    if len(devices) < 2:
+        raise UsageError(
+            f"data parallelism needs >= 2 replica devices, got {list(replica_devices)}; use "
+            "place_model for one device"
+        )
+    strategy = tf.distribute.MirroredStrategy(devices=list(devices))
+    with strategy.scope():
+        inner = _copy_in_scope(model, sample_inputs)
+        replicated = ReplicatedModel(inner, name=f"{model.name}_replicated")
+        replicated(_sample_batch(sample_inputs))
+        if model.compiled:
+            try:
+                config = model.get_compile_config()
+                from keras.src.saving import serialization_lib
+
+                kwargs = serialization_lib.deserialize_keras_object(config)
+                kwargs["jit_compile"] = False
+                replicated.compile(**kwargs)
+                replicated.optimizer.build(replicated.trainable_variables)
+            except Exception as exc:
+                logger.warning("could not copy the compile settings (%s); call compile()", exc)
+    return replicated
+
+
+# -- R replicas x S stages: explicit all-reduce -----------------------------------------------
+
+
+class ReplicatedPipeline(keras.Model):
+    """``R`` pipelined copies of one model trained on shares of each batch with averaged
+    gradients; see the module docstring (built by :func:`replicate_pipeline`)."""
+
+    def __init__(self, replicas: Sequence[PipelinedModel], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if len(replicas) < 2:
+            raise UsageError(f"a replicated pipeline needs >= 2 replicas, got {len(replicas)}")
+        self.replicas = list(replicas)
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def num_microbatches(self) -> int:
+        return int(self.replicas[0].num_microbatches)
+
+    @property
+    def stage_devices(self) -> tuple[tuple[str, ...], ...]:
+        """``stage_devices[r][s]``: the device of replica ``r``'s stage ``s``."""
+        return tuple(tuple(r.stage_devices) for r in self.replicas)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(self.replicas[0].warnings)
+
+    @property
+    def losses(self) -> list[Any]:
+        """The replicas' added losses, averaged (the copies' weight regularizers are equal)."""
+        per_replica = [r.losses for r in self.replicas]
+        if not any(per_replica):
+            return []
+        total = [tf.add_n(list(losses)) for losses in per_replica if losses]
+        return [tf.add_n(total) / float(len(total))]
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        """Each replica runs its share of the rows (shares differ by at most one row)."""
+        from keras.src import tree
+
+        n = self.num_replicas
+        rows = tf.shape(_first_leaf(inputs))[0]
+        sizes = tf.stack([rows // n + tf.cast(r < rows % n, rows.dtype) for r in range(n)])
+        leaves = tree.flatten(inputs)
+        parts = [None if t is None else tf.split(t, sizes, num=n) for t in leaves]
+        outputs = []
+        for r, replica in enumerate(self.replicas):
+            share = tree.pack_sequence_as(inputs, [None if p is None else p[r] for p in parts])
+            outputs.append(replica(share, training=training))
+        with tf.device(self.replicas[0].output_device):
+            flat = [tree.flatten(o) for o in outputs]
+            joined = [tf.concat(list(p), axis=0) for p in zip(*flat)]
+            return tree.pack_sequence_as(outputs[0], joined)
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Keras ``compile`` with XLA off, each variable's update on its own device, and the
+        replicas compiled with the same loss (they compute it on their shares)."""
+        if kwargs.get("jit_compile") not in (None, False, "auto"):
+            logger.warning("jit_compile is turned off: XLA would ignore the device placement")
+        kwargs["jit_compile"] = False
+        super().compile(*args, **kwargs)
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            raise RewriteError(
+                "a LossScaleOptimizer is not supported by the replicated pipeline: the replicas "
+                "scale their losses separately; use float32 training or one replica"
+            )
+        for replica in self.replicas:
+            replica.compile(
+                loss=self.loss, loss_weights=kwargs.get("loss_weights"), jit_compile=False
+            )
+        _place_updates(self.optimizer)
+
+    def compile_from_config(self, config: Any) -> None:
+        """Compile from a ``get_compile_config()`` dict (Keras's own ignores overridden
+        ``compile``)."""
+        from keras.src.saving import serialization_lib
+
+        self.compile(**serialization_lib.deserialize_keras_object(config))
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def train_step(self, data: Any) -> Any:
+        from keras.src.losses import loss as loss_module
+
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        xs, ys, sws, rows = self._shard_batch(x, y, sample_weight)
+        results = [
+            replica.pipeline_gradients(xs[r], ys[r], sws[r])
+            for r, replica in enumerate(self.replicas)
+        ]
+        combine = self._combine()
+        with tf.device(self.replicas[0].output_device):
+            loss = combine([res.loss for res in results])
+            y_pred = _concat([res.y_pred for res in results])
+        self._loss_tracker.update_state(
+            loss_module.unscale_loss_for_distribution(loss), sample_weight=rows
+        )
+        if self.trainable_weights:
+            self._apply(self._all_reduce([res.gradients for res in results], combine))
+        with tf.device(self.replicas[0].output_device):
+            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _combine(self) -> Any:
+        """Mean over the replicas for a mean-reduced loss, sum for a ``sum``-reduced one."""
+        from keras.src import tree
+
+        losses = (
+            [self.loss] if isinstance(self.loss, keras.losses.Loss) else tree.flatten(self.loss)
+        )
+        reductions = {str(getattr(f, "reduction", "sum_over_batch_size")) for f in losses if f}
+        n = float(self.num_replicas)
+        if reductions == {"sum"}:
+            return lambda values: tf.add_n(list(values))
+        return lambda values: tf.add_n(list(values)) / tf.cast(n, values[0].dtype)
+
+    def _shard_batch(self, x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any, Any]:
+        """``R`` equal shares of the batch, after checking ``R x M`` divides it."""
+        from keras.src import tree
+
+        n, m = self.num_replicas, self.num_microbatches
+        first = tf.convert_to_tensor(_first_leaf(x))
+        checks = []
+        if first.shape[0] is not None:
+            _check_static_batch(int(first.shape[0]), n, m)
+        rows = tf.shape(first)[0]
+        if first.shape[0] is None:
+            checks.append(_batch_assertion(rows // n, rows, n, m))
+
+        def shares(structure: Any) -> list[Any]:
+            if structure is None:
+                return [None] * n
+            leaves = tree.flatten(structure)
+            with tf.control_dependencies(checks):
+                parts = [
+                    None if t is None else tf.split(tf.convert_to_tensor(t), n, axis=0)
+                    for t in leaves
+                ]
+            return [
+                tree.pack_sequence_as(structure, [None if p is None else p[r] for p in parts])
+                for r in range(n)
+            ]
+
+        return shares(x), shares(y), shares(sample_weight), rows
+
+    def _all_reduce(self, gradients: Sequence[Sequence[Any]], combine: Any) -> list[Any]:
+        """``(gradient, variable)`` for every replica's copy of every variable: the combined
+        gradient, computed once on replica 0's device of the variable, read by all."""
+        pairs: list[tuple[Any, Any]] = []
+        variables = [r.trainable_weights for r in self.replicas]
+        for k, first in enumerate(variables[0]):
+            grads = [g[k] for g in gradients]
+            if any(g is None for g in grads):
+                continue
+            with tf.device(_device_of(first)):
+                reduced = combine(grads)
+            pairs += [(reduced, v[k]) for v in variables]
+        return pairs
+
+    def _apply(self, grads_and_vars: list[tuple[Any, Any]]) -> None:
+        """One optimizer update for every copy; with no strategy active, in the default
+        replica context's ``merge_call`` so Keras adds no device-less ``IdentityN``
+        "all-reduce" of every gradient (as ``PipelinedModel`` does)."""
+        replica = tf.distribute.get_replica_context()
+        if replica is None or tf.distribute.has_strategy():
+            self.optimizer.apply_gradients(grads_and_vars)
+            return
+        replica.merge_call(lambda _strategy: self.optimizer.apply_gradients(grads_and_vars))
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        with _batch_errors():
+            return super().fit(*args, **kwargs)
+
+    def train_on_batch(self, *args: Any, **kwargs: Any) -> Any:
+        with _batch_errors():
+            return super().train_on_batch(*args, **kwargs)
+
+
+def _device_of(variable: Any) -> str:
+    return str(getattr(variable, "_value", variable).device)
+
+
+def _concat(outputs: Sequence[Any]) -> Any:
+    from keras.src import tree
+
+    flat = [tree.flatten(o) for o in outputs]
+    joined = [tf.concat(list(parts), axis=0) for parts in zip(*flat)]
+    return tree.pack_sequence_as(outputs[0], joined)
+
+
+def _place_updates(optimizer: Any) -> None:
+    """Run each variable's ``update_step`` under ``tf.device`` of the variable."""
+    if optimizer is None or getattr(optimizer, "_partitioner_placed", False):
+        return
+    update_step = optimizer.update_step
+
+    def placed_update_step(gradient: Any, variable: Any, learning_rate: Any) -> Any:
+        with tf.device(_device_of(variable)):
+            return update_step(gradient, variable, learning_rate)
+
+    object.__setattr__(optimizer, "update_step", placed_update_step)
+    object.__setattr__(optimizer, "_partitioner_placed", True)
+
+
+def _check_replica_layouts(layer_devices_per_replica: Sequence[Mapping[str, str]]) -> None:
+    """Every replica must put the same layers together, on its own devices."""
+    first = layer_devices_per_replica[0]
+    counts = [len(set(p.values())) for p in layer_devices_per_replica]
+    if len(set(counts)) > 1:
+        raise RewriteError(
+            f"the replicas' device lists have different lengths {counts}: every replica needs "
+            "as many stage devices as the others"
+        )
+    owner: dict[str, int] = {}
+    for r, plan in enumerate(layer_devices_per_replica):
+        if set(plan) != set(first):
+            odd = sorted(set(plan) ^ set(first))[:4]
+            raise RewriteError(f"replica {r} places other layers than replica 0: {odd}")
+        check_replica_devices(list(dict.fromkeys(plan.values())))
+        match: dict[str, str] = {}
+        for layer, device in plan.items():
+            if match.setdefault(first[layer], device) != device:
+                raise RewriteError(
+                    f"replica {r} splits the layers into other stages than replica 0 (layer "
+                    f"{layer!r} is on {device!r}, not with the others of {first[layer]!r}'s "
+                    "stage): every replica must be the same pipeline on its own devices"
+                )
+        for device in set(plan.values()):
+            key = check_replica_devices([device])[0]
+            if owner.setdefault(key, r) != r:
+                raise RewriteError(
+                    f"device {device!r} is in replicas {owner[key]} and {r}; each replica "
+                    "needs devices of its own"
+                )
+
+
+def replicate_pipeline(
+    model: keras.Model,
+    layer_devices_per_replica: Sequence[Mapping[str, str]],
+    *,
+    num_microbatches: int,
+    schedule: Schedule,
+    sample_inputs: Sequence[Any],
+) -> ReplicatedPipeline:
+    """``R = len(layer_devices_per_replica)`` pipelined copies of ``model``, trained
+    data-parallel: replica ``r`` places layer ``L`` on ``layer_devices_per_replica[r][L]``.
+
+    Every replica must be the same pipeline (the same layers on each stage, as many stages) on
+    devices of its own. Each step splits the global batch into ``R`` equal shares (each split
+    again into ``num_microbatches`` micro-batches by the pipeline), averages the gradients over
+    the replicas and applies that gradient to every copy. Compiled with the original's compile
+    config when the original is compiled. The original model is never modified.
+    """
+    if len(layer_devices_per_replica) < 2:
+        raise UsageError(
+            f"a replicated pipeline needs >= 2 replicas, got {len(layer_devices_per_replica)}; "
+            "use pipeline_model for one"
+        )
+    _check_replica_layouts(layer_devices_per_replica)
+    replicas = [
+        pipeline_model(
+            model,
+            dict(plan),
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+            sample_inputs=sample_inputs,
+        )
+        for plan in layer_devices_per_replica
+    ]
+    hybrid = ReplicatedPipeline(replicas, name=f"{model.name}_replicated_pipeline")
+    n = len(replicas)
+    hybrid(
+        [np.concatenate([s] * n) for s in sample_inputs]
+        if len(sample_inputs) > 1
+        else np.concatenate([sample_inputs[0]] * n)
+    )
+    if model.compiled:
+        try:
+            hybrid.compile_from_config(model.get_compile_config())
+        except RewriteError:
+            raise
+        except Exception as exc:
+            logger.warning("could not copy the compile settings (%s); call compile()", exc)
+    return hybrid
+
+
+# -- every family -----------------------------------------------------------------------------
+
+
+def realise_strategy(
+    model: keras.Model,
+    layer_devices_per_replica: Sequence[Mapping[str, str]],
+    *,
+    num_microbatches: int = 1,
+    schedule: Schedule = Schedule.NONE,
+    sample_inputs: Sequence[Any],
+) -> keras.Model:
+    """The copy of ``model`` that trains under a strategy of ``R`` replicas x ``S`` stages.
+
+    ``layer_devices_per_replica[r]`` maps each layer to replica ``r``'s device for it; ``S`` is
+    the number of distinct devices per replica. ``schedule`` ``NONE`` (or ``S = 1``) does not
+    pipeline. The families: single / plain split (``R = 1``, not pipelined):
+    :func:`~passes.rewrite.device_placement.place_model`; pipeline (``R = 1``):
+    :func:`~passes.rewrite.pipeline.pipeline_model`; data parallel (``R > 1``, ``S = 1``):
+    :func:`replicate_model`; hybrid (``R > 1``, ``S > 1``): :func:`replicate_pipeline`.
+    """
+    plans = [dict(p) for p in layer_devices_per_replica]
+    if not plans:
+        raise UsageError("a strategy needs >= 1 replica; got an empty list of placements")
+    stages = len(set(plans[0].values()))
+    pipelined = schedule is not Schedule.NONE and stages > 1
+    if len(plans) == 1:
+        check_replica_devices(list(dict.fromkeys(plans[0].values())))
+        if pipelined:
+            return pipeline_model(
+                model,
+                plans[0],
+                num_microbatches=num_microbatches,
+                schedule=schedule,
+                sample_inputs=sample_inputs,
+            )
+        return place_model(model, plans[0], sample_inputs)
+    _check_replica_layouts(plans)
+    if stages == 1:
+        if num_microbatches != 1:
+            raise UsageError(
+                f"data parallelism over one stage has no micro-batches; got "
+                f"num_microbatches={num_microbatches}: use 1"
+            )
+        return replicate_model(model, [next(iter(p.values())) for p in plans], sample_inputs)
+    if not pipelined:
+        raise UsageError(
+            "replicas of a plain split (schedule none) are not supported; pipeline them "
+            "(schedule gpipe or 1f1b, num_microbatches=1 is the plain step)"
+        )
+    return replicate_pipeline(
+        model,
+        plans,
+        num_microbatches=num_microbatches,
+        schedule=schedule,
+        sample_inputs=sample_inputs,
+    )
