@@ -36,9 +36,21 @@ def pytest_configure(config: object) -> None:
 #
 # `python -m pytest` runs the fast set for the edit-test loop; `python -m pytest --all` (what CI
 # runs) adds every case marked `slow`. A case is slow when it is marked `@pytest.mark.slow` in its
-# file, or when its file is listed here (whole files of TensorFlow-heavy cases: real models,
-# equivalence sweeps, subprocess CLI and cluster runs, the Chromium test of the HTML page).
-SLOW_FILES = frozenset()
+# file, or when its id starts with one of these (whole files of TensorFlow-heavy cases: the
+# equivalence sweep over real models, subprocess CLI and cluster runs, the Chromium test of the
+# HTML page, the hypothesis fuzzing; and single cases on ResNet50 or the transformer).
+SLOW_IDS = (
+    "test_equivalence_sweep.py",
+    "test_cli.py",
+    "test_kill_safety.py",
+    "test_cluster_zoo.py",
+    "test_html_report.py",
+    "test_fuzz.py",
+    "passes/test_cluster.py",
+    "passes/test_codegen.py::test_resnet50",
+    "passes/test_device_placement.py::test_resnet50",
+    "passes/test_pipeline.py::test_weights_after_one_step_match[transformer",
+)
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -53,7 +65,8 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     slow_mark = pytest.mark.slow
     for item in items:
-        if item.path.relative_to(TESTS).as_posix() in SLOW_FILES:
+        node = item.nodeid.removeprefix("tests/")
+        if node.startswith(SLOW_IDS):
             item.add_marker(slow_mark)
     if config.getoption("--all") or config.getoption("-m"):
         return
