@@ -1,17 +1,22 @@
 """The HTML report: one offline file; graph, timeline and memory charts render in headless
-Chromium without console errors; names from the model stay text and run nothing."""
+Chromium without console errors; names from the model stay text and run nothing.
+
+The browser cases drive Debian's ``chromium`` through Playwright for Python (its own browser
+download is not needed: ``executable_path`` points at the system binary); they skip, saying why,
+when either is missing.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-import time
-from dataclasses import replace
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from headless_chromium import Browser, chromium_path
 from report_plans import RICH_MARKUP, XSS_IMG, XSS_SCRIPT, make_plan
 
 from partitioner.core.errors import OutputError
@@ -26,11 +31,18 @@ from partitioner.report.html import (
     write_html_report,
 )
 
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Request
+
 PLAN = make_plan()
 NO_TIMELINE = make_plan(pipelined=False, with_timeline=False, over_memory=True)
 
+CHROMIUM = shutil.which("chromium")
+CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage")
+"""No sandbox: the tests may run as root (in CI's container), where Chromium's sandbox cannot."""
+
 needs_chromium = pytest.mark.skipif(
-    chromium_path() is None,
+    CHROMIUM is None,
     reason="chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)",
 )
 
@@ -216,22 +228,85 @@ PAGE_FACTS = """JSON.stringify((function () {
 })())"""
 
 
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Browser]:
+    """Debian's headless Chromium, driven by Playwright, shared by the module's browser cases."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api",
+        reason="playwright is not installed (pip install playwright; the dev extra has it)",
+    )
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=list(CHROMIUM_ARGS)
+        )
+        yield browser
+        browser.close()
+
+
+@dataclass
+class WatchedPage:
+    """A page with what went wrong on it: console errors, uncaught exceptions, failed loads and
+    JavaScript dialogs (a dialog is accepted at once, so a page that opens one never hangs)."""
+
+    page: Page
+    seen: list[str] = field(default_factory=list)
+
+    def on_console(self, message: ConsoleMessage) -> None:
+        if message.type in ("error", "assert"):
+            self.seen.append(f"console.{message.type}: {message.text} {message.location}")
+
+    def on_dialog(self, dialog: Dialog) -> None:
+        self.seen.append(f"dialog: {dialog.message}")
+        dialog.accept()
+
+    def on_request_failed(self, request: Request) -> None:
+        self.seen.append(f"request failed: {request.url} {request.failure}")
+
+    def open(self, path: Path) -> Any:
+        """Load a local file and wait until its script reports it is done; returns the report."""
+        self.page.goto(path.resolve().as_uri())
+        return self.page.wait_for_function(READY, polling=100, timeout=60_000).json_value()
+
+    def problems(self) -> list[str]:
+        """Everything that went wrong so far (events that arrived meanwhile included)."""
+        self.page.evaluate("1")
+        return list(self.seen)
+
+
+@pytest.fixture
+def browser_page(chromium: Browser) -> Iterator[WatchedPage]:
+    """A fresh page (in its own context) whose problems are recorded."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 1600})
+    watched = WatchedPage(context.new_page())
+    watched.page.on("console", watched.on_console)
+    watched.page.on("pageerror", lambda error: watched.seen.append(f"exception: {error}"))
+    watched.page.on("requestfailed", watched.on_request_failed)
+    watched.page.on("dialog", watched.on_dialog)
+    yield watched
+    context.close()
+
+
 def open_report(
-    plan: Plan, tmp_path: Path, name: str
+    plan: Plan, tmp_path: Path, name: str, browser: WatchedPage
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     report = write_html_report(plan, tmp_path / f"{name}.html")
-    with Browser(tmp_path / f"{name}-profile") as browser:
-        status = browser.open(report, READY)
-        facts = json.loads(browser.evaluate(PAGE_FACTS))
-        shot = browser.screenshot(tmp_path / f"{name}.png")
-        problems = browser.problems()
+    status = browser.open(report)
+    facts = json.loads(browser.page.evaluate(PAGE_FACTS))
+    shot = tmp_path / f"{name}.png"
+    browser.page.screenshot(path=shot, full_page=True)
+    problems = browser.problems()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     return status, facts, problems
 
 
+@pytest.mark.slow
 @needs_chromium
-def test_the_report_renders_in_chromium_and_names_stay_text(tmp_path: Path) -> None:
-    status, facts, problems = open_report(PLAN, tmp_path, "report")
+def test_the_report_renders_in_chromium_and_names_stay_text(
+    tmp_path: Path, browser_page: WatchedPage
+) -> None:
+    status, facts, problems = open_report(PLAN, tmp_path, "report", browser_page)
     assert problems == []
     assert status["done"] and status["errors"] == []
     for plot in ("graph", "timeline", "time", "memory"):
@@ -254,10 +329,13 @@ def test_the_report_renders_in_chromium_and_names_stay_text(tmp_path: Path) -> N
     assert facts["comparisonRows"] == len(PLAN.baselines) + 2
 
 
+@pytest.mark.slow
 @needs_chromium
-def test_a_plan_without_timeline_or_pipeline_renders(tmp_path: Path) -> None:
+def test_a_plan_without_timeline_or_pipeline_renders(
+    tmp_path: Path, browser_page: WatchedPage
+) -> None:
     plan = replace(NO_TIMELINE, warnings=(), layer_edges=())
-    status, facts, problems = open_report(plan, tmp_path, "plain")
+    status, facts, problems = open_report(plan, tmp_path, "plain", browser_page)
     assert problems == []
     assert status["errors"] == []
     assert facts["timelineBars"] == plan.num_devices
@@ -265,17 +343,19 @@ def test_a_plan_without_timeline_or_pipeline_renders(tmp_path: Path) -> None:
     assert not facts["banner"]
 
 
+@pytest.mark.slow
 @needs_chromium
-def test_the_browser_check_sees_an_injected_handler(tmp_path: Path) -> None:
+def test_the_browser_check_sees_an_injected_handler(
+    tmp_path: Path, browser_page: WatchedPage
+) -> None:
     """The harness itself: a page whose markup does run a name is caught (dialog, img, error)."""
     page = tmp_path / "bad.html"
     page.write_text(
         f"<!DOCTYPE html><html><body><p>{XSS_IMG}</p><pre id='report-status'>{{\"done\": true}}</pre></body></html>"
     )
-    with Browser(tmp_path / "bad-profile") as browser:
-        browser.open(page, READY)
-        time.sleep(0.5)
-        problems = browser.problems()
-        imgs = browser.evaluate("document.querySelectorAll('img').length")
+    browser_page.open(page)
+    browser_page.page.wait_for_timeout(500)
+    problems = browser_page.problems()
+    imgs = browser_page.page.evaluate("document.querySelectorAll('img').length")
     assert imgs == 1
     assert any(p.startswith("dialog:") for p in problems), problems
