@@ -16,7 +16,8 @@ its format's meaning:
 
 A schema node may carry ``"x-errors"``: a mapping from a JSON Schema keyword (``type``,
 ``minItems``, ``not``, ...) to the message for a failure of that keyword at that node, where
-``{got}`` stands for a description of the value (``a string ('two')``). Without one, the
+``{got}`` stands for a description of the value (``a string ('two')``) and ``{value}`` for its
+``repr``. Without one, the
 message is a generic one (``must be >= 0, got -1``, ``unknown key 'x'; known keys: a, b``).
 
 Pure Python (jsonschema); never imports TensorFlow.
@@ -283,7 +284,11 @@ def _problem(error: ValidationError) -> SchemaProblem:
     what, missing = _generic(error)
     custom = error.schema.get("x-errors", {}) if isinstance(error.schema, Mapping) else {}
     if rule in custom:
-        what = str(custom[rule]).replace("{got}", describe_value(error.instance))
+        what = (
+            str(custom[rule])
+            .replace("{got}", describe_value(error.instance))
+            .replace("{value}", repr(error.instance))
+        )
     return SchemaProblem(tuple(error.absolute_path), rule, what, missing)
 
 

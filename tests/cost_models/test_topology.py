@@ -108,7 +108,7 @@ def test_memory_limit_device_count_and_default_type(tmp_path: Path) -> None:
     assert [(d.device_type, d.memory_bytes) for d in topo.devices] == [("v100", GIB)] * 3
     assert topo.link == get_link("pcie4") and topo.links == ()
     assert load_topology(str(path), device_type="t4", num_devices=3).num_devices == 3
-    with pytest.raises(UsageError, match="describes 3 devices but --gpus is 2"):
+    with pytest.raises(UsageError, match="describes 3 devices but gpus=2"):
         load_topology(str(path), device_type="t4", num_devices=2)
 
 
@@ -131,7 +131,7 @@ def test_link_kind_specs_match_the_old_uniform_topology() -> None:
     ("spec", "kwargs", "error", "match"),
     [
         ("fast", {"device_type": "h100", "num_devices": 2}, UsageError,
-         r"--topology 'fast' is neither a link kind \(pcie, nvlink, pcie3"),
+         r"topology='fast' is neither a link kind \(pcie, nvlink, pcie3"),
         ("pcie", {"num_devices": 2}, UsageError, "needs a device type and a device count"),
         ("nvlink", {"device_type": "t4", "num_devices": 2}, CatalogError, "has no NVLink"),
         ("pcie", {"device_type": "gpu9000", "num_devices": 2}, UnknownDeviceError, "known: cpu"),
@@ -271,7 +271,7 @@ def test_tf_config_through_load_topology() -> None:
     topo = load_topology("tf-config", device_type="h100", num_devices=8, environ=env)
     assert topo.num_devices == 8 and topo.devices[-1].name.endswith("task:2/device:GPU:1")
     assert load_topology("tf-config", device_type="h100", environ=env).num_devices == 4
-    with pytest.raises(UsageError, match="--gpus 6 does not divide among the 4 TF_CONFIG tasks"):
+    with pytest.raises(UsageError, match="gpus=6 does not divide among the 4 TF_CONFIG tasks"):
         load_topology("tf-config", device_type="h100", num_devices=6, environ=env)
     with pytest.raises(UsageError, match="TF_CONFIG environment variable is not set"):
         load_topology("tf-config", device_type="h100", environ={})

@@ -1,0 +1,119 @@
+"""TF_CONFIG: TensorFlow's description of a cluster, parsed once for the whole library.
+
+``TF_CONFIG`` (an environment variable holding JSON) names the cluster's jobs and their task
+addresses, and which task this process is::
+
+    {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"]},
+     "task": {"type": "worker", "index": 0}}
+
+:func:`parse_tf_config` reads that text (or its parsed mapping) into a :class:`TfConfig`,
+checked against ``tf_config.schema.json`` (next to this module); :func:`parse_cluster_jobs`
+reads the bare ``{job: [addresses]}`` form a cluster file may hold. Both the topology
+(:func:`cost_models.devices.topology.topology_from_tf_config`: which devices a plan is for) and
+the cluster runtime (:func:`passes.cluster.runtime.load_cluster`: which servers to connect to)
+use them. Errors are one line naming the origin and the field. Pure Python.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from cost_models.devices.datafiles import check_schema, parse_json
+from partitioner.core.errors import CatalogError, PartitionError, UsageError
+
+__all__ = [
+    "TF_CONFIG_VARIABLE",
+    "TfConfig",
+    "address_host",
+    "parse_cluster_jobs",
+    "parse_tf_config",
+    "tf_config_text",
+]
+
+TF_CONFIG_VARIABLE = "TF_CONFIG"
+"""The environment variable TensorFlow reads the cluster from."""
+
+_SCHEMA = "devices/tf_config.schema.json"
+_EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
+
+Jobs = tuple[tuple[str, tuple[str, ...]], ...]
+"""A cluster's jobs in file order: ``((job, (address, ...)), ...)``."""
+
+
+@dataclass(frozen=True)
+class TfConfig:
+    """A parsed TF_CONFIG: the cluster's jobs and, when given, this process's task."""
+
+    jobs: Jobs
+    task_type: str | None = None
+    """``task.type``: the job of this process (None when TF_CONFIG names no task)."""
+    task_index: int | None = None
+    """``task.index`` (0 when ``task.type`` is given without an index)."""
+
+    @property
+    def job_names(self) -> tuple[str, ...]:
+        return tuple(job for job, _ in self.jobs)
+
+    def addresses(self, job: str) -> tuple[str, ...]:
+        """The task addresses of ``job`` (empty when the cluster has no such job)."""
+        return dict(self.jobs).get(job, ())
+
+    def as_dict(self) -> dict[str, list[str]]:
+        """``{job: [addresses]}``, as ``tf.train.ClusterSpec`` takes it."""
+        return {job: list(addresses) for job, addresses in self.jobs}
+
+
+def tf_config_text(environ: Mapping[str, str] | None = None) -> str | None:
+    """The ``TF_CONFIG`` variable of ``environ`` (default ``os.environ``); None when unset or
+    blank."""
+    env = os.environ if environ is None else environ
+    text = env.get(TF_CONFIG_VARIABLE, "")
+    return text if text.strip() else None
+
+
+def _jobs(cluster: Mapping[str, Any]) -> Jobs:
+    return tuple((str(job), tuple(addresses)) for job, addresses in cluster.items())
+
+
+def parse_cluster_jobs(
+    jobs: object, *, origin: str = "cluster", error: type[PartitionError] = CatalogError
+) -> Jobs:
+    """The bare ``{job: ["host:port", ...]}`` form (TF_CONFIG's ``cluster`` value), checked."""
+    check_schema(jobs, "cost_models", _SCHEMA, origin, error, ref="#/$defs/cluster")
+    return _jobs(cast(Mapping[str, Any], jobs))
+
+
+def parse_tf_config(
+    config: str | Mapping[str, Any],
+    *,
+    origin: str = TF_CONFIG_VARIABLE,
+    error: type[PartitionError] = CatalogError,
+) -> TfConfig:
+    """``config`` (TF_CONFIG's JSON text, or its parsed mapping) as a :class:`TfConfig`.
+
+    Text that is not JSON raises :class:`~partitioner.core.errors.UsageError`; data that does
+    not fit the schema raises ``error`` (``"TF_CONFIG: cluster.worker: must be a list of
+    'host:port' strings, got ..."``).
+    """
+    data: Any
+    if isinstance(config, str):
+        data = parse_json(config, origin, UsageError, hint=f"it should look like {_EXAMPLE}")
+    else:
+        data = dict(config)
+    check_schema(data, "cost_models", _SCHEMA, origin, error)
+    task = data.get("task") or {}
+    task_type = task.get("type")
+    return TfConfig(
+        jobs=_jobs(data["cluster"]),
+        task_type=task_type,
+        task_index=task.get("index", 0) if task_type is not None else task.get("index"),
+    )
+
+
+def address_host(address: str) -> str:
+    """The hostname of a ``host:port`` address (``""`` for ``":2222"``)."""
+    text = address.strip()
+    return text.rsplit(":", 1)[0] if ":" in text else text
