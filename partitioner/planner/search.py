@@ -30,9 +30,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from partitioner.core.errors import PartitionError, PlanError, UsageError
+from partitioner.core.errors import InfeasibleError, PartitionError, PlanError, UsageError
 from partitioner.core.ir import CostedGraph, PartitionProblem, Schedule, Topology
 from partitioner.core.strategy import Family, Strategy
+from partitioner.core.units import format_bytes
 from partitioner.planner.refine import refine_strategy
 from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
 from partitioner.solvers import get_solver
@@ -280,6 +281,8 @@ def search_strategies(
         why = "; ".join(f"{what}: {reason}" for what, reason in scorer.rejected[:4])
         raise PlanError(f"no strategy of the families asked for could be scored ({why})")
     best = min(scorer.candidates, key=StrategyCandidate.rank)
+    if not best.simulation.fits and set(options.families) != set(Family):
+        raise InfeasibleError(_forced_family_message(costed_at, batch_size, options, best))
     notes: tuple[str, ...] = ()
     if options.refine and best.strategy.stages > 1:
         refined = refine_strategy(
@@ -300,3 +303,30 @@ def search_strategies(
         notes=notes,
     )
 
+
+
+def _forced_family_message(
+    costed_at: CostedAt, batch_size: int, options: StrategyOptions, best: StrategyCandidate
+) -> str:
+    """One line: what the closest strategy of the forced families needs, against the limit, and
+    the strategy with the fewest stages (then the fastest) of any family that fits."""
+    device, need, limit = max(best.simulation.over_memory, key=lambda o: o[1] - o[2])
+    forced = ", ".join(f.value for f in options.families)
+    head = (
+        f"strategy={forced!r} does not fit: with {best.strategy.describe()}, device {device} "
+        f"needs {format_bytes(need, exact=True)} (a replica holds its stages' weights, "
+        f"gradients and optimizer slots) and its limit is {format_bytes(limit, exact=True)}"
+    )
+    everything = replace(options, families=tuple(Family), refine=False)
+    try:
+        found = search_strategies(costed_at, batch_size, everything)
+    except PartitionError:
+        return head + "; no strategy of any family fits: use more or larger devices"
+    fitting = [c for c in found.candidates if c.simulation.fits]
+    if not fitting:
+        return head + "; no strategy of any family fits: use more or larger devices"
+    smallest = min(fitting, key=lambda c: (c.strategy.stages, c.step_time_s))
+    return (
+        f"{head}; the smallest strategy that fits is {smallest.strategy.describe()} "
+        f"(strategy={smallest.strategy.family.value!r})"
+    )

@@ -185,3 +185,33 @@ def test_refinement_improves_an_uneven_split_and_never_worsens() -> None:
     best = refine_strategy(costed, start, seed=0, time_limit_s=5.0, max_moves=300)
     assert best.step_time_s < 0.8 * start.step_time_s
     assert best.strategy.stage_of_layer.count(1) >= 3
+
+
+def test_forcing_data_parallel_for_a_model_that_fits_no_device_names_bytes_and_what_fits() -> None:
+    from partitioner.core.errors import InfeasibleError
+
+    with pytest.raises(InfeasibleError) as info:
+        _search(FAST_LINK, memory_bytes=600, families=(Family.DATA_PARALLEL,))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "strategy='data_parallel' does not fit" in message
+    # a replica holds the whole model (4 x 200 bytes) and its half of the activations (4 x 20).
+    assert "device 0 needs 880 B" in message and "its limit is 600 B" in message
+    assert "the smallest strategy that fits is" in message and "2 stages" in message
+
+
+# -- the families table ------------------------------------------------------------------------
+
+
+def test_family_rows_say_why_each_family_lost() -> None:
+    from partitioner.planner.explain import advice, family_rows
+
+    rows = family_rows(_search(SLOW_LINK, weight=100_000))
+    chosen = [r for r in rows if r.chosen]
+    assert len(chosen) == 1 and chosen[0].why_not == ""
+    by_family = {r.family: r for r in rows}
+    assert "all-reduce" in by_family[Family.DATA_PARALLEL].why_not
+    assert by_family[Family.SINGLE].speedup_over_single == pytest.approx(1.0)
+    text = advice(rows)
+    assert text.startswith(f"Run {chosen[0].description}")
+    assert "data parallel" in text
