@@ -42,8 +42,6 @@ callee's side effects).
 from __future__ import annotations
 
 import contextlib
-import heapq
-import itertools
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -54,7 +52,9 @@ import keras
 import tensorflow as tf
 
 from partitioner.core.errors import PlanError, RewriteError, UsageError
-from partitioner.core.ir import EventKind, Schedule
+from partitioner.core.ir import EventKind, Phase, Schedule
+from partitioner.core.microbatch import InexactKind, inexact_class_names
+from partitioner.simulation.schedules import order_stages, pipeline_schedules, schedule_steps
 from passes.rewrite.device_placement import PlacedModel, place_model
 from passes.trace import placement_units
 
@@ -71,7 +71,8 @@ __all__ = [
     "pipeline_warnings",
 ]
 
-_PIPELINE_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
+_TASK_KIND = {Phase.FORWARD: EventKind.FORWARD, Phase.BACKWARD: EventKind.BACKWARD}
+_BATCH_STATISTICS = inexact_class_names(InexactKind.BATCH_STATISTICS)
 _NOT_DIVISIBLE = re.compile(r"batch size \d+ is not divisible by num_microbatches=\d+[^\n\]\"']*")
 
 
@@ -95,38 +96,26 @@ def pipeline_order(
 ) -> tuple[tuple[PipelineTask, ...], ...]:
     """Each stage's tasks in the order the schedule runs them (see the module docstring)."""
     _check_microbatches(num_microbatches)
-    if schedule not in _PIPELINE_SCHEDULES:
+    if schedule not in pipeline_schedules():
         raise UsageError(
             f"schedule {schedule.value!r} does not pipeline; use one of "
-            f"{', '.join(s.value for s in _PIPELINE_SCHEDULES)}"
+            f"{', '.join(s.value for s in pipeline_schedules())}"
         )
     if num_stages < 1:
         raise UsageError(f"num_stages={num_stages} must be >= 1")
-    fwd, bwd = EventKind.FORWARD, EventKind.BACKWARD
-    orders = []
-    for s in range(num_stages):
-        tasks: list[PipelineTask] = []
-        if schedule is Schedule.GPIPE:
-            tasks += [PipelineTask(fwd, s, m) for m in range(num_microbatches)]
-            tasks += [PipelineTask(bwd, s, m) for m in reversed(range(num_microbatches))]
-        else:
-            warmup = min(num_stages - s - 1, num_microbatches)
-            tasks += [PipelineTask(fwd, s, m) for m in range(warmup)]
-            for i in range(num_microbatches - warmup):
-                tasks += [PipelineTask(fwd, s, warmup + i), PipelineTask(bwd, s, i)]
-            tasks += [
-                PipelineTask(bwd, s, m) for m in range(num_microbatches - warmup, num_microbatches)
-            ]
-        orders.append(tuple(tasks))
-    return tuple(orders)
+    steps = schedule_steps(schedule, num_stages, num_microbatches)
+    return tuple(
+        tuple(PipelineTask(_TASK_KIND[step.phase], s, step.microbatch) for step in stage_steps)
+        for s, stage_steps in enumerate(steps)
+    )
 
 
 def _check_microbatches(num_microbatches: int) -> None:
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int):
-        raise UsageError(f"--microbatches must be an integer >= 1, got {num_microbatches!r}")
+        raise UsageError(f"num_microbatches={num_microbatches!r} must be an integer >= 1")
     if num_microbatches < 1:
         raise UsageError(
-            f"--microbatches must be >= 1, got {num_microbatches}; use 1 for no micro-batching "
+            f"num_microbatches={num_microbatches} must be >= 1; use 1 for no micro-batching "
             "or e.g. 4 to split each batch into 4"
         )
 
@@ -175,7 +164,8 @@ def _graph_of(model: keras.Model) -> Any:
         return model
     raise RewriteError(
         f"model {model.name!r} is a subclassed {type(model).__name__}: its call() cannot be split "
-        "into pipeline stages; build it with the functional API or Sequential, or drop --pipeline"
+        "into pipeline stages; build it with the functional API or Sequential, or plan with "
+        "pipeline=False"
     )
 
 
@@ -192,78 +182,99 @@ def _split(inner: keras.Model, device_of_unit: Mapping[int, str]) -> _StageSplit
     """Group the inner model's graph nodes by device and order the devices as stages."""
     functional = _graph_of(inner)
     nodes = _execution_order(functional)
-    node_device: list[str] = []
-    for node in nodes:
-        op = functional._get_operation_for_node(node)
-        device = device_of_unit.get(id(op))
-        if device is None and isinstance(op, keras.Model):
-            devices = {device_of_unit.get(id(u.operation)) for u in placement_units(op)}
-            if len(devices) != 1 or None in devices:
-                raise RewriteError(
-                    f"nested model {op.name!r} has layers on {sorted(str(d) for d in devices)}; "
-                    "a pipeline stage cannot split a nested model: put its layers on one device "
-                    "or flatten it into the outer model"
-                )
-            device = devices.pop()
-        if device is None:
-            raise RewriteError(
-                f"layer {op.name!r} of {inner.name!r} has no device in the plan; make the plan "
-                "for this model"
-            )
-        node_device.append(device)
-
-    input_ids = tuple(id(t) for t in functional.inputs)
+    node_device = [_node_device(functional, inner, node, device_of_unit) for node in nodes]
+    producer_device = {
+        id(t): device for node, device in zip(nodes, node_device) for t in node.outputs
+    }
+    order = _device_order(nodes, node_device, producer_device)
+    stage_of_device = {d: k for k, d in enumerate(order)}
+    node_stage = [stage_of_device[d] for d in node_device]
+    producer_stage = {i: stage_of_device[d] for i, d in producer_device.items()}
+    members = _stage_members(inner, functional, nodes, node_stage, len(order))
+    inputs, consumed_by = _stage_inputs(nodes, node_stage, producer_stage, len(order))
     output_ids = tuple(id(t) for t in functional.outputs)
-    producer_device: dict[int, str] = {}
-    for node, device in zip(nodes, node_device):
-        for t in node.outputs:
-            producer_device[id(t)] = device
+    flow = _stage_flow(members[0], consumed_by, output_ids)
+    stages = tuple(
+        _Stage(
+            device=device,
+            nodes=tuple(members[0][s]),
+            input_ids=tuple(inputs[s]),
+            output_ids=flow.outputs[s],
+            unit_names=tuple(members[1][s]),
+            variables=tuple(members[2][s]),
+        )
+        for s, device in enumerate(order)
+    )
+    return _StageSplit(
+        functional=functional,
+        stages=stages,
+        producers=flow.producers,
+        consumers=flow.consumers,
+        output_ids=output_ids,
+        input_ids=tuple(id(t) for t in functional.inputs),
+    )
 
-    # devices in first-appearance order, then a topological order of the device graph
+
+def _node_device(
+    functional: Any, inner: keras.Model, node: Any, device_of_unit: Mapping[int, str]
+) -> str:
+    """The planned device of a graph node's layer (a nested model's: the one of all its layers)."""
+    op = functional._get_operation_for_node(node)
+    device = device_of_unit.get(id(op))
+    if device is None and isinstance(op, keras.Model):
+        devices = {device_of_unit.get(id(u.operation)) for u in placement_units(op)}
+        if len(devices) != 1 or None in devices:
+            raise RewriteError(
+                f"nested model {op.name!r} has layers on {sorted(str(d) for d in devices)}; "
+                "a pipeline stage cannot split a nested model: put its layers on one device "
+                "or flatten it into the outer model"
+            )
+        device = devices.pop()
+    if device is None:
+        raise RewriteError(
+            f"layer {op.name!r} of {inner.name!r} has no device in the plan; make the plan "
+            "for this model"
+        )
+    return device
+
+
+def _device_order(
+    nodes: Sequence[Any], node_device: Sequence[str], producer_device: Mapping[int, str]
+) -> list[str]:
+    """The devices in stage order: the dataflow's topological order, first-reached first.
+
+    RewriteError when the devices feed each other in a cycle.
+    """
     first_seen: dict[str, int] = {}
     for device in node_device:
         first_seen.setdefault(device, len(first_seen))
-    edges: dict[str, set[str]] = {d: set() for d in first_seen}
     witness: dict[tuple[str, str], str] = {}
     for node, device in zip(nodes, node_device):
         for t in node.input_tensors:
             src = producer_device.get(id(t))
             if src is not None and src != device:
-                edges[src].add(device)
                 witness.setdefault((src, device), node.operation.name)
-    indegree = {d: 0 for d in first_seen}
-    for src in edges:
-        for dst in edges[src]:
-            indegree[dst] += 1
-    ready = [(first_seen[d], d) for d, k in indegree.items() if k == 0]
-    heapq.heapify(ready)
-    order: list[str] = []
-    while ready:
-        _, d = heapq.heappop(ready)
-        order.append(d)
-        for dst in edges[d]:
-            indegree[dst] -= 1
-            if indegree[dst] == 0:
-                heapq.heappush(ready, (first_seen[dst], dst))
-    if len(order) != len(first_seen):
-        cycle = _find_cycle([d for d in first_seen if d not in order], edges)
-        hops = ", ".join(
-            f"{a} -> {b} (at layer {witness[(a, b)]!r})" for a, b in itertools.pairwise(cycle)
-        )
-        raise RewriteError(
-            f"the plan is not a pipeline: its devices feed each other in a cycle: {hops}; "
-            "pipeline stages must follow the dataflow: replan with a contiguous solver "
-            "(--solver dp, time or even) or drop --pipeline"
-        )
-    stage_of_device = {d: k for k, d in enumerate(order)}
+    found = order_stages(list(first_seen), witness, key=first_seen.__getitem__)
+    if not found.blocked:
+        return list(found.order)
+    hops = ", ".join(f"{a} -> {b} (at layer {witness[(a, b)]!r})" for a, b in found.cycle)
+    raise RewriteError(
+        f"the plan is not a pipeline: its devices feed each other in a cycle: {hops}; "
+        "pipeline stages must follow the dataflow: replan with a contiguous solver "
+        '(solver="dp", "time" or "even") or plan with pipeline=False'
+    )
 
+
+def _stage_members(
+    inner: keras.Model, functional: Any, nodes: Sequence[Any], node_stage: Sequence[int], n: int
+) -> tuple[list[list[Any]], list[list[str]], list[list[Any]]]:
+    """Per stage: its graph nodes (execution order), placement unit names, trainable variables."""
     unit_names = {id(u.operation): u.name for u in placement_units(inner)}
-    stage_nodes: list[list[Any]] = [[] for _ in order]
-    stage_units: list[list[str]] = [[] for _ in order]
-    stage_vars: list[list[Any]] = [[] for _ in order]
+    stage_nodes: list[list[Any]] = [[] for _ in range(n)]
+    stage_units: list[list[str]] = [[] for _ in range(n)]
+    stage_vars: list[list[Any]] = [[] for _ in range(n)]
     seen_ops: set[int] = set()
-    for node, device in zip(nodes, node_device):
-        s = stage_of_device[device]
+    for node, s in zip(nodes, node_stage):
         stage_nodes[s].append(node)
         op = functional._get_operation_for_node(node)
         if id(op) in seen_ops:
@@ -274,69 +285,65 @@ def _split(inner: keras.Model, device_of_unit: Mapping[int, str]) -> _StageSplit
         else:
             stage_units[s].append(unit_names.get(id(op), op.name))
         stage_vars[s] += list(getattr(op, "trainable_weights", []) or [])
+    return stage_nodes, stage_units, stage_vars
 
+
+def _stage_inputs(
+    nodes: Sequence[Any], node_stage: Sequence[int], producer_stage: Mapping[int, int], n: int
+) -> tuple[list[list[int]], dict[int, set[int]]]:
+    """Per stage, the tensors it reads from elsewhere; per tensor, the other stages reading it."""
     consumed_by: dict[int, set[int]] = {}
-    stage_inputs: list[list[int]] = [[] for _ in order]
-    for node, device in zip(nodes, node_device):
-        s = stage_of_device[device]
+    stage_inputs: list[list[int]] = [[] for _ in range(n)]
+    for node, s in zip(nodes, node_stage):
         for t in node.input_tensors:
-            src = producer_device.get(id(t))
-            if src is None or stage_of_device[src] != s:
+            src = producer_stage.get(id(t))
+            if src is None or src != s:
                 if id(t) not in stage_inputs[s]:
                     stage_inputs[s].append(id(t))
                 if src is not None:
                     consumed_by.setdefault(id(t), set()).add(s)
-    last = len(order) - 1
-    stages = []
-    producers: list[set[int]] = [set() for _ in order]
-    consumers: list[set[int]] = [set() for _ in order]
-    for s, device in enumerate(order):
-        outs = []
-        for node in stage_nodes[s]:
+    return stage_inputs, consumed_by
+
+
+@dataclass(frozen=True)
+class _StageFlow:
+    outputs: tuple[tuple[int, ...], ...]
+    """Per stage: the tensors it produces for other stages or as the model's outputs."""
+    producers: tuple[tuple[int, ...], ...]
+    consumers: tuple[tuple[int, ...], ...]
+
+
+def _stage_flow(
+    stage_nodes: Sequence[Sequence[Any]],
+    consumed_by: Mapping[int, set[int]],
+    output_ids: Sequence[int],
+) -> _StageFlow:
+    """Each stage's outputs, and which stages each stage's tasks wait for (see _StageSplit).
+
+    A model output made before the last stage is read there by the loss.
+    """
+    last = len(stage_nodes) - 1
+    outputs = []
+    producers: list[set[int]] = [set() for _ in stage_nodes]
+    consumers: list[set[int]] = [set() for _ in stage_nodes]
+    for s, nodes in enumerate(stage_nodes):
+        outs: list[int] = []
+        for node in nodes:
             for t in node.outputs:
-                if id(t) in consumed_by or id(t) in output_ids:
-                    if id(t) not in outs:
-                        outs.append(id(t))
-                for c in consumed_by.get(id(t), ()):
+                if (id(t) in consumed_by or id(t) in output_ids) and id(t) not in outs:
+                    outs.append(id(t))
+                readers = set(consumed_by.get(id(t), ()))
+                if id(t) in output_ids and s != last:
+                    readers.add(last)
+                for c in readers:
                     producers[c].add(s)
                     consumers[s].add(c)
-                if id(t) in output_ids and s != last:
-                    producers[last].add(s)
-                    consumers[s].add(last)
-        stages.append(
-            _Stage(
-                device=device,
-                nodes=tuple(stage_nodes[s]),
-                input_ids=tuple(stage_inputs[s]),
-                output_ids=tuple(outs),
-                unit_names=tuple(stage_units[s]),
-                variables=tuple(stage_vars[s]),
-            )
-        )
-    return _StageSplit(
-        functional=functional,
-        stages=tuple(stages),
+        outputs.append(tuple(outs))
+    return _StageFlow(
+        outputs=tuple(outputs),
         producers=tuple(tuple(sorted(p)) for p in producers),
         consumers=tuple(tuple(sorted(c)) for c in consumers),
-        output_ids=output_ids,
-        input_ids=input_ids,
     )
-
-
-def _find_cycle(stuck: Sequence[str], edges: Mapping[str, set[str]]) -> list[str]:
-    """A cycle ``[d0, d1, ..., d0]`` among the ``stuck`` devices (those Kahn's sort left).
-
-    Every stuck device has a stuck predecessor, so walking predecessors must repeat one.
-    """
-    inside = set(stuck)
-    path = [stuck[0]]
-    position = {stuck[0]: 0}
-    while True:
-        prev = next(a for a in stuck if a in inside and path[-1] in edges[a])
-        if prev in position:
-            return list(reversed([*path[position[prev] :], prev]))
-        position[prev] = len(path)
-        path.append(prev)
 
 
 # -- exactness warnings -----------------------------------------------------------------------
@@ -358,6 +365,12 @@ def _draws_randomness(layer: Any) -> bool:
     return not rates or any(r > 0 for r in rates)
 
 
+def _uses_batch_statistics(layer: Any) -> bool:
+    """Whether ``layer`` is (a subclass of) a batch-statistics class of the inexact-layer table
+    (:data:`partitioner.core.microbatch.INEXACT_LAYERS`)."""
+    return any(cls.__name__ in _BATCH_STATISTICS for cls in type(layer).__mro__)
+
+
 def _inexact_warnings(units: Sequence[Any], num_microbatches: int) -> tuple[str, ...]:
     if num_microbatches == 1:
         return ()
@@ -372,7 +385,7 @@ def _inexact_warnings(units: Sequence[Any], num_microbatches: int) -> tuple[str,
             else [op]
         )
         for layer in layers:
-            if isinstance(layer, keras.layers.BatchNormalization):
+            if _uses_batch_statistics(layer):
                 batch_stats.append(layer.name)
             if _draws_randomness(layer) and unit.name not in random_layers:
                 random_layers.append(unit.name)
@@ -384,7 +397,7 @@ def _inexact_warnings(units: Sequence[Any], num_microbatches: int) -> tuple[str,
             f"BatchNormalization layers {batch_stats[:4]}{'...' if len(batch_stats) > 4 else ''} "
             f"normalise each of the {num_microbatches} micro-batches with its own statistics and "
             f"update their moving averages {num_microbatches} times per batch: gradients differ "
-            "from unpipelined training (use LayerNormalization or --microbatches 1 to be exact)"
+            "from unpipelined training (use LayerNormalization or num_microbatches=1 to be exact)"
         )
     if random_layers:
         notes.append(
@@ -570,165 +583,11 @@ class PipelinedModel(PlacedModel):
                 "pipelined training builds a graph (tf.gradients and control dependencies); do not "
                 "compile with run_eagerly=True, and call pipeline_gradients inside tf.function"
             )
-        from keras.src import tree
-        from keras.src.models.functional import operation_fn
-
-        split = self._split
-        stages = split.stages
-        num_stages = len(stages)
-        m_count = self.num_microbatches
         xs, ys, sws = self._split_batch(x, y, sample_weight)
         weight = self._microbatch_loss_weight(sample_weight is not None)
-        all_vars = list(self.trainable_weights)
-        var_index = {id(v): k for k, v in enumerate(all_vars)}
-        accumulated: list[Any] = [None] * len(all_vars)
-
-        values: list[dict[int, Any]] = []
-        for m in range(m_count):
-            flat_inputs = split.functional._standardize_inputs(xs[m])
-            values.append(dict(zip(split.input_ids, flat_inputs)))
-        y_pred: list[Any] = [None] * m_count
-        losses: list[Any] = [None] * m_count
-        # upstream[m][symbolic tensor id]: gradients flowing into it from later stages / the loss
-        upstream: list[dict[int, list[Any]]] = [{} for _ in range(m_count)]
-        done: set[PipelineTask] = set()
-        handle: list[Any] = [None] * num_stages
-        stamps: list[tuple[PipelineTask, Any, Any]] = []
-
-        def ready(task: PipelineTask) -> bool:
-            fwd = EventKind.FORWARD
-            if task.kind is fwd:
-                return all(
-                    PipelineTask(fwd, p, task.microbatch) in done
-                    for p in split.producers[task.stage]
-                )
-            return PipelineTask(fwd, task.stage, task.microbatch) in done and all(
-                PipelineTask(EventKind.BACKWARD, c, task.microbatch) in done
-                for c in split.consumers[task.stage]
-            )
-
-        def forward(stage: _Stage, s: int, m: int) -> list[Any]:
-            vals = values[m]
-            for node in stage.nodes:
-                args, kwargs = node.arguments.fill_in(vals)
-                op = split.functional._get_operation_for_node(node)
-                outputs = operation_fn(op, training=True)(*args, **kwargs)
-                for ref, value in zip(node.outputs, tree.flatten(outputs)):
-                    vals[id(ref)] = value
-            produced = [vals[i] for i in stage.output_ids]
-            if s == num_stages - 1:
-                outs = [vals[i] for i in split.output_ids]
-                pred = tree.pack_sequence_as(split.functional._outputs_struct, outs)
-                if isinstance(pred, (list, tuple)) and len(pred) == 1:
-                    pred = pred[0]
-                y_pred[m] = pred
-                loss = self._compute_loss(
-                    x=xs[m], y=ys[m], y_pred=pred, sample_weight=sws[m], training=True
-                )
-                losses[m] = loss * weight
-                produced.append(losses[m])
-            return produced
-
-        def backward(stage: _Stage, s: int, m: int) -> list[Any]:
-            vals = values[m]
-            grads_in = upstream[m]
-            produced: list[Any] = []
-            if s == num_stages - 1:
-                scaled = losses[m]
-                if self.optimizer is not None:
-                    scaled = self.optimizer.scale_loss(scaled)
-                outs = [(i, vals[i]) for i in split.output_ids if vals[i].dtype.is_floating]
-                out_tensors = [t for _, t in outs]
-                # the loss's own gradient for the outputs, and for any variable it reads directly
-                # (weight regularizers); the outputs stop it from reaching into the model
-                grads = tf.gradients(
-                    scaled, out_tensors + [v.value for v in all_vars], stop_gradients=out_tensors
-                )
-                for (i, _), g in zip(outs, grads[: len(outs)]):
-                    if g is not None:
-                        grads_in.setdefault(i, []).append(g)
-                produced += _accumulate(all_vars, grads[len(outs) :])
-            targets: list[Any] = []
-            grad_ys: list[Any] = []
-            for i in stage.output_ids:
-                incoming = grads_in.get(i, [])
-                if incoming and vals[i].dtype.is_floating:
-                    targets.append(vals[i])
-                    grad_ys.append(incoming[0] if len(incoming) == 1 else tf.add_n(incoming))
-            if not targets:
-                return produced
-            input_ids = [
-                i for i in stage.input_ids if i not in split.input_ids and vals[i].dtype.is_floating
-            ]
-            inputs = [vals[i] for i in input_ids]
-            grads = tf.gradients(
-                targets,
-                inputs + [v.value for v in stage.variables],
-                grad_ys=grad_ys,
-                stop_gradients=inputs,
-            )
-            for i, g in zip(input_ids, grads[: len(inputs)]):
-                if g is not None:
-                    grads_in.setdefault(i, []).append(g)
-                    produced.append(g)
-            produced += _accumulate(list(stage.variables), grads[len(inputs) :])
-            return produced
-
-        def _accumulate(variables: Sequence[Any], grads: Sequence[Any]) -> list[Any]:
-            made = []
-            for v, g in zip(variables, grads):
-                if g is None:
-                    continue
-                if isinstance(g, tf.IndexedSlices):
-                    g = tf.convert_to_tensor(g)
-                k = var_index[id(v)]
-                accumulated[k] = g if accumulated[k] is None else accumulated[k] + g
-                made.append(accumulated[k])
-            return made
-
-        queues = [list(tasks) for tasks in self._order]
-        while any(queues):
-            progressed = False
-            for s in range(num_stages):
-                if not queues[s] or not ready(queues[s][0]):
-                    continue
-                task = queues[s].pop(0)
-                stage = stages[s]
-                deps: list[Any] = []
-                if self.enforce_order and handle[s] is not None:
-                    deps.append(handle[s])
-                with tf.device(stage.device), tf.name_scope(_task_scope(task)):
-                    start = None
-                    if measure:
-                        data_in = _task_inputs(task, stage, values, upstream)
-                        with tf.control_dependencies(deps + data_in):
-                            start = _independent_timestamp()
-                        deps = [start]
-                    with tf.control_dependencies(deps):
-                        if task.kind is EventKind.FORWARD:
-                            produced = forward(stage, s, task.microbatch)
-                        else:
-                            produced = backward(stage, s, task.microbatch)
-                        produced = [p for p in produced if p is not None]
-                    with tf.control_dependencies(produced):
-                        end = _independent_timestamp() if measure else tf.no_op(name="done")
-                if measure:
-                    stamps.append((task, start, end))
-                handle[s] = end
-                done.add(task)
-                progressed = True
-            if not progressed:  # pragma: no cover - the schedules are deadlock-free
-                heads = [str(q[0]) for q in queues if q]
-                raise RewriteError(f"pipeline schedule deadlocks at tasks {heads}")
-
-        with tf.device(self.output_device):
-            loss = tf.add_n(losses) if len(losses) > 1 else losses[0]
-            flat = [tree.flatten(p) for p in y_pred]
-            joined = [tf.concat(list(parts), axis=0) for parts in zip(*flat)]
-            y_full = tree.pack_sequence_as(y_pred[0], joined)
-        return PipelineGradients(
-            loss=loss, y_pred=y_full, gradients=tuple(accumulated), timestamps=tuple(stamps)
-        )
+        build = _BatchBuild(self, _Microbatches(xs, ys, sws, weight), measure=measure)
+        build.run(self._order)
+        return build.result()
 
     def train_step(self, data: Any) -> Any:
         from keras.src import tree
@@ -773,6 +632,212 @@ class PipelinedModel(PlacedModel):
             return super().train_on_batch(*args, **kwargs)
 
 
+@dataclass(frozen=True)
+class _Microbatches:
+    """One batch split into micro-batches, and the weight of each micro-batch's loss."""
+
+    xs: Sequence[Any]
+    ys: Sequence[Any]
+    sample_weights: Sequence[Any]
+    loss_weight: float
+
+
+class _BatchBuild:
+    """The graph of one pipelined batch, built task by task (``pipeline_gradients``'s state).
+
+    ``values[m]`` maps a symbolic tensor's id to its value for micro-batch ``m``;
+    ``upstream[m]`` to the gradients flowing into it from later stages or the loss;
+    ``handle[s]`` is the end marker of stage ``s``'s last task, which its next task waits for.
+    """
+
+    def __init__(self, model: PipelinedModel, batches: _Microbatches, *, measure: bool) -> None:
+        self.model = model
+        self.split: _StageSplit = model._split
+        self.batches = batches
+        self.measure = measure
+        m_count = model.num_microbatches
+        self.all_vars = list(model.trainable_weights)
+        self.var_index = {id(v): k for k, v in enumerate(self.all_vars)}
+        self.accumulated: list[Any] = [None] * len(self.all_vars)
+        self.values: list[dict[int, Any]] = [
+            dict(zip(self.split.input_ids, self.split.functional._standardize_inputs(x)))
+            for x in batches.xs
+        ]
+        self.y_pred: list[Any] = [None] * m_count
+        self.losses: list[Any] = [None] * m_count
+        self.upstream: list[dict[int, list[Any]]] = [{} for _ in range(m_count)]
+        self.done: set[PipelineTask] = set()
+        self.handle: list[Any] = [None] * len(self.split.stages)
+        self.stamps: list[tuple[PipelineTask, Any, Any]] = []
+
+    @property
+    def last_stage(self) -> int:
+        return len(self.split.stages) - 1
+
+    def run(self, order: Sequence[Sequence[PipelineTask]]) -> None:
+        """Build every stage's tasks in ``order``, each as soon as the tasks it reads are built."""
+        queues = [list(tasks) for tasks in order]
+        while any(queues):
+            progressed = False
+            for queue in queues:
+                if queue and self._ready(queue[0]):
+                    self._build_task(queue.pop(0))
+                    progressed = True
+            if not progressed:  # pragma: no cover - the schedules are deadlock-free
+                heads = [str(q[0]) for q in queues if q]
+                raise RewriteError(f"pipeline schedule deadlocks at tasks {heads}")
+
+    def result(self) -> PipelineGradients:
+        """The batch loss, the concatenated outputs and the accumulated gradients."""
+        from keras.src import tree
+
+        with tf.device(self.model.output_device):
+            loss = tf.add_n(self.losses) if len(self.losses) > 1 else self.losses[0]
+            flat = [tree.flatten(p) for p in self.y_pred]
+            joined = [tf.concat(list(parts), axis=0) for parts in zip(*flat)]
+            y_full = tree.pack_sequence_as(self.y_pred[0], joined)
+        return PipelineGradients(
+            loss=loss,
+            y_pred=y_full,
+            gradients=tuple(self.accumulated),
+            timestamps=tuple(self.stamps),
+        )
+
+    def _ready(self, task: PipelineTask) -> bool:
+        """Whether the tasks ``task`` reads from other stages are built."""
+        fwd, m = EventKind.FORWARD, task.microbatch
+        if task.kind is fwd:
+            return all(
+                PipelineTask(fwd, p, m) in self.done for p in self.split.producers[task.stage]
+            )
+        return PipelineTask(fwd, task.stage, m) in self.done and all(
+            PipelineTask(EventKind.BACKWARD, c, m) in self.done
+            for c in self.split.consumers[task.stage]
+        )
+
+    def _build_task(self, task: PipelineTask) -> None:
+        """Build ``task`` on its stage's device, after the stage's previous task (if enforced)."""
+        s = task.stage
+        stage = self.split.stages[s]
+        deps: list[Any] = []
+        if self.model.enforce_order and self.handle[s] is not None:
+            deps.append(self.handle[s])
+        with tf.device(stage.device), tf.name_scope(_task_scope(task)):
+            start = None
+            if self.measure:
+                data_in = _task_inputs(task, stage, self.values, self.upstream)
+                with tf.control_dependencies(deps + data_in):
+                    start = _independent_timestamp()
+                deps = [start]
+            with tf.control_dependencies(deps):
+                if task.kind is EventKind.FORWARD:
+                    produced = self._forward(stage, s, task.microbatch)
+                else:
+                    produced = self._backward(stage, s, task.microbatch)
+                produced = [p for p in produced if p is not None]
+            with tf.control_dependencies(produced):
+                end = _independent_timestamp() if self.measure else tf.no_op(name="done")
+        if self.measure:
+            self.stamps.append((task, start, end))
+        self.handle[s] = end
+        self.done.add(task)
+
+    def _forward(self, stage: _Stage, s: int, m: int) -> list[Any]:
+        """``F(s, m)``: the stage's layers on micro-batch ``m``; on the last stage, its loss."""
+        from keras.src import tree
+        from keras.src.models.functional import operation_fn
+
+        vals = self.values[m]
+        for node in stage.nodes:
+            args, kwargs = node.arguments.fill_in(vals)
+            op = self.split.functional._get_operation_for_node(node)
+            outputs = operation_fn(op, training=True)(*args, **kwargs)
+            for ref, value in zip(node.outputs, tree.flatten(outputs)):
+                vals[id(ref)] = value
+        produced = [vals[i] for i in stage.output_ids]
+        if s == self.last_stage:
+            produced.append(self._loss(m))
+        return produced
+
+    def _loss(self, m: int) -> Any:
+        """Micro-batch ``m``'s outputs and weighted loss (read from the last stage's values)."""
+        from keras.src import tree
+
+        vals, b = self.values[m], self.batches
+        outs = [vals[i] for i in self.split.output_ids]
+        pred = tree.pack_sequence_as(self.split.functional._outputs_struct, outs)
+        if isinstance(pred, (list, tuple)) and len(pred) == 1:
+            pred = pred[0]
+        self.y_pred[m] = pred
+        loss = self.model._compute_loss(
+            x=b.xs[m], y=b.ys[m], y_pred=pred, sample_weight=b.sample_weights[m], training=True
+        )
+        self.losses[m] = loss * b.loss_weight
+        return self.losses[m]
+
+    def _backward(self, stage: _Stage, s: int, m: int) -> list[Any]:
+        """``B(s, m)``: gradients of the stage's outputs for its inputs and variables."""
+        vals = self.values[m]
+        grads_in = self.upstream[m]
+        produced = self._loss_backward(m) if s == self.last_stage else []
+        targets: list[Any] = []
+        grad_ys: list[Any] = []
+        for i in stage.output_ids:
+            incoming = grads_in.get(i, [])
+            if incoming and vals[i].dtype.is_floating:
+                targets.append(vals[i])
+                grad_ys.append(incoming[0] if len(incoming) == 1 else tf.add_n(incoming))
+        if not targets:
+            return produced
+        input_ids = [
+            i
+            for i in stage.input_ids
+            if i not in self.split.input_ids and vals[i].dtype.is_floating
+        ]
+        inputs = [vals[i] for i in input_ids]
+        grads = tf.gradients(
+            targets,
+            inputs + [v.value for v in stage.variables],
+            grad_ys=grad_ys,
+            stop_gradients=inputs,
+        )
+        for i, g in zip(input_ids, grads[: len(inputs)]):
+            if g is not None:
+                grads_in.setdefault(i, []).append(g)
+                produced.append(g)
+        return produced + self._accumulate(list(stage.variables), grads[len(inputs) :])
+
+    def _loss_backward(self, m: int) -> list[Any]:
+        """The loss's own gradient for the outputs, and for any variable it reads directly
+        (weight regularizers); the outputs stop it from reaching into the model."""
+        vals = self.values[m]
+        scaled = self.losses[m]
+        if self.model.optimizer is not None:
+            scaled = self.model.optimizer.scale_loss(scaled)
+        outs = [(i, vals[i]) for i in self.split.output_ids if vals[i].dtype.is_floating]
+        out_tensors = [t for _, t in outs]
+        grads = tf.gradients(
+            scaled, out_tensors + [v.value for v in self.all_vars], stop_gradients=out_tensors
+        )
+        for (i, _), g in zip(outs, grads[: len(outs)]):
+            if g is not None:
+                self.upstream[m].setdefault(i, []).append(g)
+        return self._accumulate(self.all_vars, grads[len(outs) :])
+
+    def _accumulate(self, variables: Sequence[Any], grads: Sequence[Any]) -> list[Any]:
+        """Add ``grads`` to the variables' sums over the micro-batches; the new sums."""
+        made = []
+        for v, g in zip(variables, grads):
+            if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.convert_to_tensor(g)
+            k = self.var_index[id(v)]
+            self.accumulated[k] = g if self.accumulated[k] is None else self.accumulated[k] + g
+            made.append(self.accumulated[k])
+        return made
+
+
 def _task_scope(task: PipelineTask) -> str:
     """The name scope of a task's ops (``stage1_F0``); its end marker is ``<scope>/done``."""
     return f"stage{task.stage}_{task}"
@@ -798,7 +863,7 @@ def _not_divisible_message(batch: int | str, num_microbatches: int) -> str:
     return (
         f"batch size {batch} is not divisible by num_microbatches={num_microbatches}: each batch "
         f"is split into {num_microbatches} equal micro-batches; use a batch size (and a dataset "
-        f"length) that is a multiple of {num_microbatches}, or another --microbatches"
+        f"length) that is a multiple of {num_microbatches}, or another num_microbatches"
     )
 
 
@@ -851,17 +916,17 @@ def pipeline_model(
     never modified.
     """
     _check_microbatches(num_microbatches)
-    if not isinstance(schedule, Schedule) or schedule not in _PIPELINE_SCHEDULES:
-        shown = schedule.value if isinstance(schedule, Schedule) else repr(schedule)
+    if not isinstance(schedule, Schedule) or schedule not in pipeline_schedules():
+        shown = f'"{schedule.value}"' if isinstance(schedule, Schedule) else repr(schedule)
+        known = " or ".join(f'schedule="{s.value}"' for s in pipeline_schedules())
         raise UsageError(
-            f"--schedule {shown} does not pipeline; use --schedule "
-            f"{' or '.join(s.value for s in _PIPELINE_SCHEDULES)}, or drop --pipeline"
+            f"schedule={shown} does not pipeline; use {known}, or plan with pipeline=False"
         )
     devices = list(dict.fromkeys(layer_devices.values()))
     if len(devices) < 2:
         raise PlanError(
             f"plan has no stages: every layer is on {devices[0] if devices else 'no device'}; "
-            "plan for >= 2 devices or drop --pipeline"
+            "plan for >= 2 devices or with pipeline=False"
         )
     placed = place_model(model, layer_devices, sample_inputs)
     units = placement_units(model)

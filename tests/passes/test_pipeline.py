@@ -522,7 +522,7 @@ def one_line(error: PartitionError) -> str:
 @pytest.mark.parametrize("m", [0, -2])
 def test_microbatches_below_one_are_refused(m: int) -> None:
     model, plan = MODELS["mlp"]()
-    with pytest.raises(UsageError, match=f"--microbatches must be >= 1, got {m}") as info:
+    with pytest.raises(UsageError, match=f"num_microbatches={m} must be >= 1") as info:
         pipelined_copy(model, plan, m)
     one_line(info.value)
 
@@ -532,7 +532,7 @@ def test_a_plan_without_stages_is_refused() -> None:
     single = dict.fromkeys(plan, CPU[0])
     with pytest.raises(PlanError, match="plan has no stages") as info:
         pipelined_copy(model, single, 2)
-    assert "drop --pipeline" in one_line(info.value)
+    assert "pipeline=False" in one_line(info.value)
 
 
 def test_the_plans_stage_order_must_be_the_dataflow_order() -> None:
@@ -552,7 +552,7 @@ def test_the_plans_stage_order_must_be_the_dataflow_order() -> None:
 
 def test_schedule_none_is_refused() -> None:
     model, plan = MODELS["mlp"]()
-    with pytest.raises(UsageError, match="--schedule none does not pipeline"):
+    with pytest.raises(UsageError, match='schedule="none" does not pipeline'):
         pipelined_copy(model, plan, 2, Schedule.NONE)
 
 
@@ -578,7 +578,7 @@ def test_a_plan_whose_devices_feed_each_other_is_refused() -> None:
     with pytest.raises(RewriteError, match="cycle") as info:
         pipelined_copy(model, back_and_forth, 2)
     message = one_line(info.value)
-    assert CPU[0] in message and CPU[1] in message and "--solver dp" in message
+    assert CPU[0] in message and CPU[1] in message and 'solver="dp"' in message
 
 
 def test_a_subclassed_model_is_refused() -> None:
