@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from report_plans import RICH_MARKUP, XSS_IMG, XSS_SCRIPT, make_plan
 
 from partitioner.core.errors import OutputError
@@ -134,6 +136,34 @@ def test_layer_positions_follow_the_dataflow() -> None:
     # a cycle (a corrupt plan) or no edges: one row in layer order
     assert layer_positions(3, ((0, 1, 1), (1, 0, 1))) == ((0.0, 0.0), (1.0, 0.0), (2.0, 0.0))
     assert layer_positions(2, ()) == ((0.0, 0.0), (1.0, 0.0))
+
+
+@given(
+    st.integers(min_value=1, max_value=12).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.lists(
+                st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)).map(sorted), max_size=30
+            ),
+        )
+    )
+)
+def test_layer_columns_are_the_longest_path_depths(case: tuple[int, list[list[int]]]) -> None:
+    """Any DAG (edges from lower to higher index, repeats and self-loops included): x is the
+    longest path from a layer without inputs, each column's rows are centred on 0."""
+    n, pairs = case
+    edges = tuple((a, b, 1) for a, b in pairs)
+    pos = layer_positions(n, edges)
+    if not edges:
+        assert pos == tuple((float(k), 0.0) for k in range(n))
+        return
+    depth = [0] * n
+    for b in range(n):  # edges run from lower to higher index: a topological order
+        depth[b] = max([depth[a] + 1 for a, c in pairs if c == b and a != b], default=0)
+    assert [p[0] for p in pos] == depth
+    for x in set(depth):
+        rows = sorted(p[1] for p in pos if p[0] == x)
+        assert rows == [r - (len(rows) - 1) / 2 for r in range(len(rows))]
 
 
 def test_back_to_back_events_of_one_stage_merge_into_one_bar() -> None:

@@ -15,7 +15,20 @@ from partitioner.core.ir import EventKind, TimelineEvent
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan, load_plan
 from partitioner.plan.schema import validate_plan_data
-from partitioner.report.tables import resource_sort_key, time_breakdown
+from partitioner.report.tables import (
+    Align,
+    Medium,
+    RowKind,
+    Span,
+    Style,
+    cell,
+    comparison_table,
+    device_table,
+    resource_sort_key,
+    stage_table,
+    time_breakdown,
+    time_table,
+)
 from partitioner.report.terminal import PhaseProgress, render_plan
 
 
@@ -199,3 +212,73 @@ def test_phase_progress_leaves_a_failed_phase_unfinished() -> None:
         progress("tracing")
         raise RuntimeError("boom")
     assert not progress._progress.tasks[0].finished
+
+
+# -- the tables, built once for both reports ------------------------------------------------------
+
+
+def test_the_device_table_shows_host_and_tf_device_in_the_terminal_only_when_they_differ() -> None:
+    plan = PLANS["pipelined"]
+    page = device_table(plan, Medium.PAGE)
+    terminal = device_table(plan, Medium.TERMINAL)
+    headers = ["device", "host", "TF device", "layers", "compute", "memory / limit"]
+    assert [c.header for c in terminal.columns] == [*headers, "sent", "received"]
+    assert [c.header for c in page.columns] == ["device", "type", *headers[1:], "sent", "received"]
+    one_host = replace(plan, devices=tuple(replace(d, host=0, name="") for d in plan.devices))
+    columns = [c.header for c in device_table(one_host, Medium.TERMINAL).columns]
+    assert "host" not in columns and "TF device" not in columns
+    assert [c.header for c in device_table(one_host, Medium.PAGE).columns] == [
+        c.header for c in page.columns
+    ]
+    # The same rows in both, one per device; the terminal names fewer layers.
+    assert [r.cells[0].text for r in terminal.rows] == [str(d.device) for d in plan.per_device]
+    assert [r.cells[0].text for r in page.rows] == [str(d.device) for d in plan.per_device]
+
+
+def test_a_device_over_its_limit_is_an_over_row_with_an_alert_cell() -> None:
+    plan = PLANS["no timeline"]
+    for medium in Medium:
+        table = device_table(plan, medium)
+        memory = [c.header for c in table.columns].index("memory / limit")
+        for row, load in zip(table.rows, plan.per_device):
+            assert (row.kind is RowKind.OVER) == (not load.fits)
+            styles = {s.style for s in row.cells[memory].spans}
+            assert styles == ({Style.PLAIN} if load.fits else {Style.ALERT})
+
+
+def test_cells_hold_raw_names_and_the_renderers_escape_them() -> None:
+    plan = PLANS["pipelined"]
+    texts = [c.text for r in device_table(plan, Medium.PAGE).rows for c in r.cells]
+    assert any(XSS_IMG in t for t in texts)
+    assert any(RICH_MARKUP in t for t in texts)
+    title = device_table(plan, Medium.TERMINAL).title
+    assert Span(plan.model_name, Style.BOLD) in title.spans
+    assert title.text.startswith(f"Plan for {plan.model_name} on ")
+
+
+def test_the_comparison_marks_the_plan_faster_baselines_and_the_bound() -> None:
+    plan = PLANS["pipelined"]
+    terminal = comparison_table(plan, Medium.TERMINAL)
+    page = comparison_table(plan, Medium.PAGE)
+    assert len(terminal.rows) == len(plan.baselines) + 1
+    assert len(page.rows) == len(plan.baselines) + 2
+    assert terminal.rows[0].kind is page.rows[0].kind is RowKind.THIS
+    assert page.rows[-1].kind is RowKind.BOUND
+    for row, b in zip(terminal.rows[1:], plan.baselines):
+        if b.step_time_s is None:
+            assert row.kind is RowKind.NOFIT
+        elif b.step_time_s < plan.step_time_s:
+            assert row.kind is RowKind.FASTER
+            assert row.cells[2] == cell(
+                f"{b.step_time_s / plan.step_time_s:.2f}x (faster)", Style.ALERT
+            )
+    assert stage_table(PLANS["no timeline"], Medium.TERMINAL) is None
+
+
+def test_the_time_table_has_a_row_per_resource_of_the_breakdown() -> None:
+    plan = PLANS["pipelined"]
+    table = time_table(plan)
+    assert [r.cells[0].text for r in table.rows] == [r.resource for r in time_breakdown(plan)]
+    assert table.columns[3].header == "idle (bubble)"
+    assert table.caption == "from the simulated timeline"
+    assert [c.align for c in table.columns] == [Align.LEFT, *[Align.RIGHT] * 3, Align.LEFT]

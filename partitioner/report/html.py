@@ -413,51 +413,52 @@ def _timeline_figure(plan: Plan) -> dict[str, Any]:
     return {"data": traces, "layout": _timeline_layout(plan, title, resources)}
 
 
+def _memory_limit_trace(plan: Plan, names: list[str], scale: int) -> dict[str, Any]:
+    """Each device's memory limit, a wide grey bar behind its predicted memory."""
+    return {
+        "type": "bar",
+        "name": "memory limit",
+        "x": names,
+        "y": [d.memory_limit_bytes / scale for d in plan.per_device],
+        "marker": {"color": "rgba(120,120,120,0.25)", "line": {"color": "#666", "width": 1}},
+        "hovertext": [format_bytes(d.memory_limit_bytes) for d in plan.per_device],
+        "hoverinfo": "text",
+    }
+
+
+def _memory_used_trace(plan: Plan, names: list[str], scale: int) -> dict[str, Any]:
+    """Each device's predicted memory, labelled against its limit, red when over it."""
+    loads = plan.per_device
+    return {
+        "type": "bar",
+        "name": "predicted memory",
+        "x": names,
+        "y": [d.memory_bytes / scale for d in loads],
+        "width": 0.5,
+        "text": [memory_text(d.memory_bytes, d.memory_limit_bytes) for d in loads],
+        "textposition": "outside",
+        "constraintext": "none",
+        "textfont": {"size": 11},
+        "cliponaxis": False,
+        "marker": {"color": ["#d62728" if not d.fits else _colour(d.device) for d in loads]},
+        "hovertext": [
+            f"{format_bytes(d.memory_bytes)} of {format_bytes(d.memory_limit_bytes)}"
+            + (" (over the limit)" if not d.fits else "")
+            for d in loads
+        ],
+        "hoverinfo": "text",
+    }
+
+
 def _memory_figure(plan: Plan) -> dict[str, Any]:
+    """Memory per device against its limit, in GiB or MiB."""
     names = [f"device {d.device}" for d in plan.per_device]
     top = max(max(d.memory_limit_bytes, d.memory_bytes) for d in plan.per_device)
     unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
-    used = [d.memory_bytes / scale for d in plan.per_device]
-    limits = [d.memory_limit_bytes / scale for d in plan.per_device]
     return {
         "data": [
-            {
-                "type": "bar",
-                "name": "memory limit",
-                "x": names,
-                "y": limits,
-                "marker": {
-                    "color": "rgba(120,120,120,0.25)",
-                    "line": {"color": "#666", "width": 1},
-                },
-                "hovertext": [format_bytes(d.memory_limit_bytes) for d in plan.per_device],
-                "hoverinfo": "text",
-            },
-            {
-                "type": "bar",
-                "name": "predicted memory",
-                "x": names,
-                "y": used,
-                "width": 0.5,
-                "text": [
-                    memory_text(d.memory_bytes, d.memory_limit_bytes) for d in plan.per_device
-                ],
-                "textposition": "outside",
-                "constraintext": "none",
-                "textfont": {"size": 11},
-                "cliponaxis": False,
-                "marker": {
-                    "color": [
-                        "#d62728" if not d.fits else _colour(d.device) for d in plan.per_device
-                    ]
-                },
-                "hovertext": [
-                    f"{format_bytes(d.memory_bytes)} of {format_bytes(d.memory_limit_bytes)}"
-                    + (" (over the limit)" if not d.fits else "")
-                    for d in plan.per_device
-                ],
-                "hoverinfo": "text",
-            },
+            _memory_limit_trace(plan, names, scale),
+            _memory_used_trace(plan, names, scale),
         ],
         "layout": {
             "title": {"text": "Memory per device against its limit"},
@@ -470,6 +471,7 @@ def _memory_figure(plan: Plan) -> dict[str, Any]:
 
 
 def _time_figure(plan: Plan) -> dict[str, Any]:
+    """Where the time goes: compute, transfer and idle per device and link, stacked."""
     rows = time_breakdown(plan)
     names = [_ptext(r.resource) for r in rows]
     parts = (
