@@ -2,7 +2,10 @@
 
 ``partitioner.partition(model, gpus=2)`` traces a Keras model, costs it, solves a placement and
 returns a :class:`~partitioner.plan.model.Plan`; ``plan.apply(model)`` rewrites the model onto devices.
-TensorFlow is imported lazily, so the IR, cost models and solvers load without it.
+Its options also come grouped: :class:`TargetOptions` (what to plan for), :class:`SearchOptions`
+(how to search) and :class:`MeasureOptions` (how to measure), passed as ``target=``, ``search=``
+and ``measure=``. TensorFlow is imported lazily, so the IR, cost models and solvers load without
+it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from partitioner.core.errors import PartitionError
+from partitioner.core.options import MeasureOptions, SearchOptions, TargetOptions
 
 __version__ = "0.1.0"
 
@@ -17,7 +21,16 @@ if TYPE_CHECKING:
     from partitioner.api import load_plan, partition
     from partitioner.plan.model import Plan
 
-__all__ = ["PartitionError", "Plan", "__version__", "load_plan", "partition"]
+__all__ = [
+    "MeasureOptions",
+    "PartitionError",
+    "Plan",
+    "SearchOptions",
+    "TargetOptions",
+    "__version__",
+    "load_plan",
+    "partition",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,32 +1,38 @@
 """The library entry point: ``partitioner.partition(model, gpus=2) -> Plan``.
 
-Orchestrates the one-way flow: validate options (before any slow work), trace the model, cost the
-graph, solve, evaluate the chosen plan beside the baselines, and write advice. Nothing imports
-this module but the package's lazy ``__init__`` and the CLI.
+Orchestrates the one-way flow: check the options (:func:`prepare`, before any slow work), trace
+the model, cost the graph, solve, evaluate the chosen plan beside the baselines, and write advice
+(:func:`partition_prepared`). The options travel as three groups
+(:mod:`partitioner.core.options`): what to plan for, how to search, how to measure. Nothing
+imports this module but the package's lazy ``__init__`` and the CLI.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cost_models.devices.catalog import get_device_type
 from cost_models.devices.topology import load_topology, topology_summary
 from cost_models.estimate.costs import cost_graph
-from cost_models.estimate.memory import parse_optimizer
+from cost_models.estimate.memory import Optimizer, parse_optimizer
 from partitioner.core.errors import PartitionError, PlanError, UsageError
 from partitioner.core.ir import (
     CostedGraph,
+    PartitionProblem,
     Schedule,
     SolverResult,
     SolveStatus,
+    TimelineEvent,
     Topology,
     peak_bytes,
 )
 from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES
+from partitioner.core.options import MeasureOptions, SearchOptions, TargetOptions, parse_schedule
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import (
     BaselineResult,
@@ -37,10 +43,24 @@ from partitioner.plan.model import (
 )
 from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
 from partitioner.simulation.step import simulate_step
-from partitioner.solvers import get_solver, solve
+from partitioner.solvers import Solver, get_solver, solve
 from partitioner.solvers.stages import make_acyclic
 
-__all__ = ["BASELINES", "Progress", "load_plan", "partition"]
+if TYPE_CHECKING:
+    from passes.trace import TraceResult
+
+__all__ = [
+    "BASELINES",
+    "MeasureOptions",
+    "Prepared",
+    "Progress",
+    "SearchOptions",
+    "TargetOptions",
+    "load_plan",
+    "partition",
+    "partition_prepared",
+    "prepare",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +80,85 @@ def _no_progress(message: str, completed: float | None = None, total: float | No
     return None
 
 
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} must be a positive integer, got {value!r}")
-    return value
+ESTIMATED_NOTE = "compute times estimated by the roofline model of each device type"
+"""The cost note of a plan whose compute times are all estimated."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run's options checked against the catalog, the topology, the optimizers and the solver
+    registry: everything :func:`partition_prepared` needs, built by :func:`prepare` before any
+    slow work."""
+
+    target: TargetOptions
+    search: SearchOptions
+    measure: MeasureOptions
+    topology: Topology
+    optimizer: Optimizer
+    solver: Solver
+    schedule: Schedule | None
+    """The pipeline schedule; ``None`` without pipelining."""
+    num_microbatches: int
+    """Micro-batches per batch (1 without pipelining)."""
+
+
+def prepare(
+    target: TargetOptions,
+    search: SearchOptions | None = None,
+    measure: MeasureOptions | None = None,
+) -> Prepared:
+    """Check the options and resolve their names: the device type, the topology (loaded once
+    here), the optimizer, the solver, the micro-batch count; with ``profile_ops``, that the
+    topology has a cpu device. Fast, and without TensorFlow; raises a
+    :class:`~partitioner.core.errors.PartitionError` subclass for every bad option."""
+    search = search or SearchOptions()
+    measure = measure or MeasureOptions()
+    device = get_device_type(target.device_type)
+    topology = load_topology(
+        target.topology,
+        device_type=device.name,
+        num_devices=target.gpus,
+        memory_limit_bytes=target.memory_limit_bytes,
+    )
+    prepared = Prepared(
+        target=target,
+        search=search,
+        measure=measure,
+        topology=topology,
+        optimizer=parse_optimizer(target.optimizer),
+        solver=get_solver(search.solver, seed=search.seed, time_limit_s=search.time_limit_s),
+        schedule=search.pipeline_schedule,
+        num_microbatches=search.microbatches_for(target.batch_size, topology.num_devices),
+    )
+    if measure.profile_ops:
+        _cpu_rows(topology)  # fail before the slow work
+    return prepared
+
+
+_Options = TypeVar("_Options", TargetOptions, SearchOptions, MeasureOptions)
+
+
+def _options(
+    build: Callable[..., _Options], given: _Options | None, label: str, **keywords: Any
+) -> _Options:
+    """The option group ``given`` as ``label=``, else the one built from the flat ``keywords``;
+    UsageError when both set a field (a keyword away from its default)."""
+    if given is None:
+        return build(**keywords)
+    defaults = build()
+    for name, value in keywords.items():
+        if value != getattr(defaults, name):
+            raise UsageError(
+                f"partition() got {label}= and also {name}={value!r}; give {name} in {label}= "
+                "only"
+            )
+    return given
 
 
 def partition(
     model: Any,
     *,
-    gpus: int | None,
+    gpus: int | None = None,
     device_type: str = "h100",
     batch_size: int = 32,
     solver: str = "auto",
@@ -85,125 +174,160 @@ def partition(
     profile: bool = False,
     profile_ops: bool = False,
     cache_dir: str | None = None,
+    target: TargetOptions | None = None,
+    search: SearchOptions | None = None,
+    measure: MeasureOptions | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Trace, cost and place ``model`` on ``gpus`` devices of ``device_type``.
 
-    ``topology`` is ``pcie``, ``nvlink``, a catalog link kind, ``tf-config`` or a JSON/TOML
-    topology file (:func:`cost_models.devices.topology.load_topology`; a file names its own devices and
-    ``gpus`` may then be ``None``). With ``pipeline``, the plan's stages run ``num_microbatches``
-    micro-batches under ``schedule`` (default: the most micro-batches up to 4 x devices that
-    divide the batch) and its predictions are the pipelined step's. With ``profile``, every
-    layer is timed (forward and backward) on the devices of the topology that are present here
-    (:func:`cost_models.measure.profiled.profile_model`; cached on disk in ``cache_dir``, default
-    ``$PARTITIONER_CACHE_DIR`` or the user's cache directory) and those times replace the
-    estimates; the plan records which layers were measured. With ``profile_ops``, every op of
-    the traced training step is timed inside the step on this machine's CPU
-    (:func:`cost_models.measure.op_profile.profile_step_ops`) and those times replace the estimates of
-    the topology's cpu devices (glue ops included; not cached).
+    The keywords are the flat spelling of three option groups (their docstrings say what each
+    field does): :class:`~partitioner.core.options.TargetOptions` (what to plan for: ``gpus``
+    to ``memory_limit_bytes``), :class:`~partitioner.core.options.SearchOptions` (``solver`` to
+    ``schedule``; the schedule is unused without ``pipeline``) and
+    :class:`~partitioner.core.options.MeasureOptions` (``profile``, ``profile_ops``,
+    ``cache_dir``). ``target=``, ``search=`` or ``measure=`` pass a group whole instead;
+    :func:`prepare` and :func:`partition_prepared` are the two halves of this call.
 
     Returns a :class:`~partitioner.plan.model.Plan`; ``plan.apply(model)`` gives the placed model.
     Raises a :class:`~partitioner.core.errors.PartitionError` subclass with a one-line message for
     every bad option, before any slow work is done.
     """
-    if gpus is not None:
-        _check_positive_int("--gpus", gpus)
-    _check_positive_int("--batch-size", batch_size)
-    device = get_device_type(device_type)
-    topo = load_topology(
-        topology,
-        device_type=device.name,
-        num_devices=gpus,
-        memory_limit_bytes=memory_limit_bytes,
-    )
-    opt = parse_optimizer(optimizer)
-    chosen = get_solver(solver, seed=seed, time_limit_s=time_limit_s)
-    sched, micro = _pipeline_options(
-        pipeline, num_microbatches, schedule, batch_size, topo.num_devices
-    )
-    if profile_ops:
-        _cpu_rows(topo)  # fail before the slow work
+    target = _options(
+        TargetOptions, target, "target", gpus=gpus, device_type=device_type, topology=topology,
+        batch_size=batch_size, input_shape=None if input_shape is None else tuple(input_shape),
+        optimizer=optimizer, memory_limit_bytes=memory_limit_bytes,
+    )  # fmt: skip
+    # Without pipelining, one micro-batch is the whole batch and the schedule is unused.
+    search = _options(
+        SearchOptions, search, "search", solver=solver, seed=seed, time_limit_s=time_limit_s,
+        pipeline=pipeline, schedule=parse_schedule(schedule) if pipeline else None,
+        num_microbatches=None if not pipeline and num_microbatches == 1 else num_microbatches,
+    )  # fmt: skip
+    measure = _options(
+        MeasureOptions, measure, "measure", profile=profile, profile_ops=profile_ops,
+        cache_dir=cache_dir,
+    )  # fmt: skip
+    return partition_prepared(model, prepare(target, search, measure), progress=progress)
+
+
+@contextlib.contextmanager
+def _timed(phases: list[tuple[str, float]], name: str) -> Iterator[None]:
+    """Append the wall time of the ``with`` block to ``phases`` as ``name``."""
+    t0 = time.perf_counter()
+    yield
+    phases.append((name, time.perf_counter() - t0))
+
+
+def partition_prepared(
+    model: Any, prepared: Prepared, *, progress: Progress | None = None
+) -> Plan:
+    """Plan ``model`` with options already checked by :func:`prepare` (the CLI checks them
+    before it imports TensorFlow; :func:`partition` is the two in one)."""
     say: Progress = progress or _no_progress
     phases: list[tuple[str, float]] = []
-
-    from passes.trace import trace_model
-
-    say("tracing")
-    traced = trace_model(model, batch_size=batch_size, input_shape=input_shape)
-    phases += [("trace", traced.trace_time_s), ("flops", traced.flops_time_s)]
-
-    say("costing")
-    t0 = time.perf_counter()
-    costed = cost_graph(traced.graph, topology=topo, optimizer=opt)
-    phases.append(("cost", time.perf_counter() - t0))
-    cost_notes: tuple[str, ...] = ("compute times estimated by the roofline model of each device type",)
-    if profile:
-        t0 = time.perf_counter()
-        costed, cost_notes = _profile(
-            model, costed, batch_size=batch_size, input_shape=input_shape, cache_dir=cache_dir,
-            say=say,
-        )
-        phases.append(("profile", time.perf_counter() - t0))
-    if profile_ops:
-        t0 = time.perf_counter()
-        costed, op_notes = _profile_ops(traced, costed, say=say)
-        cost_notes = (*cost_notes, *op_notes) if profile else op_notes
-        phases.append(("profile ops", time.perf_counter() - t0))
-
-    say(f"solving with {chosen.name}")
-    t0 = time.perf_counter()
-    result, evaluation = solve(costed, chosen)
-    pipeline_info = None
-    warnings: tuple[str, ...] = ()
-    if sched is not None:
-        result, evaluation = _pipeline_choice(
-            costed, result, chosen.name, sched, micro, seed=seed, time_limit_s=time_limit_s
-        )
-        plain = evaluate(costed, result.assignment)
-        sim = evaluation.pipeline
-        pipeline_info = PipelineInfo(
-            schedule=sched,
-            num_microbatches=micro,
-            stage_devices=sim.stage_devices if sim is not None else (),
-            bubble_fraction=sim.bubble_fraction if sim is not None else (),
-        )
-        timeline = sim.timeline if sim is not None else ()
-        warnings = _microbatch_warnings(costed, micro)
-    else:
-        timeline = simulate_step(costed, result.assignment, timeline=True).timeline
-    phases.append(("solve", time.perf_counter() - t0))
-
+    traced = _trace(model, prepared.target, say, phases)
+    costed, cost_notes = _cost(model, traced, prepared, say, phases)
+    say(f"solving with {prepared.solver.name}")
+    with _timed(phases, "solve"):
+        solved = _solve(costed, prepared)
     say("comparing with baselines")
-    t0 = time.perf_counter()
-    baselines = _baselines(
-        costed, exclude=chosen.name, seed=seed, time_limit_s=time_limit_s, schedule=sched, micro=micro
-    )
-    if sched is not None:
-        baselines = (
-            BaselineResult(
-                solver=f"{chosen.name} without pipelining", step_time_s=plain.step_time_s
-            ),
-            *baselines,
-        )
-    phases.append(("baselines", time.perf_counter() - t0))
-
-    for line in warnings:
+    with _timed(phases, "baselines"):
+        baselines = _all_baselines(costed, solved, prepared)
+    for line in solved.warnings:
         logger.warning("%s", line)
     return plan_from_solution(
         costed,
-        result,
-        evaluation,
+        solved.result,
+        solved.evaluation,
         link=topology_summary(costed.topology),
-        batch_size=batch_size,
-        input_shape=tuple(int(d) for d in input_shape) if input_shape is not None else None,
+        batch_size=prepared.target.batch_size,
+        input_shape=prepared.target.input_shape,
         baselines=baselines,
-        advice=_advice(costed, evaluation, baselines, pipeline_info),
+        advice=_advice(costed, solved.evaluation, baselines, solved.pipeline),
         phase_times_s=tuple(phases),
-        pipeline=pipeline_info,
-        warnings=warnings,
-        timeline=timeline,
+        pipeline=solved.pipeline,
+        warnings=solved.warnings,
+        timeline=solved.timeline,
         measured_layers=costed.measured,
         cost_notes=cost_notes,
+    )
+
+
+def _trace(
+    model: Any, target: TargetOptions, say: Progress, phases: list[tuple[str, float]]
+) -> TraceResult:
+    """Trace one training step of ``model`` at the target's batch size."""
+    from passes.trace import trace_model
+
+    say("tracing")
+    traced = trace_model(model, batch_size=target.batch_size, input_shape=target.input_shape)
+    phases += [("trace", traced.trace_time_s), ("flops", traced.flops_time_s)]
+    return traced
+
+
+def _cost(
+    model: Any,
+    traced: TraceResult,
+    prepared: Prepared,
+    say: Progress,
+    phases: list[tuple[str, float]],
+) -> tuple[CostedGraph, tuple[str, ...]]:
+    """The costed graph and notes on where its times come from: estimated, then replaced by
+    measured layer times (``profile``) and op times (``profile_ops``) when asked."""
+    say("costing")
+    with _timed(phases, "cost"):
+        costed = cost_graph(traced.graph, topology=prepared.topology, optimizer=prepared.optimizer)
+    notes: tuple[str, ...] = (ESTIMATED_NOTE,)
+    measure = prepared.measure
+    if measure.profile:
+        with _timed(phases, "profile"):
+            costed, notes = _profile(
+                model, costed, target=prepared.target, cache_dir=measure.cache_dir, say=say
+            )
+    if measure.profile_ops:
+        with _timed(phases, "profile ops"):
+            costed, op_notes = _profile_ops(traced, costed, say=say)
+        notes = (*notes, *op_notes) if measure.profile else op_notes
+    return costed, notes
+
+
+@dataclass(frozen=True)
+class _Solved:
+    """The chosen placement, its evaluation and what the plan records beside them."""
+
+    result: SolverResult
+    evaluation: PlanEvaluation
+    timeline: tuple[TimelineEvent, ...]
+    pipeline: PipelineInfo | None = None
+    plain_step_time_s: float | None = None
+    """With pipelining, the step time of the same placement without it."""
+    warnings: tuple[str, ...] = ()
+
+
+def _solve(costed: CostedGraph, prepared: Prepared) -> _Solved:
+    """The solver's placement, simulated op by op; with pipelining, the best pipelined placement
+    (:func:`_pipeline_choice`) with its schedule, stages and micro-batching warnings."""
+    result, evaluation = solve(costed, prepared.solver)
+    schedule, micro = prepared.schedule, prepared.num_microbatches
+    if schedule is None:
+        timeline = simulate_step(costed, result.assignment, timeline=True).timeline
+        return _Solved(result=result, evaluation=evaluation, timeline=timeline)
+    result, evaluation = _pipeline_choice(costed, result, prepared, schedule)
+    sim = evaluation.pipeline
+    info = PipelineInfo(
+        schedule=schedule,
+        num_microbatches=micro,
+        stage_devices=sim.stage_devices if sim is not None else (),
+        bubble_fraction=sim.bubble_fraction if sim is not None else (),
+    )
+    return _Solved(
+        result=result,
+        evaluation=evaluation,
+        timeline=sim.timeline if sim is not None else (),
+        pipeline=info,
+        plain_step_time_s=evaluate(costed, result.assignment).step_time_s,
+        warnings=_microbatch_warnings(costed, micro),
     )
 
 
@@ -211,74 +335,116 @@ PIPELINE_CANDIDATES = ("dp", "time", "even", "metis")
 """Contiguous-stage solvers ``auto`` also tries as pipelines (its own score is the steady state of
 an endless pipeline; a finite number of micro-batches adds fill and drain)."""
 
+_Evaluated = tuple[SolverResult, PlanEvaluation]
+
+
+@dataclass(frozen=True)
+class _Pipelining:
+    """What choosing a pipelined placement needs: the costed graph and its problem, the schedule
+    and micro-batches, and the options the candidate solvers run with."""
+
+    costed: CostedGraph
+    problem: PartitionProblem
+    schedule: Schedule
+    num_microbatches: int
+    search: SearchOptions
+
+    def staged(self, result: SolverResult) -> _Evaluated:
+        """``result`` with its stages reordered into a pipeline, and its pipelined step."""
+        assignment = make_acyclic(result.assignment, self.problem)
+        if assignment != result.assignment:
+            result = replace(
+                result,
+                assignment=assignment,
+                notes=(*result.notes, "stages reordered into a pipeline (make_acyclic)"),
+            )
+        return result, evaluate_pipeline(
+            self.costed,
+            result.assignment,
+            schedule=self.schedule,
+            num_microbatches=self.num_microbatches,
+        )
+
+    def candidate(self, name: str, tried: list[str]) -> _Evaluated | None:
+        """Solver ``name``'s placement as a pipeline, or ``None`` when it fails; either way one
+        entry in ``tried``."""
+        try:
+            solver = get_solver(name, seed=self.search.seed, time_limit_s=self.search.time_limit_s)
+            candidate = self.staged(solver.solve(self.problem))
+        except PartitionError as exc:
+            tried.append(f"{name}: {type(exc).__name__}")
+            return None
+        tried.append(f"{name}: {format_seconds(candidate[1].step_time_s)}")
+        return candidate
+
 
 def _pipeline_choice(
-    costed: CostedGraph,
-    result: SolverResult,
-    solver: str,
-    schedule: Schedule,
-    micro: int,
-    *,
-    seed: int,
-    time_limit_s: float,
-) -> tuple[SolverResult, PlanEvaluation]:
+    costed: CostedGraph, result: SolverResult, prepared: Prepared, schedule: Schedule
+) -> _Evaluated:
     """The solver's placement as a pipeline (stages made acyclic) and, for ``auto``, the best of
     it and the contiguous solvers' placements by the simulated pipelined step (memory first).
 
     A placement that still is no pipeline raises PlanError for a named solver; ``auto`` then
     keeps the best of the others that are (its notes say so), and raises only when none is."""
-    problem = costed.problem()
+    pipelining = _Pipelining(
+        costed=costed,
+        problem=costed.problem(),
+        schedule=schedule,
+        num_microbatches=prepared.num_microbatches,
+        search=prepared.search,
+    )
+    if prepared.solver.name != "auto":
+        return _named_pipeline(pipelining, result, prepared.solver.name)
+    return _auto_pipeline(pipelining, result)
 
-    def staged(r: SolverResult) -> tuple[SolverResult, PlanEvaluation]:
-        assignment = make_acyclic(r.assignment, problem)
-        if assignment != r.assignment:
-            r = replace(
-                r,
-                assignment=assignment,
-                notes=(*r.notes, "stages reordered into a pipeline (make_acyclic)"),
-            )
-        return r, evaluate_pipeline(costed, r.assignment, schedule=schedule, num_microbatches=micro)
 
-    best: tuple[SolverResult, PlanEvaluation] | None
+def _named_pipeline(pipelining: _Pipelining, result: SolverResult, solver: str) -> _Evaluated:
+    """A named solver's placement as a pipeline; PlanError naming the way out when it is none."""
     try:
-        best = staged(result)
+        return pipelining.staged(result)
+    except PlanError as exc:
+        raise PlanError(
+            f"the {solver} placement is not a pipeline even with its stages reordered: {exc}; "
+            "plan with solver='auto' instead, or with a contiguous solver ('dp', 'time' or "
+            "'even')"
+        ) from None
+
+
+def _auto_pipeline(pipelining: _Pipelining, own: SolverResult) -> _Evaluated:
+    """The best pipeline of auto's own placement and the contiguous solvers' (fitting memory
+    first, then the step time); the solver notes list every candidate's simulated step."""
+    best: _Evaluated | None = None
+    try:
+        best = pipelining.staged(own)
     except PartitionError as exc:
-        if solver != "auto":
-            if not isinstance(exc, PlanError):
-                raise
-            raise PlanError(
-                f"the {solver} placement is not a pipeline even with its stages reordered: "
-                f"{exc}; or plan with --solver auto, dp, time or even"
-            ) from None
-        # auto's own placement: fall back to the best of the contiguous solvers' below
+        # auto's own placement: fall back to the best of the contiguous solvers'
         logger.warning("auto's own placement cannot be pipelined (%s); trying the others", exc)
-        best = None
         tried = [f"auto: not a pipeline ({_first_clause(str(exc))})"]
     else:
-        if solver != "auto":
-            return best
         tried = [f"auto: {format_seconds(best[1].step_time_s)}"]
     for name in PIPELINE_CANDIDATES:
-        try:
-            candidate = staged(get_solver(name, seed=seed, time_limit_s=time_limit_s).solve(problem))
-        except PartitionError as exc:
-            tried.append(f"{name}: {type(exc).__name__}")
-            continue
-        tried.append(f"{name}: {format_seconds(candidate[1].step_time_s)}")
-        if best is None or (not candidate[1].fits, candidate[1].step_time_s) < (
-            not best[1].fits,
-            best[1].step_time_s,
-        ):
+        candidate = pipelining.candidate(name, tried)
+        if candidate is not None and _better(candidate[1], best):
             best = (replace(candidate[0], solver="auto", status=SolveStatus.HEURISTIC), candidate[1])
             tried[-1] += " (chosen)"
     if best is None:
         raise PlanError(
             "no placement of auto or of the contiguous solvers "
             f"({', '.join(PIPELINE_CANDIDATES)}) could be pipelined: {'; '.join(tried)}; "
-            "plan without --pipeline"
+            "plan without pipeline=True"
         )
-    note = f"pipelined {schedule.value} x {micro} simulated: " + "; ".join(tried)
+    note = (
+        f"pipelined {pipelining.schedule.value} x {pipelining.num_microbatches} simulated: "
+        + "; ".join(tried)
+    )
     return replace(best[0], notes=(*best[0].notes, note)), best[1]
+
+
+def _better(candidate: PlanEvaluation, best: _Evaluated | None) -> bool:
+    """Whether ``candidate`` beats ``best``: fitting in memory first, then the step time."""
+    if best is None:
+        return True
+    return (not candidate.fits, candidate.step_time_s) < (not best[1].fits, best[1].step_time_s)
 
 
 def _first_clause(message: str, limit: int = 160) -> str:
@@ -308,8 +474,7 @@ def _profile(
     model: Any,
     costed: CostedGraph,
     *,
-    batch_size: int,
-    input_shape: Sequence[int] | None,
+    target: TargetOptions,
     cache_dir: str | None,
     say: Progress,
 ) -> tuple[CostedGraph, tuple[str, ...]]:
@@ -324,16 +489,16 @@ def _profile(
         present = ", ".join(d.name for d in tf.config.list_logical_devices()) or "none"
         types = ", ".join(sorted({d.device_type for d in topo.devices}))
         raise UsageError(
-            f"--profile measures the devices present, and none here is a {types} (TensorFlow "
-            f"sees: {present}); plan for --device-type cpu to profile this machine, or drop "
-            "--profile to use the estimates"
+            f"profile=True measures the devices present, and none here is a {types} (TensorFlow "
+            f"sees: {present}); plan for device_type='cpu' to profile this machine, or drop "
+            "profile=True to use the estimates"
         )
     devices = sorted(set(rows.values()))
     result = profile_model(
         model,
-        batch_size=batch_size,
+        batch_size=target.batch_size,
         devices=devices,
-        input_shape=input_shape,
+        input_shape=target.input_shape,
         cache_dir=cache_dir,
         progress=lambda done, total, _label: say("profiling layers", done, total),
     )
@@ -354,20 +519,20 @@ def _profile(
 
 
 def _cpu_rows(topo: Topology) -> list[int]:
-    """The topology's cpu devices, which ``--profile-ops`` measures; UsageError when none."""
+    """The topology's cpu devices, which ``profile_ops`` measures; UsageError when none."""
     rows = [d.index for d in topo.devices if d.device_type == "cpu"]
     if not rows:
         types = ", ".join(sorted({d.device_type for d in topo.devices}))
         raise UsageError(
-            f"--profile-ops times ops on this machine's CPU, and the plan has no cpu device "
-            f"(it plans {types}); plan for --device-type cpu, or use --profile (per layer, on "
-            "the devices present)"
+            f"profile_ops=True times ops on this machine's CPU, and the plan has no cpu device "
+            f"(it plans {types}); plan for device_type='cpu', or use profile=True (per layer, "
+            "on the devices present)"
         )
     return rows
 
 
 def _profile_ops(
-    traced: Any, costed: CostedGraph, *, say: Progress
+    traced: TraceResult, costed: CostedGraph, *, say: Progress
 ) -> tuple[CostedGraph, tuple[str, ...]]:
     """Time every op inside the traced step on this machine's CPU; merge into the cpu rows."""
     import tensorflow as tf
@@ -395,42 +560,6 @@ def _profile_ops(
     return profiled, notes
 
 
-def _pipeline_options(
-    pipeline: bool,
-    num_microbatches: int | None,
-    schedule: Schedule | str,
-    batch_size: int,
-    num_devices: int,
-) -> tuple[Schedule | None, int]:
-    """The schedule (``None`` without pipelining) and micro-batch count, validated."""
-    if not pipeline:
-        if num_microbatches not in (None, 1):
-            raise UsageError("--microbatches needs --pipeline (plain splits run whole batches)")
-        return None, 1
-    try:
-        sched = schedule if isinstance(schedule, Schedule) else Schedule(str(schedule).lower())
-    except ValueError:
-        known = ", ".join(s.value for s in Schedule if s is not Schedule.NONE)
-        raise UsageError(f"--schedule {schedule!r} is not a pipeline schedule; known: {known}") from None
-    if sched is Schedule.NONE:
-        raise UsageError("--pipeline needs a pipeline schedule (gpipe or 1f1b), not 'none'")
-    if num_devices < 2:
-        raise UsageError(
-            "--pipeline needs at least 2 devices: a plan on one device has no stages to overlap "
-            "(use --gpus 2 or more, or drop --pipeline)"
-        )
-    if num_microbatches is None:
-        micro = max(m for m in range(1, min(batch_size, 4 * num_devices) + 1) if batch_size % m == 0)
-    else:
-        micro = _check_positive_int("--microbatches", num_microbatches)
-        if batch_size % micro:
-            raise UsageError(
-                f"--batch-size {batch_size} is not divisible by --microbatches {micro}; pick M "
-                "that divides the batch"
-            )
-    return sched, micro
-
-
 def _microbatch_warnings(costed: CostedGraph, num_microbatches: int) -> tuple[str, ...]:
     """One loud line per layer class that is not exact under micro-batching."""
     if num_microbatches <= 1:
@@ -449,40 +578,49 @@ def _microbatch_warnings(costed: CostedGraph, num_microbatches: int) -> tuple[st
     return tuple(out)
 
 
-def _baselines(
-    costed: CostedGraph,
-    *,
-    exclude: str,
-    seed: int,
-    time_limit_s: float,
-    schedule: Schedule | None = None,
-    micro: int = 1,
+def _all_baselines(
+    costed: CostedGraph, solved: _Solved, prepared: Prepared
 ) -> tuple[BaselineResult, ...]:
+    """The baselines of :data:`BASELINES` (but the solver's own), after a pipelined plan's own
+    placement without pipelining."""
+    baselines = _baselines(costed, prepared)
+    if solved.plain_step_time_s is None:
+        return baselines
+    plain = BaselineResult(
+        solver=f"{prepared.solver.name} without pipelining", step_time_s=solved.plain_step_time_s
+    )
+    return (plain, *baselines)
+
+
+def _fastest_alone(costed: CostedGraph) -> CostedGraph:
+    """``costed`` on its fastest device alone, to say whether a split is needed at all."""
+    fastest = min(
+        range(costed.topology.num_devices), key=lambda d: sum(costed.op_compute_time_s[d])
+    )
+    dev = replace(costed.topology.devices[fastest], index=0, host=0)
+    return CostedGraph(
+        graph=costed.graph,
+        topology=Topology(devices=(dev,), link=costed.topology.link),
+        op_compute_time_s=(costed.op_compute_time_s[fastest],),
+        layer_memory=costed.layer_memory,
+    )
+
+
+def _baselines(costed: CostedGraph, prepared: Prepared) -> tuple[BaselineResult, ...]:
     """``single`` (one device, no pipeline) and ``even`` (pipelined like the plan when it is)."""
+    search, schedule = prepared.search, prepared.schedule
     out = []
     for name in BASELINES:
-        if name == exclude:
+        if name == prepared.solver.name:
             continue
-        baseline = get_solver(name, seed=seed, time_limit_s=time_limit_s)
-        target = costed
-        if name == "single":
-            # The fastest device alone, to say whether a split is needed at all.
-            fastest = min(
-                range(costed.topology.num_devices), key=lambda d: sum(costed.op_compute_time_s[d])
-            )
-            dev = replace(costed.topology.devices[fastest], index=0, host=0)
-            target = CostedGraph(
-                graph=costed.graph,
-                topology=Topology(devices=(dev,), link=costed.topology.link),
-                op_compute_time_s=(costed.op_compute_time_s[fastest],),
-                layer_memory=costed.layer_memory,
-            )
+        baseline = get_solver(name, seed=search.seed, time_limit_s=search.time_limit_s)
+        target = _fastest_alone(costed) if name == "single" else costed
         try:
             result, ev = solve(target, baseline)
             if schedule is not None and name != "single":
                 staged = make_acyclic(result.assignment, target.problem())
                 ev = evaluate_pipeline(
-                    target, staged, schedule=schedule, num_microbatches=micro
+                    target, staged, schedule=schedule, num_microbatches=prepared.num_microbatches
                 )
         except PartitionError as exc:
             out.append(BaselineResult(solver=name, step_time_s=None, note=str(exc)))
@@ -499,60 +637,25 @@ def _advice(
     pipeline: PipelineInfo | None = None,
 ) -> tuple[str, ...]:
     """Honest advice: say when a plain split cannot beat one device, and what would."""
-    advice = []
     n = costed.topology.num_devices
     total = peak_bytes(costed.layer_memory)
     limit = max(d.memory_bytes for d in costed.topology.devices)
     single = next((b for b in baselines if b.solver == "single"), None)
-    dtype = costed.topology.devices[0].device_type
-    fits_one = total <= limit
+    single_s = single.step_time_s if single is not None else None
+    advice: list[str] = []
     if n > 1 and pipeline is not None:
-        m = pipeline.num_microbatches
-        if single is not None and single.step_time_s is not None:
-            ratio = single.step_time_s / evaluation.step_time_s
-            verdict = "faster" if ratio > 1 else "no faster"
-            advice.append(
-                f"Pipelined over {len(pipeline.stage_devices)} stages with {m} micro-batches "
-                f"({pipeline.schedule.value}): predicted {format_seconds(evaluation.step_time_s)} "
-                f"per batch vs {format_seconds(single.step_time_s)} on one device, {ratio:.2f}x "
-                f"({verdict})."
-            )
-        if fits_one:
-            advice.append(
-                "The model also fits one device: data parallelism "
-                "(tf.distribute.MirroredStrategy) needs no split and is worth comparing."
-            )
-        if max(pipeline.bubble_fraction, default=0.0) > 0.3:
-            advice.append(
-                f"Bubbles reach {max(pipeline.bubble_fraction):.0%} of the step on some device; "
-                f"more micro-batches (--microbatches, now {m}) shrink them."
-            )
-    elif n > 1 and fits_one:
-        fits = f"The model fits one {dtype} ({format_bytes(total)} of {format_bytes(limit)})"
-        pointer = (
-            "To use the devices at once, pipeline the stages with micro-batches (--pipeline) or "
-            "use data parallelism (tf.distribute.MirroredStrategy)."
+        advice += _pipeline_advice(evaluation, single_s, pipeline, fits_one=total <= limit)
+    elif n > 1 and total <= limit:
+        fits = (
+            f"The model fits one {costed.topology.devices[0].device_type} "
+            f"({format_bytes(total)} of {format_bytes(limit)})"
         )
-        if single is None or single.step_time_s is None:
-            advice.append(f"{fits}. {pointer}")
-        elif evaluation.step_time_s >= single.step_time_s:
-            advice.append(
-                f"{fits}, and a plain split over {n} devices cannot beat it: the layers run one "
-                f"device at a time (predicted {format_seconds(evaluation.step_time_s)} split vs "
-                f"{format_seconds(single.step_time_s)} on one device). {pointer}"
-            )
-        else:
-            gain = 1 - evaluation.step_time_s / single.step_time_s
-            advice.append(
-                f"{fits}: a plain split over {n} devices gains only {gain:.0%} over one device "
-                f"({format_seconds(evaluation.step_time_s)} vs "
-                f"{format_seconds(single.step_time_s)}), from ops that overlap; the "
-                f"layers still run mostly one device at a time. {pointer}"
-            )
+        advice.append(_split_advice(fits, evaluation, single_s, n))
     elif n > 1:
         advice.append(
-            f"The model needs {format_bytes(total)}, more than one {dtype} holds "
-            f"({format_bytes(limit)}): the split is required for memory."
+            f"The model needs {format_bytes(total)}, more than one "
+            f"{costed.topology.devices[0].device_type} holds ({format_bytes(limit)}): the split "
+            "is required for memory."
         )
     over = [d for d in evaluation.per_device if not d.fits]
     if over:
@@ -564,3 +667,52 @@ def _advice(
             )
         )
     return tuple(advice)
+
+
+def _pipeline_advice(
+    evaluation: PlanEvaluation, single_s: float | None, pipeline: PipelineInfo, *, fits_one: bool
+) -> list[str]:
+    """A pipelined plan against one device, data parallelism, and its bubbles."""
+    advice = []
+    m = pipeline.num_microbatches
+    if single_s is not None:
+        ratio = single_s / evaluation.step_time_s
+        verdict = "faster" if ratio > 1 else "no faster"
+        advice.append(
+            f"Pipelined over {len(pipeline.stage_devices)} stages with {m} micro-batches "
+            f"({pipeline.schedule.value}): predicted {format_seconds(evaluation.step_time_s)} "
+            f"per batch vs {format_seconds(single_s)} on one device, {ratio:.2f}x ({verdict})."
+        )
+    if fits_one:
+        advice.append(
+            "The model also fits one device: data parallelism "
+            "(tf.distribute.MirroredStrategy) needs no split and is worth comparing."
+        )
+    if max(pipeline.bubble_fraction, default=0.0) > 0.3:
+        advice.append(
+            f"Bubbles reach {max(pipeline.bubble_fraction):.0%} of the step on some device; "
+            f"more micro-batches (--microbatches, now {m}) shrink them."
+        )
+    return advice
+
+
+def _split_advice(fits: str, evaluation: PlanEvaluation, single_s: float | None, n: int) -> str:
+    """A plain split of a model that fits one device: what it gains, and what would gain more."""
+    pointer = (
+        "To use the devices at once, pipeline the stages with micro-batches (--pipeline) or "
+        "use data parallelism (tf.distribute.MirroredStrategy)."
+    )
+    if single_s is None:
+        return f"{fits}. {pointer}"
+    if evaluation.step_time_s >= single_s:
+        return (
+            f"{fits}, and a plain split over {n} devices cannot beat it: the layers run one "
+            f"device at a time (predicted {format_seconds(evaluation.step_time_s)} split vs "
+            f"{format_seconds(single_s)} on one device). {pointer}"
+        )
+    gain = 1 - evaluation.step_time_s / single_s
+    return (
+        f"{fits}: a plain split over {n} devices gains only {gain:.0%} over one device "
+        f"({format_seconds(evaluation.step_time_s)} vs {format_seconds(single_s)}), from ops "
+        f"that overlap; the layers still run mostly one device at a time. {pointer}"
+    )

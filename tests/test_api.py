@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import partitioner
+from partitioner.api import prepare
 from partitioner.cli.loader import load_model
 from partitioner.core.errors import (
     PartitionError,
@@ -21,6 +22,7 @@ from partitioner.core.errors import (
     UnknownDeviceError,
     UsageError,
 )
+from partitioner.core.options import MeasureOptions, SearchOptions, TargetOptions
 from partitioner.plan.model import Plan
 from passes.trace import placement_units
 
@@ -62,8 +64,38 @@ def test_baseline_solvers(mlp: keras.Model, solver: str) -> None:
 
 @pytest.mark.parametrize("gpus", [0, -1, True, 2.0, "2"])
 def test_bad_gpus(mlp: keras.Model, gpus: object) -> None:
-    with pytest.raises(UsageError, match="--gpus must be a positive integer"):
+    with pytest.raises(UsageError, match=r"gpus=.* must be a positive integer"):
         partitioner.partition(mlp, gpus=gpus)  # type: ignore[arg-type]
+
+
+def test_option_objects_plan_as_the_keywords_do(mlp: keras.Model, plan: Plan) -> None:
+    grouped = partitioner.partition(
+        mlp,
+        target=TargetOptions(gpus=2, device_type="h100", batch_size=16),
+        search=SearchOptions(solver="metis"),
+        measure=MeasureOptions(),
+    )
+    assert grouped.assignment == plan.assignment
+    assert grouped.step_time_s == pytest.approx(plan.step_time_s)
+
+
+def test_option_objects_and_keywords_do_not_mix(mlp: keras.Model) -> None:
+    with pytest.raises(UsageError, match="got target= and also batch_size=16"):
+        partitioner.partition(mlp, target=TargetOptions(gpus=2), batch_size=16)
+    with pytest.raises(UsageError, match="got search= and also pipeline=True"):
+        partitioner.partition(mlp, gpus=2, search=SearchOptions(), pipeline=True)
+
+
+def test_prepare_checks_options_in_api_terms_without_a_model() -> None:
+    prepared = prepare(TargetOptions(gpus=2, device_type="a100"), SearchOptions(pipeline=True))
+    assert prepared.topology.num_devices == 2 and prepared.num_microbatches == 8
+    assert prepared.solver.name == "auto" and prepared.schedule is not None
+    with pytest.raises(UsageError) as info:
+        prepare(TargetOptions(gpus=2), SearchOptions(pipeline=True, num_microbatches=3))
+    assert "batch_size=32 is not divisible by num_microbatches=3" in str(info.value)
+    with pytest.raises(UsageError) as info:
+        prepare(TargetOptions(gpus=2), measure=MeasureOptions(profile_ops=True))
+    assert "device_type='cpu'" in str(info.value) and "--" not in str(info.value)
 
 
 def test_unknown_device_type(mlp: keras.Model) -> None:

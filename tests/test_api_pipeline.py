@@ -66,11 +66,11 @@ def test_plain_plan_has_a_timeline_and_no_pipeline(mlp: keras.Model) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"gpus": 2, "pipeline": True, "num_microbatches": 3}, "not divisible by --microbatches 3"),
-        ({"gpus": 2, "pipeline": True, "num_microbatches": 0}, "--microbatches must be"),
+        ({"gpus": 2, "pipeline": True, "num_microbatches": 3}, "not divisible by num_microbatches=3"),
+        ({"gpus": 2, "pipeline": True, "num_microbatches": 0}, "num_microbatches=0 must be"),
         ({"gpus": 1, "pipeline": True}, "needs at least 2 devices"),
         ({"gpus": 2, "pipeline": True, "schedule": "zigzag"}, "known: gpipe, 1f1b"),
-        ({"gpus": 2, "num_microbatches": 4}, "needs --pipeline"),
+        ({"gpus": 2, "num_microbatches": 4}, "needs pipeline=True"),
     ],
 )
 def test_bad_pipeline_options(mlp: keras.Model, kwargs: dict, message: str) -> None:
@@ -183,5 +183,5 @@ def test_profile_ops_times_the_step_and_replaces_cpu_estimates(mlp: keras.Model)
 
 
 def test_profile_ops_refuses_a_plan_without_cpus(mlp: keras.Model) -> None:
-    with pytest.raises(UsageError, match="--profile-ops times ops on this machine's CPU"):
+    with pytest.raises(UsageError, match="profile_ops=True times ops on this machine's CPU"):
         partitioner.partition(mlp, gpus=2, device_type="h100", batch_size=16, profile_ops=True)

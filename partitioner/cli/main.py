@@ -8,25 +8,110 @@ written unless the whole plan is. TensorFlow's start-up noise is kept off the te
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import logging
 import os
+import re
+import shlex
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
 from partitioner.core.errors import OutputError, PartitionError, UsageError
 from partitioner.core.ir import Schedule
+from partitioner.core.options import (
+    MeasureOptions,
+    SearchOptions,
+    TargetOptions,
+    parse_memory_limit,
+)
 
-__all__ = ["build_parser", "main"]
+if TYPE_CHECKING:
+    from partitioner.api import Prepared
+    from partitioner.plan.model import Plan
+
+__all__ = ["FLAGS", "build_parser", "cli_message", "main"]
 
 PROG = "partition"
+
+FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        # what to plan for (TargetOptions)
+        "gpus": "--gpus {}",
+        "device_type": "--device-type {}",
+        "topology": "--topology {}",
+        "batch_size": "--batch-size {}",
+        "input_shape": "--input-shape {}",
+        "optimizer": "--optimizer {}",
+        "memory_limit": "--memory-limit {}",
+        "memory_limit_bytes": "--memory-limit {}",
+        # how to search (SearchOptions)
+        "solver": "--solver {}",
+        "seed": "--seed {}",
+        "time_limit_s": "--time-limit {}",
+        "pipeline": "--pipeline",
+        "num_microbatches": "--microbatches {}",
+        "schedule": "--schedule {}",
+        # how to measure (MeasureOptions)
+        "profile": "--profile",
+        "profile_ops": "--profile-ops",
+        "cache_dir": "PARTITIONER_CACHE_DIR={}",
+    }
+)
+"""The library's argument names (as its error messages spell them, ``batch_size=32``) -> the
+command line's spelling: a flag taking the value at ``{}``, or a switch (no ``{}``)."""
+
+_ARGUMENT = re.compile(
+    r"(?<![\w.-])(?P<name>" + "|".join(sorted(map(re.escape, FLAGS), key=len, reverse=True))
+    + r")=(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|\[[^\[\]]*\]"
+    r"|[^\s,;()\[\]'\"]*[^\s,;()\[\]'\".:])?"
+)
+"""``name=value`` of an API argument in a message; the value quoted, bracketed or bare."""
+
+
+def cli_message(message: str) -> str:
+    """``message`` (a library error) with every API argument spelled as the command line
+    spells it: ``batch_size=32`` -> ``--batch-size 32``, ``pipeline=True`` -> ``--pipeline``,
+    ``device_type='cpu'`` -> ``--device-type cpu`` (see :data:`FLAGS`)."""
+    return _ARGUMENT.sub(_as_flag, message)
+
+
+def _as_flag(match: re.Match[str]) -> str:
+    """One ``name=value`` match as its flag."""
+    template = FLAGS[match["name"]]
+    raw = match["value"]
+    if "{}" not in template:  # a switch
+        return f"no {template}" if raw == "False" else template
+    value = _flag_value(raw)
+    if value is None:
+        return template.replace(" {}", "").replace("{}", "")
+    return template.format(value)
+
+
+def _flag_value(raw: str | None) -> str | None:
+    """A Python value as written in a message (``'cpu'``, ``(32, 32, 3)``, ``2``) as the
+    command line writes it (``cpu``, ``32,32,3``, ``2``); ``None`` for no value."""
+    if raw is None:
+        return None
+    try:
+        value: Any = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return raw
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return str(value)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,9 +123,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cost_models.devices.catalog import device_type_names
-    from partitioner.solvers import solver_names
-
+    """The ``partition PATH[:ATTR]`` command line: the model, one flag per option of the API's
+    three option groups, and the output files."""
     parser = _Parser(
         prog=PROG,
         description="Place a Keras model's layers on devices: trace, cost, solve, report. "
@@ -48,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
         f"device catalog; '{PROG} worker --task I --cluster FILE' serves a TF cluster task.",
     )
     parser.add_argument("model", metavar="PATH[:ATTR]", help="Python file with the model")
+    _add_target_flags(parser)
+    _add_search_flags(parser)
+    _add_measure_flags(parser)
+    _add_output_flags(parser)
+    parser.add_argument("--verbose", "-v", action="store_true", help="phase timings and logs")
+    return parser
+
+
+def _add_target_flags(parser: argparse.ArgumentParser) -> None:
+    """What to plan for (:class:`~partitioner.core.options.TargetOptions`)."""
+    from cost_models.devices.catalog import device_type_names
+
     parser.add_argument(
         "--gpus",
         type=int,
@@ -60,11 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"device type from the catalog ({', '.join(device_type_names())}); default h100",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
-    parser.add_argument(
-        "--solver",
-        default="auto",
-        help=f"placement solver ({', '.join(solver_names())}); default auto",
-    )
     parser.add_argument(
         "--topology",
         "--link",
@@ -84,6 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-limit",
         default=None,
         help="memory per device, e.g. 16GiB (default: the catalog's figure for the device type)",
+    )
+
+
+def _add_search_flags(parser: argparse.ArgumentParser) -> None:
+    """How to search (:class:`~partitioner.core.options.SearchOptions`); the solver choices
+    come from the solver registry, the schedule choices from :class:`Schedule`."""
+    from partitioner.solvers import solver_names
+
+    parser.add_argument(
+        "--solver",
+        default="auto",
+        choices=solver_names(),
+        metavar="NAME",
+        help=f"placement solver ({', '.join(solver_names())}); default auto",
     )
     parser.add_argument("--seed", type=int, default=0, help="solver seed (default 0)")
     parser.add_argument(
@@ -108,16 +213,26 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[s.value for s in Schedule if s is not Schedule.NONE],
         help="pipeline schedule with --pipeline (default 1f1b)",
     )
+
+
+def _add_measure_flags(parser: argparse.ArgumentParser) -> None:
+    """How to measure (:class:`~partitioner.core.options.MeasureOptions`; the cache directory
+    is ``$PARTITIONER_CACHE_DIR``)."""
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="measure layer times on the devices present (cached on disk) instead of estimating",
+        help="measure layer times on the devices present (cached on disk in "
+        "$PARTITIONER_CACHE_DIR or the user's cache directory) instead of estimating",
     )
     parser.add_argument(
         "--profile-ops",
         action="store_true",
         help="time every op inside the training step on this machine's CPU (cpu devices)",
     )
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """The files a run writes."""
     parser.add_argument("--out", default=None, help="write the plan as JSON to this file")
     parser.add_argument(
         "--report", default=None, metavar="HTML", help="write a self-contained HTML report here"
@@ -128,8 +243,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PY",
         help="write a Python module that rebuilds the model with explicit tf.device blocks",
     )
-    parser.add_argument("--verbose", "-v", action="store_true", help="phase timings and logs")
-    return parser
+
+
+def _options(args: argparse.Namespace) -> tuple[TargetOptions, SearchOptions, MeasureOptions]:
+    """The API's option groups from the flags (each checks its own fields)."""
+    memory_limit_bytes = None
+    if args.memory_limit is not None:
+        memory_limit_bytes = parse_memory_limit(args.memory_limit)
+    target = TargetOptions(
+        gpus=args.gpus,
+        device_type=args.device_type,
+        topology=args.topology,
+        batch_size=args.batch_size,
+        input_shape=_parse_shape(args.input_shape),
+        optimizer=args.optimizer,
+        memory_limit_bytes=memory_limit_bytes,
+    )
+    search = SearchOptions(
+        solver=args.solver,
+        seed=args.seed,
+        time_limit_s=args.time_limit,
+        pipeline=args.pipeline,
+        num_microbatches=args.microbatches,
+        schedule=None if args.schedule is None else Schedule(args.schedule),
+    )
+    return target, search, MeasureOptions(profile=args.profile, profile_ops=args.profile_ops)
 
 
 def _parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -182,27 +320,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
             raise UsageError(f"{option} {path} is the model file itself; refusing to overwrite it")
 
 
-def _check_pipeline_options(args: argparse.Namespace, num_devices: int) -> None:
-    if not args.pipeline:
-        for option, value in (("--microbatches", args.microbatches), ("--schedule", args.schedule)):
-            if value is not None:
-                raise UsageError(f"{option} needs --pipeline (plain splits run whole batches)")
-        return
-    if num_devices < 2:
-        raise UsageError(
-            "--pipeline needs at least 2 devices: a plan on one device has no stages to overlap "
-            "(use --gpus 2 or more, or drop --pipeline)"
-        )
-    if args.microbatches is not None:
-        if args.microbatches < 1:
-            raise UsageError(f"--microbatches must be at least 1, got {args.microbatches}")
-        if args.batch_size % args.microbatches:
-            raise UsageError(
-                f"--batch-size {args.batch_size} is not divisible by --microbatches "
-                f"{args.microbatches}; pick M that divides the batch"
-            )
-
-
 @contextlib.contextmanager
 def _quiet_native_stderr(enabled: bool) -> Iterator[None]:
     """Silence C++ start-up logging (absl, oneDNN, CUDA probes) written straight to fd 2."""
@@ -251,8 +368,7 @@ def _show(argv: Sequence[str], out: Console) -> int:
     try:
         render_plan(load_plan(args.plan), out, verbose=args.verbose)
     except PartitionError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
-        return exc.exit_code
+        return _error(exc)
     return 0
 
 
@@ -282,6 +398,12 @@ def _devices(argv: Sequence[str], out: Console) -> int:
     return 0
 
 
+def _error(exc: PartitionError) -> int:
+    """Print a library error on one line, in the command line's terms; its exit code."""
+    sys.stderr.write(f"{PROG}: error: {cli_message(str(exc))}\n")
+    return exc.exit_code
+
+
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -308,8 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args, out, err)
     except PartitionError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
-        return exc.exit_code
+        return _error(exc)
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted; no file was left half-written\n")
         return 130
@@ -325,41 +446,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from cost_models.devices.catalog import get_device_type
-    from cost_models.devices.topology import load_topology
-    from cost_models.estimate.memory import parse_optimizer
+    """Check every option and output before any slow work, then plan, write and report."""
+    from partitioner.api import prepare
     from partitioner.cli.loader import check_model_path
-    from partitioner.solvers import get_solver
 
-    # 1. Validate every option before any slow work.
-    if args.gpus is not None and args.gpus < 1:
-        raise UsageError(f"--gpus must be at least 1, got {args.gpus}")
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
-    device = get_device_type(args.device_type)
-    parse_optimizer(args.optimizer)
-    get_solver(args.solver, seed=args.seed, time_limit_s=args.time_limit)
-    input_shape = _parse_shape(args.input_shape)
-    memory_limit_bytes = None
-    if args.memory_limit is not None:
-        from partitioner.core.units import parse_bytes
-
-        try:
-            memory_limit_bytes = parse_bytes(args.memory_limit)
-        except ValueError as exc:
-            raise UsageError(f"--memory-limit {exc}") from None
-    topology = load_topology(
-        args.topology,
-        device_type=device.name,
-        num_devices=args.gpus,
-        memory_limit_bytes=memory_limit_bytes,
-    )
-    _check_pipeline_options(args, topology.num_devices)
+    prepared = prepare(*_options(args))
     _check_outputs(args)
     check_model_path(args.model)
-
-    # 2. Load, plan, report.
     started = time.perf_counter()
+    model, plan = _plan(args, prepared, err)
+    _write_outputs(args, model, plan)
+    from partitioner.report.terminal import render_plan
+
+    render_plan(plan, out, verbose=args.verbose)
+    if args.out is not None:
+        out.print(f"Plan written to {args.out}")
+    if args.report is not None:
+        out.print(f"Report written to {args.report}")
+    if args.emit is not None:
+        out.print(f"Placed model code written to {args.emit}")
+    if args.verbose:
+        out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
+    return 0
+
+
+def _plan(args: argparse.Namespace, prepared: Prepared, err: Console) -> tuple[Any, Plan]:
+    """Import TensorFlow, load the model and plan it, with progress on ``err``; the plan's
+    phases start with loading the model."""
+    from dataclasses import replace
+
     from partitioner.report.terminal import PhaseProgress
 
     with (
@@ -370,34 +485,18 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
         import tensorflow  # noqa: F401  (import cost shown as its own phase)
 
         t0 = time.perf_counter()
-        from partitioner.api import partition
+        from partitioner.api import partition_prepared
         from partitioner.cli.loader import load_model
 
         progress(f"loading {args.model}")
         model = load_model(args.model)
         load_s = time.perf_counter() - t0
-        plan = partition(
-            model,
-            gpus=args.gpus,
-            device_type=device.name,
-            batch_size=args.batch_size,
-            solver=args.solver,
-            topology=args.topology,
-            optimizer=args.optimizer,
-            input_shape=input_shape,
-            memory_limit_bytes=memory_limit_bytes,
-            seed=args.seed,
-            time_limit_s=args.time_limit,
-            pipeline=args.pipeline,
-            num_microbatches=args.microbatches,
-            schedule=args.schedule or Schedule.ONE_F_ONE_B.value,
-            profile=args.profile,
-            profile_ops=args.profile_ops,
-            progress=progress,
-        )
-    from dataclasses import replace
+        plan = partition_prepared(model, prepared, progress=progress)
+    return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s))
 
-    plan = replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s))
+
+def _write_outputs(args: argparse.Namespace, model: Any, plan: Plan) -> None:
+    """The plan (``--out``), the HTML report (``--report``) and the placed code (``--emit``)."""
     if args.out is not None:
         plan.save(args.out)
     if args.report is not None:
@@ -411,15 +510,3 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
         write_placed_module(
             args.emit, emit_plan_module(model, plan, model_source=split_spec(args.model)[0])
         )
-    from partitioner.report.terminal import render_plan
-
-    render_plan(plan, out, verbose=args.verbose)
-    if args.out is not None:
-        out.print(f"Plan written to {args.out}")
-    if args.report is not None:
-        out.print(f"Report written to {args.report}")
-    if args.emit is not None:
-        out.print(f"Placed model code written to {args.emit}")
-    if args.verbose:
-        out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
-    return 0

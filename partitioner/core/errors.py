@@ -1,7 +1,9 @@
 """The one error family of `partitioner`.
 
 Every error a user can cause is a :class:`PartitionError`; the CLI prints its message on one line
-and exits non-zero. Messages carry the offending value and the next step.
+and exits non-zero. Messages carry the offending value and the next step, and name an option as
+the Python API spells it (``batch_size=32``, ``pipeline=True``, ``device_type='cpu'``); the CLI
+rewrites those to its flags (``--batch-size 32``; ``partitioner.cli.main.FLAGS``).
 """
 
 from __future__ import annotations
@@ -54,4 +56,4 @@ class OutputError(PartitionError):
 
 
 class UsageError(PartitionError):
-    """An option has a bad value (``--gpus 0``, an unknown name)."""
+    """An option has a bad value (``gpus=0``, an unknown name)."""

@@ -1,0 +1,242 @@
+"""The options of a planning run, grouped by what they are about.
+
+* :class:`TargetOptions`: what to plan for (devices, batch, optimizer, memory);
+* :class:`SearchOptions`: how to search for a placement (solver, budget, pipelining);
+* :class:`MeasureOptions`: how to measure costs instead of estimating them.
+
+``partitioner.partition`` builds them from its keyword arguments (or takes them as they are), the
+CLI builds them from its flags. Pure data: each dataclass checks its own fields when built and
+raises :class:`~partitioner.core.errors.UsageError` naming the field as the Python API spells it
+(``batch_size=0``). Names that later stages resolve (a device type in the catalog, a solver in the
+registry, a topology) are checked by ``partitioner.api.prepare``, which knows those stages.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from partitioner.core.errors import UsageError
+from partitioner.core.ir import Schedule
+from partitioner.core.units import parse_bytes
+
+__all__ = [
+    "DEFAULT_SCHEDULE",
+    "MeasureOptions",
+    "SearchOptions",
+    "TargetOptions",
+    "parse_memory_limit",
+    "parse_schedule",
+]
+
+DEFAULT_SCHEDULE = Schedule.ONE_F_ONE_B
+"""The pipeline schedule when ``pipeline=True`` names none."""
+
+
+def _positive_int(name: str, value: Any) -> int:
+    """``value`` when it is an integer >= 1 (not a bool); UsageError naming ``name=value``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    """``value`` when it is True or False; UsageError naming ``name=value``."""
+    if not isinstance(value, bool):
+        raise UsageError(f"{name}={value!r} must be True or False")
+    return value
+
+
+def _text(name: str, value: Any) -> str:
+    """``value`` as a string (paths accepted); UsageError when it is neither."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)  # type: ignore[no-any-return]
+    if not isinstance(value, str) or not value.strip():
+        raise UsageError(f"{name}={value!r} must be a non-empty string")
+    return value
+
+
+def parse_schedule(value: Schedule | str) -> Schedule:
+    """The :class:`Schedule` called ``value`` (case-insensitive); UsageError listing the known."""
+    if isinstance(value, Schedule):
+        return value
+    try:
+        return Schedule(str(value).lower())
+    except ValueError:
+        known = ", ".join(s.value for s in Schedule if s is not Schedule.NONE)
+        raise UsageError(
+            f"schedule={value!r} is not a pipeline schedule; known: {known}"
+        ) from None
+
+
+def parse_memory_limit(text: str) -> int:
+    """``'16GiB'`` -> bytes, for ``memory_limit_bytes``; UsageError naming ``memory_limit=``."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise UsageError(f"memory_limit={exc}") from None
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """What to plan for: the devices, the batch and what training keeps in memory.
+
+    ``gpus`` devices of ``device_type`` (a catalog name) joined by ``topology``: ``pcie``,
+    ``nvlink``, a catalog link kind, ``tf-config`` or a JSON/TOML topology file
+    (:func:`cost_models.devices.topology.load_topology`; a file names its own devices, so
+    ``gpus`` may then be ``None``). ``input_shape`` is one sample's shape, for inputs whose
+    dimensions the model leaves unknown; ``optimizer`` decides the memory of its slots;
+    ``memory_limit_bytes`` overrides every device's memory (default: the catalog's figure).
+    """
+
+    gpus: int | None = None
+    device_type: str = "h100"
+    topology: str = "pcie"
+    batch_size: int = 32
+    input_shape: tuple[int, ...] | None = None
+    optimizer: str = "adam"
+    memory_limit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpus is not None:
+            _positive_int("gpus", self.gpus)
+        _positive_int("batch_size", self.batch_size)
+        object.__setattr__(self, "device_type", _text("device_type", self.device_type))
+        object.__setattr__(self, "topology", _text("topology", self.topology))
+        object.__setattr__(self, "optimizer", _text("optimizer", self.optimizer))
+        if self.input_shape is not None:
+            object.__setattr__(self, "input_shape", self._checked_shape(self.input_shape))
+        if self.memory_limit_bytes is not None:
+            _positive_int("memory_limit_bytes", self.memory_limit_bytes)
+
+    @staticmethod
+    def _checked_shape(shape: Any) -> tuple[int, ...]:
+        """``input_shape`` as a tuple of positive integers (any sequence of them accepted)."""
+        try:
+            dims = tuple(operator.index(d) for d in shape if not isinstance(d, bool))
+            if len(dims) != len(shape):
+                dims = ()
+        except TypeError:
+            dims = ()
+        if not dims or any(d < 1 for d in dims):
+            raise UsageError(
+                f"input_shape={shape!r} must be positive integers without the batch "
+                "dimension, e.g. input_shape=(32, 32, 3)"
+            )
+        return dims
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search: the solver, its seed and time budget, and pipelining.
+
+    ``solver`` is a name in the solver registry (``partitioner.solvers.SOLVERS``); ``seed`` and
+    ``time_limit_s`` are its options. With ``pipeline``, the plan's stages run
+    ``num_microbatches`` micro-batches under ``schedule`` (``None``: :data:`DEFAULT_SCHEDULE`;
+    ``num_microbatches`` ``None``: the most micro-batches up to 4 x devices that divide the
+    batch, see :meth:`microbatches_for`) and its predictions are the pipelined step's.
+    """
+
+    solver: str = "auto"
+    seed: int = 0
+    time_limit_s: float = 5.0
+    pipeline: bool = False
+    num_microbatches: int | None = None
+    schedule: Schedule | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "solver", _text("solver", self.solver))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise UsageError(f"seed={self.seed!r} must be an integer")
+        self._check_time_limit()
+        _flag("pipeline", self.pipeline)
+        if self.schedule is not None:
+            object.__setattr__(self, "schedule", parse_schedule(self.schedule))
+        self._check_pipelining()
+
+    def _check_time_limit(self) -> None:
+        """``time_limit_s`` is a positive, finite number of seconds."""
+        t = self.time_limit_s
+        if (
+            isinstance(t, bool)
+            or not isinstance(t, (int, float))
+            or not math.isfinite(t)
+            or t <= 0
+        ):
+            raise UsageError(f"time_limit_s={t!r} must be a positive number of seconds")
+
+    def _check_pipelining(self) -> None:
+        """Micro-batches and schedules only with ``pipeline``, and a schedule that pipelines."""
+        if not self.pipeline:
+            for name, value in (
+                ("num_microbatches", self.num_microbatches),
+                ("schedule", None if self.schedule is None else self.schedule.value),
+            ):
+                if value is not None:
+                    raise UsageError(
+                        f"{name}={value!r} needs pipeline=True (plain splits run whole batches)"
+                    )
+            return
+        if self.schedule is Schedule.NONE:
+            raise UsageError(
+                "pipeline=True needs a pipeline schedule (gpipe or 1f1b), not schedule='none'"
+            )
+        if self.num_microbatches is not None:
+            _positive_int("num_microbatches", self.num_microbatches)
+
+    @property
+    def pipeline_schedule(self) -> Schedule | None:
+        """The schedule the plan runs: ``None`` without pipelining."""
+        if not self.pipeline:
+            return None
+        return self.schedule or DEFAULT_SCHEDULE
+
+    def microbatches_for(self, batch_size: int, num_devices: int) -> int:
+        """The micro-batches per batch on ``num_devices`` devices (1 without pipelining).
+
+        Raises UsageError when pipelining one device or when ``num_microbatches`` does not
+        divide ``batch_size``."""
+        if not self.pipeline:
+            return 1
+        if num_devices < 2:
+            raise UsageError(
+                "pipeline=True needs at least 2 devices: a plan on one device has no stages to "
+                "overlap (use gpus=2 or more, or drop pipeline=True)"
+            )
+        if self.num_microbatches is None:
+            top = min(batch_size, 4 * num_devices)
+            return max(m for m in range(1, top + 1) if batch_size % m == 0)
+        if batch_size % self.num_microbatches:
+            raise UsageError(
+                f"batch_size={batch_size} is not divisible by "
+                f"num_microbatches={self.num_microbatches}; pick a number of micro-batches "
+                "that divides the batch"
+            )
+        return self.num_microbatches
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """How to measure costs instead of estimating them.
+
+    ``profile`` times every layer (forward and backward) on the devices of the topology that are
+    present here (:func:`cost_models.measure.profiled.profile_model`; cached on disk in
+    ``cache_dir``, default ``$PARTITIONER_CACHE_DIR`` or the user's cache directory) and those
+    times replace the estimates; the plan records which layers were measured. ``profile_ops``
+    times every op of the traced training step inside the step on this machine's CPU
+    (:func:`cost_models.measure.op_profile.profile_step_ops`) and those times replace the
+    estimates of the topology's cpu devices (glue ops included; not cached).
+    """
+
+    profile: bool = False
+    profile_ops: bool = False
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _flag("profile", self.profile)
+        _flag("profile_ops", self.profile_ops)
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", _text("cache_dir", self.cache_dir))
