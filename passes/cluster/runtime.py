@@ -38,7 +38,6 @@ plan file. Restart the worker, call :func:`connect` again and apply the plan aga
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -53,6 +52,14 @@ from typing import Any, Protocol
 import keras
 import tensorflow as tf
 
+from cost_models.devices.datafiles import parse_json, read_text
+from cost_models.devices.tf_config import (
+    TF_CONFIG_VARIABLE,
+    TfConfig,
+    parse_cluster_jobs,
+    parse_tf_config,
+    tf_config_text,
+)
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
 
@@ -125,46 +132,51 @@ class WorkerCluster:
         return f"{self.job_name} task {task} ({address})"
 
 
+_CLUSTER_EXAMPLE = '{"worker": ["host0:2222", "host1:2222"]}'
+
+
 def _read_cluster_data(
     cluster: Mapping[str, Any] | str | os.PathLike[str] | None,
-) -> tuple[Any, str]:
-    if cluster is None:
-        text = os.environ.get("TF_CONFIG", "")
-        if not text.strip():
-            raise UsageError(
-                "no cluster given and TF_CONFIG is not set; pass --cluster FILE (JSON like "
-                '{"worker": ["host0:2222", "host1:2222"]}) or set TF_CONFIG'
-            )
-        source = "TF_CONFIG"
-    elif isinstance(cluster, Mapping):
+) -> tuple[object, str]:
+    """The parsed cluster description and where it came from (for messages)."""
+    if isinstance(cluster, Mapping):
         return dict(cluster), "cluster"
+    if cluster is None:
+        text = tf_config_text()
+        if text is None:
+            raise UsageError(
+                "no cluster given and TF_CONFIG is not set; give a cluster file (JSON like "
+                f"{_CLUSTER_EXAMPLE}) or set TF_CONFIG"
+            )
+        source = TF_CONFIG_VARIABLE
     else:
         path = Path(cluster)
         source = f"cluster file {str(path)!r}"
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(
-                f"cannot read {source}: {exc.strerror or exc}; pass a JSON file like "
-                '{"worker": ["host0:2222", "host1:2222"]}'
-            ) from None
-    try:
-        return json.loads(text), source
-    except json.JSONDecodeError as exc:
-        raise UsageError(
-            f"{source} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-            'it should look like {"worker": ["host0:2222", "host1:2222"]}'
-        ) from None
+        text = read_text(path, source, UsageError, hint=f"pass a JSON file like {_CLUSTER_EXAMPLE}")
+    return parse_json(text, source, UsageError, hint=f"it should look like {_CLUSTER_EXAMPLE}"), source
 
 
-def _addresses(source: str, job: str, value: object) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
+def _cluster_config(data: object, source: str) -> TfConfig:
+    """The TF_CONFIG form (``{"cluster": ..., "task": ...}``) or the bare ``{job: [...]}``
+    form, through the one TF_CONFIG parser."""
+    if not isinstance(data, dict):
         raise UsageError(
-            f"{source}: job {job!r} must be a non-empty list of 'host:port' strings, got {value!r}"
+            f"{source} must be a JSON object like {_CLUSTER_EXAMPLE}, got {type(data).__name__}"
+        )
+    if "cluster" in data:
+        return parse_tf_config(data, origin=source, error=UsageError)
+    return TfConfig(jobs=parse_cluster_jobs(data, origin=source, error=UsageError))
+
+
+def _addresses(source: str, job: str, value: Sequence[str]) -> tuple[str, ...]:
+    """The checked ``host:port`` addresses of ``job`` (non-empty, valid ports, no repeats)."""
+    if not value:
+        raise UsageError(
+            f"{source}: job {job!r} must be a non-empty list of 'host:port' strings, got {list(value)!r}"
         )
     out: list[str] = []
     for i, address in enumerate(value):
-        match = _ADDRESS.match(address.strip()) if isinstance(address, str) else None
+        match = _ADDRESS.match(address.strip())
         if match is None or not 0 < int(match.group("port")) < 65536:
             raise UsageError(
                 f"{source}: {job}[{i}] = {address!r} is not a 'host:port' address "
@@ -184,44 +196,24 @@ def load_cluster(
     """The worker tasks of a cluster description (see the module docstring for the forms).
 
     ``cluster`` is a mapping, a path to a JSON file, or None for the ``TF_CONFIG`` environment
-    variable. Raises :class:`~partitioner.core.errors.UsageError` with the offending value.
+    variable; either way it is parsed by :mod:`cost_models.devices.tf_config`. Raises
+    :class:`~partitioner.core.errors.UsageError` with the offending value.
     """
     data, source = _read_cluster_data(cluster)
-    if not isinstance(data, dict):
+    config = _cluster_config(data, source)
+    if job_name not in config.job_names:
         raise UsageError(
-            f"{source} must be a JSON object like "
-            '{"worker": ["host0:2222", "host1:2222"]}, got ' + type(data).__name__
+            f"{source} has no job {job_name!r} (jobs found: {', '.join(config.job_names) or 'none'}); "
+            f'list the workers as {{"{job_name}": ["host0:2222", "host1:2222"]}}'
         )
-    task_index: int | None = None
-    if "cluster" in data:
-        jobs = data["cluster"]
-        task = data.get("task") or {}
-        if not isinstance(task, dict):
-            raise UsageError(
-                f"{source}: 'task' must be an object like {{'type': 'worker', 'index': 0}}"
-            )
-        if task.get("type") == job_name:
-            index = task.get("index", 0)
-            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-                raise UsageError(f"{source}: task.index {index!r} must be an integer >= 0")
-            task_index = index
-    else:
-        jobs = data
-    if not isinstance(jobs, dict) or job_name not in jobs:
-        found = ", ".join(map(str, jobs)) if isinstance(jobs, dict) else type(jobs).__name__
-        raise UsageError(
-            f"{source} has no job {job_name!r} (jobs found: {found or 'none'}); list the "
-            f'workers as {{"{job_name}": ["host0:2222", "host1:2222"]}}'
-        )
-    workers = _addresses(source, job_name, jobs[job_name])
+    workers = _addresses(source, job_name, config.addresses(job_name))
     others = tuple(
-        (str(job), _addresses(source, str(job), addrs))
-        for job, addrs in jobs.items()
-        if job != job_name
+        (job, _addresses(source, job, addrs)) for job, addrs in config.jobs if job != job_name
     )
     seen = [a for _, addrs in others for a in addrs] + list(workers)
     if len(set(seen)) != len(seen):
         raise UsageError(f"{source}: two tasks share one address: {sorted(seen)}")
+    task_index = config.task_index if config.task_type == job_name else None
     return WorkerCluster(job_name, workers, others, task_index, source)
 
 
@@ -380,13 +372,27 @@ def connect(
             "rename the job"
         )
     _wait_for_tasks(spec, timeout_s)
+    _warn_single_inter_op_thread()
+    names = _connect_and_list(spec, timeout_s)
+    remote = _remote_devices(spec, names)
+    local = tuple(n for n in names if n not in remote)
+    logger.info("connected to %s: %s", spec.source, ", ".join(remote))
+    return ClusterHandle(spec, remote, local, timeout_s)
+
+
+def _warn_single_inter_op_thread() -> None:
+    """Warn when this client forces one inter-op thread (the workers' function runs take the
+    client's config over, and a pipeline stage's sends then wait behind its work)."""
     if tf.config.threading.get_inter_op_parallelism_threads() == 1:
-        # The client's config is the one its functions run with on the workers.
         logger.warning(
             "this client sets 1 inter-op thread, which the workers' function runs take over: a "
             "pipeline stage then sends its activations only after all of its queued work; leave "
             "tf.config.threading.set_inter_op_parallelism_threads unset (partitioner.cli.worker)"
         )
+
+
+def _connect_and_list(spec: WorkerCluster, timeout_s: float) -> tuple[str, ...]:
+    """Connect to the cluster and list every device (canonical names), within ``timeout_s``."""
     try:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec.as_dict()))
     except (ValueError, tf.errors.OpError) as exc:
@@ -405,7 +411,11 @@ def connect(
             f"{who} did not answer within {timeout_s:g} s while connecting; check that every "
             f"task runs `partition worker` with the same cluster ({', '.join(spec.addresses)})"
         )
-    names = tuple(_canonical(d.name) for d in devices)
+    return tuple(_canonical(d.name) for d in devices)
+
+
+def _remote_devices(spec: WorkerCluster, names: Sequence[str]) -> tuple[str, ...]:
+    """The devices of the cluster's job; ClusterError when a task lists none."""
     remote = tuple(n for n in names if n.startswith(f"/job:{spec.job_name}/"))
     missing = [t for t in range(spec.num_tasks) if not any(
         n.startswith(spec.task_name(t) + "/") for n in remote
@@ -415,9 +425,7 @@ def connect(
             f"connected, but TensorFlow lists no device on {spec.describe(missing[0])}; is a "
             "`partition worker` of this cluster serving there?"
         )
-    local = tuple(n for n in names if n not in remote)
-    logger.info("connected to %s: %s", spec.source, ", ".join(remote))
-    return ClusterHandle(spec, remote, local, timeout_s)
+    return remote
 
 
 # -- plan devices -> remote device strings -------------------------------------------------------
@@ -661,35 +669,45 @@ def place_on_cluster(
         raise UsageError("pass both num_microbatches and schedule to pipeline, or neither")
 
     def build() -> keras.Model:
-        if num_microbatches is not None and schedule is not None:
-            from passes.rewrite.pipeline import pipeline_model
+        return _placed_copy(model, layer_devices, sample_inputs, num_microbatches, schedule)
 
-            return pipeline_model(
-                model,
-                layer_devices,
-                num_microbatches=num_microbatches,
-                schedule=schedule,
-                sample_inputs=sample_inputs,
-            )
-        from passes.rewrite.device_placement import place_model
+    placed = _bounded_placement(handle, build)
+    return guard_model(placed, handle, step_timeout_s=step_timeout_s)
 
-        return place_model(model, layer_devices, sample_inputs)
 
+def _placed_copy(
+    model: keras.Model,
+    layer_devices: Mapping[str, str],
+    sample_inputs: Sequence[Any],
+    num_microbatches: int | None,
+    schedule: Schedule | None,
+) -> keras.Model:
+    """The pipelined copy (with micro-batches) or the placed copy of ``model``."""
+    if num_microbatches is not None and schedule is not None:
+        from passes.rewrite.pipeline import pipeline_model
+
+        return pipeline_model(
+            model,
+            layer_devices,
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+            sample_inputs=sample_inputs,
+        )
+    from passes.rewrite.device_placement import place_model
+
+    return place_model(model, layer_devices, sample_inputs)
+
+
+def _bounded_placement(handle: ClusterHandle, build: Callable[[], keras.Model]) -> keras.Model:
+    """``build()`` within the handle's ``timeout_s``; cluster faults become ClusterError."""
+    what = "placing the model"
     try:
         placed = _bounded("place", build, handle.timeout_s)
     except tf.errors.OpError as exc:
         if not _is_cluster_fault(exc):
             raise
-        raise ClusterError(
-            _fault_message(handle, "placing the model", _first_line(exc), 0)
-        ) from None
+        raise ClusterError(_fault_message(handle, what, _first_line(exc), 0)) from None
     if placed is None:
-        raise ClusterError(
-            _fault_message(
-                handle,
-                "placing the model",
-                f"creating the remote variables took over {handle.timeout_s:g} s",
-                0,
-            )
-        )
-    return guard_model(placed, handle, step_timeout_s=step_timeout_s)
+        cause = f"creating the remote variables took over {handle.timeout_s:g} s"
+        raise ClusterError(_fault_message(handle, what, cause, 0))
+    return placed
