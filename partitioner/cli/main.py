@@ -271,14 +271,15 @@ def _options(args: argparse.Namespace) -> tuple[TargetOptions, SearchOptions, Me
 
 
 def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """``--input-shape 32,32,3`` (or ``32x32x3``) as a tuple; TargetOptions checks the values."""
     if text is None:
         return None
     try:
         dims = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
     except ValueError:
-        raise UsageError(f"--input-shape {text!r} is not a list of integers like 32,32,3") from None
-    if not dims or any(d < 1 for d in dims):
-        raise UsageError(f"--input-shape {text!r} needs positive integers like 32,32,3")
+        dims = ()
+    if not dims:
+        raise UsageError(f"--input-shape {text!r} is not a list of integers like 32,32,3")
     return dims
 
 
