@@ -11,8 +11,10 @@ Two rewrites, one per strategy family with ``R > 1`` (``passes.rewrite.device_pl
   every step through ``strategy.run``: ``fit`` distributes its dataset with
   ``experimental_distribute_dataset`` (each replica gets ``global batch / R`` rows), each replica
   computes its loss scaled by ``1/R`` (``keras.src.losses.loss.scale_loss_for_distribution``),
-  the optimizer all-reduces (sums) the gradients across replicas (``ReplicaContext.all_reduce``;
-  on local devices MirroredStrategy picks NCCL for GPUs, a reduction to one device otherwise) and
+  the optimizer all-reduces (sums) the gradients across replicas (``ReplicaContext.all_reduce``
+  through ``tf.distribute.NcclAllReduce`` on GPUs, ``ReductionToOneDevice`` otherwise: the
+  strategy's default collective ops number their groups per process, so a second strategy over
+  other devices in the same process would fail) and
   ``MirroredVariable`` applies the same update to every copy (``extended.update``). For a loss that
   is a mean over the batch the summed, ``1/R``-scaled gradient is the global-batch gradient.
   ``train_on_batch`` is overridden to split its batch the same way (Keras's own would hand the
@@ -330,8 +332,24 @@ def _is_functional(model: Any) -> bool:
     return isinstance(model, Functional)
 
 
+def _cross_device_ops(devices: Sequence[str]) -> Any:
+    """NCCL all-reduce for GPUs, a reduction to the first device otherwise.
+
+    Left to itself, MirroredStrategy uses collective ops whose group keys every strategy numbers
+    from 1 in the process; a second strategy over other devices then fails with "is joining a
+    group that is already full". These two implementations keep no such process-wide state.
+    """
+    if all("GPU" in d.upper() for d in devices):
+        return tf.distribute.NcclAllReduce()
+    return tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0])
+
+
 def replicate_model(
-    model: keras.Model, replica_devices: Sequence[str], sample_inputs: Sequence[Any]
+    model: keras.Model,
+    replica_devices: Sequence[str],
+    sample_inputs: Sequence[Any],
+    *,
+    cross_device_ops: tf.distribute.CrossDeviceOps | None = None,
 ) -> ReplicatedModel:
     """A copy of ``model`` trained data-parallel on ``replica_devices`` (one replica each).
 
@@ -341,6 +359,7 @@ def replicate_model(
     strategy's scope; ``fit``, ``train_on_batch``, ``evaluate`` and ``predict`` split each global
     batch across the replicas. ``sample_inputs`` (one array per model input) builds the copy. The
     original model is never modified. XLA is turned off, as for the placed model.
+    ``cross_device_ops`` overrides the all-reduce (default: :func:`_cross_device_ops`).
     """
     devices = check_replica_devices(replica_devices)
     if len(devices) < 2:
@@ -348,7 +367,9 @@ def replicate_model(
             f"data parallelism needs >= 2 replica devices, got {list(replica_devices)}; use "
             "place_model for one device"
         )
-    strategy = tf.distribute.MirroredStrategy(devices=list(devices))
+    strategy = tf.distribute.MirroredStrategy(
+        devices=list(devices), cross_device_ops=cross_device_ops or _cross_device_ops(devices)
+    )
     with strategy.scope():
         inner = _copy_in_scope(model, sample_inputs)
         replicated = ReplicatedModel(inner, name=f"{model.name}_replicated")

