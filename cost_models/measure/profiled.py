@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cost_models.devices.datafiles import check_schema, parse_json, read_text
 from partitioner.core.errors import PartitionError, TraceError
 from partitioner.core.ir import CostedGraph, Phase
 
@@ -186,14 +187,49 @@ def apply_profile(
     the backward time; when the estimate of a phase is 0 the measured time is spread evenly over
     that phase's ops. Glue ops (``op.layer is None``) keep their estimates.
     """
-    n_rows = costed.topology.num_devices
-    if device_rows is None:
-        if len(result.devices) == 1:
-            rows = {i: result.devices[0] for i in range(n_rows)}
-        else:
-            rows = {i: d for i, d in enumerate(result.devices) if i < n_rows}
-    else:
+    rows = _profile_rows(costed.topology.num_devices, result, device_rows)
+    graph = costed.graph
+    by_layer: dict[str, list[tuple[int, Phase]]] = {}
+    for i, op in enumerate(graph.ops):
+        if op.layer is not None:
+            by_layer.setdefault(op.layer, []).append((i, op.phase))
+    timing_index = {(t.layer, t.device): t for t in result.timings}
+    new_rows: list[tuple[float, ...]] = []
+    measured: set[str] = set()
+    for d, row in enumerate(costed.op_compute_time_s):
+        row_device = rows.get(d)
+        if row_device is None:
+            new_rows.append(row)
+            continue
+        timings = {
+            layer: timing
+            for layer in by_layer
+            if (timing := timing_index.get((layer, row_device))) is not None
+        }
+        new_rows.append(_scaled_row(row, by_layer, timings))
+        measured.update(timings)
+    unknown = sorted({t.layer for t in result.timings} - {info.name for info in graph.layers})
+    if unknown:
+        logger.debug("profile names layers not in the graph (ignored): %s", unknown[:5])
+    return CostedGraph(
+        graph=graph,
+        topology=costed.topology,
+        op_compute_time_s=tuple(new_rows),
+        layer_memory=costed.layer_memory,
+        measured=tuple(info.name for info in graph.layers if info.name in measured),
+    )
+
+
+def _profile_rows(
+    n_rows: int, result: ProfileResult, device_rows: Mapping[int, str] | None
+) -> dict[int, str]:
+    """Topology row -> profiled device (the defaults of :func:`apply_profile`), checked."""
+    if device_rows is not None:
         rows = dict(device_rows)
+    elif len(result.devices) == 1:
+        rows = {i: result.devices[0] for i in range(n_rows)}
+    else:
+        rows = {i: d for i, d in enumerate(result.devices) if i < n_rows}
     for i, dev in rows.items():
         if not 0 <= i < n_rows:
             raise PartitionError(
@@ -204,55 +240,30 @@ def apply_profile(
             raise PartitionError(
                 f"device {dev!r} was not profiled; profiled: {', '.join(result.devices) or 'none'}"
             )
-    graph = costed.graph
-    layer_names = {info.name for info in graph.layers}
-    by_layer: dict[str, list[tuple[int, Phase]]] = {}
-    for i, op in enumerate(graph.ops):
-        if op.layer is not None:
-            by_layer.setdefault(op.layer, []).append((i, op.phase))
-    timing_index = {(t.layer, t.device): t for t in result.timings}
+    return rows
 
-    new_rows: list[tuple[float, ...]] = []
-    measured: set[str] = set()
-    for d, row in enumerate(costed.op_compute_time_s):
-        row_device = rows.get(d)
-        if row_device is None:
-            new_rows.append(row)
-            continue
-        times = list(row)
-        for layer, positions in by_layer.items():
-            timing = timing_index.get((layer, row_device))
-            if timing is None:
+
+def _scaled_row(
+    row: tuple[float, ...],
+    by_layer: Mapping[str, Sequence[tuple[int, Phase]]],
+    timings: Mapping[str, LayerTiming],
+) -> tuple[float, ...]:
+    """``row`` with each timed layer's forward and backward ops scaled to the measured times."""
+    times = list(row)
+    for layer, timing in timings.items():
+        positions = by_layer[layer]
+        for phase, target in (
+            (Phase.FORWARD, timing.forward_time_s),
+            (Phase.BACKWARD, timing.backward_time_s),
+        ):
+            idx = [i for i, p in positions if p is phase]
+            if not idx:
                 continue
-            for phase, target in (
-                (Phase.FORWARD, timing.forward_time_s),
-                (Phase.BACKWARD, timing.backward_time_s),
-            ):
-                idx = [i for i, p in positions if p is phase]
-                if not idx:
-                    continue
-                estimate = sum(row[i] for i in idx)
-                target = max(0.0, target)
-                if estimate > 0:
-                    scale = target / estimate
-                    for i in idx:
-                        times[i] = row[i] * scale
-                else:
-                    for i in idx:
-                        times[i] = target / len(idx)
-            measured.add(layer)
-        new_rows.append(tuple(times))
-    unknown = sorted({t.layer for t in result.timings} - layer_names)
-    if unknown:
-        logger.debug("profile names layers not in the graph (ignored): %s", unknown[:5])
-    order = tuple(info.name for info in graph.layers if info.name in measured)
-    return CostedGraph(
-        graph=graph,
-        topology=costed.topology,
-        op_compute_time_s=tuple(new_rows),
-        layer_memory=costed.layer_memory,
-        measured=order,
-    )
+            estimate = sum(row[i] for i in idx)
+            target = max(0.0, target)
+            for i in idx:
+                times[i] = row[i] * (target / estimate) if estimate > 0 else target / len(idx)
+    return tuple(times)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -274,25 +285,26 @@ def _entry_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / "layers" / f"{key}.json"
 
 
+_CACHE_SCHEMA_RESOURCE = "measure/profile_cache.schema.json"
+"""The JSON Schema of a cache entry, next to this reader (package data of ``cost_models``)."""
+
+
 def _read_entry(cache_dir: Path, key: str) -> tuple[float, float, int] | None:
+    """The cached ``(forward_s, backward_s, repeats)`` of ``key``; None when there is no
+    entry, an entry of another schema, or (with a warning) an unreadable or malformed one."""
     path = _entry_path(cache_dir, key)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         return None
-    except (OSError, ValueError) as exc:
-        logger.warning("ignoring unreadable profile cache entry %s: %s", path, exc)
-        return None
+    origin = f"profile cache entry {str(path)!r}"
     try:
-        if raw["schema"] != CACHE_SCHEMA or raw["key"] != key:
+        raw = parse_json(read_text(path, origin, PartitionError), origin, PartitionError)
+        if isinstance(raw, dict) and (raw.get("schema") != CACHE_SCHEMA or raw.get("key") != key):
             return None
-        fwd, bwd, reps = float(raw["forward_time_s"]), float(raw["backward_time_s"]), int(raw["repeats"])
-    except (KeyError, TypeError, ValueError):
-        logger.warning("ignoring malformed profile cache entry %s", path)
+        check_schema(raw, "cost_models", _CACHE_SCHEMA_RESOURCE, origin, PartitionError)
+    except PartitionError as exc:
+        logger.warning("ignoring %s", exc)
         return None
-    if not (fwd >= 0 and bwd >= 0 and math.isfinite(fwd) and math.isfinite(bwd)):
-        return None
-    return fwd, bwd, reps
+    return float(raw["forward_time_s"]), float(raw["backward_time_s"]), int(raw["repeats"])
 
 
 def _write_entry(
@@ -491,99 +503,108 @@ def _median_time(fn: Callable[[], Any], sync: Callable[[Any], None]) -> float:
     return time.perf_counter() - t0
 
 
-def _measure_unit(
-    operation: Any, calls: Sequence[_Call], device: str, settings: ProfileSettings, seed: int
-) -> tuple[float, float, int]:
-    """Median forward and backward seconds of all calls of one unit on ``device``."""
+def _sync(out: Any) -> None:
+    """Wait for ``out``: reading one element forces the (possibly asynchronous) device work to
+    finish."""
+    import tensorflow as tf
+
+    flat = [t for t in tf.nest.flatten(out) if tf.is_tensor(t)]
+    if flat:
+        _ = flat[-1].numpy().ravel()[:1]
+
+
+@dataclass(frozen=True)
+class _UnitFunctions:
+    """The three timed functions of one unit on one device, and their arguments."""
+
+    forward: Callable[[], Any]
+    forward_backward: Callable[[], Any]
+    empty: Callable[[], Any]
+
+
+def _unit_functions(
+    operation: Any, calls: Sequence[_Call], seed: int
+) -> _UnitFunctions:
+    """``tf.function``\\ s of every call of the unit (forward; forward and gradients; nothing) on
+    copies of the recorded inputs, placed on the enclosing ``tf.device``."""
     import numpy as np
     import tensorflow as tf
 
     has_training = bool(getattr(operation, "_call_has_training_arg", False))
+    prepared = []
+    for call in calls:
+        flat = tf.nest.flatten((call.args, call.kwargs))
+        prepared.append((call, [tf.identity(t) if tf.is_tensor(t) else t for t in flat]))
+    all_flat = [v for _, placed in prepared for v in placed]
+    tensor_pos = [i for i, v in enumerate(all_flat) if tf.is_tensor(v)]
+    needs = [g for call, _ in prepared for g in call.needs_grad]
+
+    def run_forward(tensors: Sequence[Any]) -> list[Any]:
+        flat = list(all_flat)
+        for i, t in zip(tensor_pos, tensors):
+            flat[i] = t
+        outs: list[Any] = []
+        pos = 0
+        for call, placed in prepared:
+            values = flat[pos : pos + len(placed)]
+            pos += len(placed)
+            args, kwargs = tf.nest.pack_sequence_as((call.args, call.kwargs), values)
+            if has_training and "training" not in kwargs:
+                kwargs = {**kwargs, "training": True}
+            out = operation(*args, **kwargs)
+            outs.extend(t for t in tf.nest.flatten(out) if tf.is_tensor(t) and t.dtype.is_floating)
+        return outs
+
+    fwd_fn = tf.function(lambda *tensors: run_forward(tensors), autograph=False)
+    tensor_args = [all_flat[i] for i in tensor_pos]
+    outputs = fwd_fn(*tensor_args)
+    if not outputs:
+        raise _NotProfilable("no floating-point output")
     rng = np.random.default_rng(seed)
+    upstream = [tf.constant(rng.standard_normal(tuple(o.shape)), dtype=o.dtype) for o in outputs]
+    watched_idx = [k for k, i in enumerate(tensor_pos) if needs[i]]
+    weights = [getattr(w, "value", w) for w in (getattr(operation, "trainable_variables", []) or [])]
+
+    def forward_backward(grads_in: list[Any], *tensors: Any) -> Any:
+        watched = [tensors[k] for k in watched_idx]
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            for w in (*watched, *weights):
+                tape.watch(w)
+            outs = run_forward(tensors)
+        grads = tape.gradient(outs, [*watched, *weights], output_gradients=grads_in)
+        return [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+
+    bwd_fn = tf.function(forward_backward, autograph=False)
+    empty_fn = tf.function(
+        lambda *tensors: tf.identity(tensors[0]) if tensors else tf.constant(0.0), autograph=False
+    )
+    return _UnitFunctions(
+        forward=lambda: fwd_fn(*tensor_args),
+        forward_backward=lambda: bwd_fn(upstream, *tensor_args),
+        empty=lambda: empty_fn(*tensor_args),
+    )
+
+
+def _measure_unit(
+    operation: Any, calls: Sequence[_Call], device: str, settings: ProfileSettings, seed: int
+) -> tuple[float, float, int]:
+    """Median forward and backward seconds of all calls of one unit on ``device``."""
+    import tensorflow as tf
+
     with tf.device(device):
-        prepared = []
-        for call in calls:
-            flat = tf.nest.flatten((call.args, call.kwargs))
-            placed = [tf.identity(t) if tf.is_tensor(t) else t for t in flat]
-            prepared.append((call, placed))
-
-        def run_forward(flat_tensors: list[Any]) -> list[Any]:
-            outs: list[Any] = []
-            pos = 0
-            for call, placed in prepared:
-                n = len(placed)
-                values = list(flat_tensors[pos : pos + n])
-                pos += n
-                args, kwargs = tf.nest.pack_sequence_as((call.args, call.kwargs), values)
-                if has_training and "training" not in kwargs:
-                    kwargs = {**kwargs, "training": True}
-                out = operation(*args, **kwargs)
-                outs.extend(t for t in tf.nest.flatten(out) if tf.is_tensor(t) and t.dtype.is_floating)
-            return outs
-
-        all_flat = [v for _, placed in prepared for v in placed]
-        tensor_pos = [i for i, v in enumerate(all_flat) if tf.is_tensor(v)]
-        needs = [g for call, _ in prepared for g in call.needs_grad]
-
-        def rebuild(tensors: Sequence[Any]) -> list[Any]:
-            flat = list(all_flat)
-            for i, t in zip(tensor_pos, tensors):
-                flat[i] = t
-            return flat
-
-        def forward(*tensors: Any) -> Any:
-            return run_forward(rebuild(tensors))
-
-        fwd_fn = tf.function(forward, autograph=False)
-        tensor_args = [all_flat[i] for i in tensor_pos]
-        outputs = fwd_fn(*tensor_args)
-        if not outputs:
-            raise _NotProfilable("no floating-point output")
-        upstream = [tf.constant(rng.standard_normal(tuple(o.shape)), dtype=o.dtype) for o in outputs]
-        watched_idx = [k for k, i in enumerate(tensor_pos) if needs[i]]
-        weights = [
-            getattr(w, "value", w) for w in (getattr(operation, "trainable_variables", []) or [])
-        ]
-
-        def forward_backward(grads_in: list[Any], *tensors: Any) -> Any:
-            watched = [tensors[k] for k in watched_idx]
-            with tf.GradientTape(watch_accessed_variables=False) as tape:
-                for w in watched:
-                    tape.watch(w)
-                for w in weights:
-                    tape.watch(w)
-                outs = run_forward(rebuild(tensors))
-            grads = tape.gradient(outs, [*watched, *weights], output_gradients=grads_in)
-            return [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
-
-        bwd_fn = tf.function(forward_backward, autograph=False)
-
-        def empty(*tensors: Any) -> Any:
-            return tf.identity(tensors[0]) if tensors else tf.constant(0.0)
-
-        empty_fn = tf.function(empty, autograph=False)
-
-    def sync(out: Any) -> None:
-        # Reading one element forces the (possibly asynchronous) device work to finish.
-        flat = [t for t in tf.nest.flatten(out) if tf.is_tensor(t)]
-        if flat:
-            _ = flat[-1].numpy().ravel()[:1]
-
-    run_f = lambda: fwd_fn(*tensor_args)  # noqa: E731
-    run_b = lambda: bwd_fn(upstream, *tensor_args)  # noqa: E731
-    run_e = lambda: empty_fn(*tensor_args)  # noqa: E731
+        fns = _unit_functions(operation, calls, seed)
     for _ in range(settings.warmup + 1):  # +1: the first call traces
-        sync(run_e())
-        sync(run_f())
-        sync(run_b())
+        _sync(fns.empty())
+        _sync(fns.forward())
+        _sync(fns.forward_backward())
     f_times: list[float] = []
     b_times: list[float] = []
     e_times: list[float] = []
     start = time.perf_counter()
     while len(f_times) < settings.max_repeats:
-        e_times.append(_median_time(run_e, sync))
-        f_times.append(_median_time(run_f, sync))
-        b_times.append(_median_time(run_b, sync))
+        e_times.append(_median_time(fns.empty, _sync))
+        f_times.append(_median_time(fns.forward, _sync))
+        b_times.append(_median_time(fns.forward_backward, _sync))
         if len(f_times) >= settings.min_repeats and time.perf_counter() - start >= settings.min_time_s:
             break
     stat = settings.statistic
@@ -595,6 +616,105 @@ def _measure_unit(
 
 class _NotProfilable(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every layer-device measurement of one :func:`profile_model` call shares."""
+
+    model_name: str
+    batch_size: int
+    settings: ProfileSettings
+    cache: Path
+    use_cache: bool
+    seed: int
+    tf_version: str
+
+
+@dataclass
+class _Tally:
+    """The measurements so far (an accumulator private to :func:`profile_model`)."""
+
+    timings: list[LayerTiming] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    measured_count: int = 0
+    cached_count: int = 0
+    memo: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    signatures: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def skip(self, unit: str) -> None:
+        if unit not in self.skipped:
+            self.skipped.append(unit)
+
+
+def _device_kinds(devices: Sequence[str]) -> tuple[str, ...]:
+    """The kind of each device (:func:`device_kind`); PartitionError for one not present."""
+    import tensorflow as tf
+
+    present = tf.config.list_logical_devices()
+    known = {_device_id(d.name) for d in present}
+    for d in devices:
+        if _device_id(d) not in known:
+            names = ", ".join(sorted(x.name for x in present))
+            raise PartitionError(f"device {d!r} is not present; present: {names}")
+    return tuple(device_kind(d) for d in devices)
+
+
+def _signature(run: _Run, tally: _Tally, unit: Any, calls: Sequence[_Call], kind: str) -> dict[str, Any]:
+    """The cache signature of ``unit`` on a device of ``kind`` (the layer's part memoised)."""
+    if unit.name not in tally.signatures:
+        tally.signatures[unit.name] = _layer_signature(unit.operation, unit.name, run.model_name, calls)
+    return {
+        "schema": CACHE_SCHEMA,
+        "layer": tally.signatures[unit.name],
+        "device": kind,
+        "tf": run.tf_version,
+        "batch_size": run.batch_size,
+        "statistic": run.settings.statistic.value,
+    }
+
+
+def _measure_and_store(
+    run: _Run, tally: _Tally, unit: Any, calls: Sequence[_Call], dev: str, signature: dict[str, Any]
+) -> None:
+    """Measure ``unit`` on ``dev``, record it, and write it to the cache (a failure to
+    measure leaves the layer estimated)."""
+    import tensorflow as tf
+
+    key = _cache_key(signature)
+    try:
+        fwd, bwd, reps = _measure_unit(unit.operation, calls, dev, run.settings, run.seed)
+    except _NotProfilable as exc:
+        logger.info("layer %r not profiled: %s", unit.name, exc)
+        tally.skip(unit.name)
+        return
+    except (tf.errors.OpError, ValueError, TypeError) as exc:
+        logger.warning("layer %r could not be profiled on %s (%s); it stays estimated", unit.name, dev, exc)
+        tally.skip(unit.name)
+        return
+    tally.measured_count += 1
+    tally.memo[key] = (fwd, bwd, reps)
+    tally.timings.append(LayerTiming(unit.name, dev, fwd, bwd, reps, cached=False))
+    if run.use_cache:
+        try:
+            _write_entry(run.cache, key, signature, fwd, bwd, reps)
+        except (OSError, PartitionError) as exc:
+            logger.warning("profile cache %s not written: %s", run.cache, exc)
+
+
+def _cached(run: _Run, tally: _Tally, unit: Any, dev: str, signature: dict[str, Any]) -> bool:
+    """Record ``unit`` on ``dev`` from this run's memo or the cache; False when neither has it."""
+    key = _cache_key(signature)
+    hit = tally.memo.get(key)
+    if hit is None and run.use_cache:
+        hit = _read_entry(run.cache, key)
+    if hit is None:
+        return False
+    fwd, bwd, reps = hit
+    tally.cached_count += 1
+    tally.timings.append(LayerTiming(unit.name, dev, fwd, bwd, reps, cached=True))
+    tally.memo[key] = hit
+    return True
 
 
 def profile_model(
@@ -623,91 +743,45 @@ def profile_model(
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise PartitionError(f"batch_size={batch_size!r} must be an integer >= 1")
-    cfg = ProfileSettings() if settings is None else settings
     devs = tuple(devices) if devices else default_profile_devices()
-    present = tf.config.list_logical_devices()
-    known = {_device_id(d.name) for d in present}
-    for d in devs:
-        if _device_id(d) not in known:
-            names = ", ".join(sorted(x.name for x in present))
-            raise PartitionError(f"device {d!r} is not present; present: {names}")
-    kinds = tuple(device_kind(d) for d in devs)
+    kinds = _device_kinds(devs)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    run = _Run(
+        model.name, batch_size, ProfileSettings() if settings is None else settings, cache,
+        use_cache, seed, tf.__version__,
+    )  # fmt: skip
     start = time.perf_counter()
     units = placement_units(model)
     calls = _capture_calls(model, units, batch_size, input_shape, seed)
-
     tasks = [(u, d, k) for u in units for d, k in zip(devs, kinds)]
-    total = len(tasks)
-    timings: list[LayerTiming] = []
-    skipped: list[str] = []
-    measured_count = cached_count = 0
-    session_memo: dict[str, tuple[float, float, int]] = {}
-    signatures: dict[str, dict[str, Any]] = {}
+    tally = _Tally()
     for done, (unit, dev, kind) in enumerate(tasks):
         unit_calls = calls.get(unit.name)
         if not unit_calls:
-            if unit.name not in skipped:
-                skipped.append(unit.name)
+            tally.skip(unit.name)
             continue
-        if unit.name not in signatures:
-            signatures[unit.name] = _layer_signature(unit.operation, unit.name, model.name, unit_calls)
-        signature = {
-            "schema": CACHE_SCHEMA,
-            "layer": signatures[unit.name],
-            "device": kind,
-            "tf": tf.__version__,
-            "batch_size": batch_size,
-            "statistic": cfg.statistic.value,
-        }
-        key = _cache_key(signature)
-        hit = session_memo.get(key)
-        if hit is None and use_cache:
-            hit = _read_entry(cache, key)
-        if hit is not None:
-            fwd, bwd, reps = hit
-            cached_count += 1
-            timings.append(LayerTiming(unit.name, dev, fwd, bwd, reps, cached=True))
-            session_memo[key] = hit
+        signature = _signature(run, tally, unit, unit_calls, kind)
+        if _cached(run, tally, unit, dev, signature):
             continue
         if progress is not None:
-            progress(done, total, f"{unit.name} on {dev}")
-        try:
-            fwd, bwd, reps = _measure_unit(unit.operation, unit_calls, dev, cfg, seed)
-        except _NotProfilable as exc:
-            logger.info("layer %r not profiled: %s", unit.name, exc)
-            if unit.name not in skipped:
-                skipped.append(unit.name)
-            continue
-        except (tf.errors.OpError, ValueError, TypeError) as exc:
-            logger.warning("layer %r could not be profiled on %s (%s); it stays estimated", unit.name, dev, exc)
-            if unit.name not in skipped:
-                skipped.append(unit.name)
-            continue
-        measured_count += 1
-        session_memo[key] = (fwd, bwd, reps)
-        timings.append(LayerTiming(unit.name, dev, fwd, bwd, reps, cached=False))
-        if use_cache:
-            try:
-                _write_entry(cache, key, signature, fwd, bwd, reps)
-            except (OSError, PartitionError) as exc:
-                logger.warning("profile cache %s not written: %s", cache, exc)
+            progress(done, len(tasks), f"{unit.name} on {dev}")
+        _measure_and_store(run, tally, unit, unit_calls, dev, signature)
     if progress is not None:
-        progress(total, total, "done")
+        progress(len(tasks), len(tasks), "done")
     elapsed = time.perf_counter() - start
     logger.debug(
         "profiled %s: %d measured, %d cached, %d skipped in %.2fs",
-        model.name, measured_count, cached_count, len(skipped), elapsed,
+        model.name, tally.measured_count, tally.cached_count, len(tally.skipped), elapsed,
     )
     return ProfileResult(
         model=model.name,
         batch_size=batch_size,
         devices=devs,
         device_kinds=kinds,
-        timings=tuple(timings),
-        skipped=tuple(skipped),
-        measured_count=measured_count,
-        cached_count=cached_count,
+        timings=tuple(tally.timings),
+        skipped=tuple(tally.skipped),
+        measured_count=tally.measured_count,
+        cached_count=tally.cached_count,
         cache_dir=str(cache) if use_cache else None,
         profile_time_s=elapsed,
         tf_version=tf.__version__,
@@ -751,20 +825,15 @@ def time_model_step(
         step_fn = tf.function(step, autograph=False)
         empty_fn = tf.function(lambda *xs: tf.identity(xs[0]), autograph=False)
 
-    def sync(out: Any) -> None:
-        flat = [t for t in tf.nest.flatten(out) if tf.is_tensor(t)]
-        if flat:
-            _ = flat[-1].numpy().ravel()[:1]
-
     for _ in range(cfg.warmup + 1):
-        sync(step_fn(*placed))
-        sync(empty_fn(*placed))
+        _sync(step_fn(*placed))
+        _sync(empty_fn(*placed))
     s_times: list[float] = []
     e_times: list[float] = []
     start = time.perf_counter()
     while len(s_times) < cfg.max_repeats:
-        e_times.append(_median_time(lambda: empty_fn(*placed), sync))
-        s_times.append(_median_time(lambda: step_fn(*placed), sync))
+        e_times.append(_median_time(lambda: empty_fn(*placed), _sync))
+        s_times.append(_median_time(lambda: step_fn(*placed), _sync))
         if len(s_times) >= cfg.min_repeats and time.perf_counter() - start >= cfg.min_time_s:
             break
     return max(0.0, cfg.statistic.of(s_times) - cfg.statistic.of(e_times))

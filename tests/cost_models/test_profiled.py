@@ -225,3 +225,29 @@ def test_unknown_device_and_bad_batch(tmp_path: Path) -> None:
         profile_model(tiny_model(), batch_size=8, devices=["/device:GPU:9"], cache_dir=tmp_path)
     with pytest.raises(PartitionError, match="batch_size"):
         profile_model(tiny_model(), batch_size=0, cache_dir=tmp_path)
+
+
+def test_cache_entries_are_read_through_their_schema(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cost_models.measure import profiled
+
+    key = "0" * 64
+    path = tmp_path / "layers" / f"{key}.json"
+    path.parent.mkdir()
+    assert profiled._read_entry(tmp_path, key) is None  # no entry: no warning
+    good = {
+        "schema": profiled.CACHE_SCHEMA, "key": key, "forward_time_s": 1.0,
+        "backward_time_s": 2.0, "repeats": 3,
+    }  # fmt: skip
+    path.write_text(json.dumps(good))
+    assert profiled._read_entry(tmp_path, key) == (1.0, 2.0, 3)
+    path.write_text(json.dumps({**good, "schema": profiled.CACHE_SCHEMA + 1}))
+    assert profiled._read_entry(tmp_path, key) is None  # another version: ignored quietly
+    assert not caplog.records
+    path.write_text(json.dumps({**good, "forward_time_s": -1.0}))
+    assert profiled._read_entry(tmp_path, key) is None
+    assert "forward_time_s: must be >= 0" in caplog.text
+    path.write_text("{")
+    assert profiled._read_entry(tmp_path, key) is None
+    assert "is not valid JSON" in caplog.text
