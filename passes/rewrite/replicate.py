@@ -225,6 +225,17 @@ class ReplicatedModel(keras.Model):
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         return self.inner(inputs, training=training)
 
+    def compile(self, optimizer: Any = "rmsprop", **kwargs: Any) -> None:
+        """Keras ``compile`` inside the strategy's scope, so that the optimizer's variables are
+        mirrored too. Keras's TensorFlow optimizer binds the strategy it was created under; one
+        made outside this scope is re-made from its config inside it."""
+        with self.distribute_strategy.scope():
+            if isinstance(optimizer, keras.optimizers.Optimizer) and (
+                getattr(optimizer, "_distribution_strategy", None) is not self.distribute_strategy
+            ):
+                optimizer = optimizer.__class__.from_config(optimizer.get_config())
+            super().compile(optimizer=optimizer, **kwargs)
+
     def train_step(self, data: Any) -> Any:
         """Keras's step, after checking (in the graph, before any update) that every replica
         got the same number of rows: tf.distribute splits a batch that ``R`` does not divide

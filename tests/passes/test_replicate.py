@@ -171,6 +171,19 @@ def test_data_parallel_variables_are_mirrored_and_each_replica_gets_its_share() 
 
 
 @pytest.mark.slow
+def test_an_uncompiled_model_compiled_after_replication_trains_alike() -> None:
+    model = mlp()
+    uncompiled = keras.Model(model.inputs, model.outputs, name="plain")  # same layers, no compile
+    x, y = data(BATCH)
+    copy = replicate_model(uncompiled, CPU[:2], [x[:1]])
+    copy.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1), loss="mse")  # made outside
+    assert copy.optimizer._distribution_strategy is copy.distribute_strategy
+    copy.train_on_batch(x, y)
+    model.train_on_batch(x, y)
+    assert_same_weights(copy, model.get_weights(), "compiled after replication")
+
+
+@pytest.mark.slow
 def test_each_replica_stage_lives_on_its_own_device() -> None:
     plans, m, schedule = STRATEGIES["R2xS2"]
     x, _ = data(1)
