@@ -34,5 +34,5 @@ benchmark:  ## the full zoo benchmark: regenerates benchmarks/results/ (then `ma
 		--readme benchmarks/results/README_section.md \
 		--measured benchmarks/results/cluster_pipeline.json --measured benchmarks/results/cluster_zoo.json
 
-docs:  ## paste the generated benchmark section (benchmarks/results/README_section.md) into the README
+docs:  ## regenerate the README's generated parts: the solver table (registry) and the benchmark section
 	$(PYTHON) -m benchmarks.readme

@@ -42,3 +42,11 @@ def test_the_benchmark_section_is_the_generated_one() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert generated.strip() in readme
     assert "python -m benchmarks.run" in generated
+
+
+def test_the_solver_table_is_the_registry() -> None:
+    """The README's solver table is generated from the registry (python -m benchmarks.readme)."""
+    from benchmarks.readme import solver_table
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert solver_table() in readme
