@@ -90,6 +90,7 @@ from partitioner.core.units import parse_bytes
 
 __all__ = [
     "TF_CONFIG_SPEC",
+    "check_memory_limit",
     "load_topology",
     "parse_topology",
     "topology_from_tf_config",
@@ -580,7 +581,8 @@ def topology_from_tf_config(
 # --------------------------------------------------------------------------------------------
 
 
-def _check_limit(memory_limit_bytes: int | None) -> None:
+def check_memory_limit(memory_limit_bytes: int | None) -> None:
+    """CatalogError unless ``memory_limit_bytes`` is None or a positive integer."""
     if memory_limit_bytes is not None and (
         isinstance(memory_limit_bytes, bool)
         or not isinstance(memory_limit_bytes, int)
@@ -696,7 +698,7 @@ def load_topology(
     file). Errors are one-line :class:`~partitioner.core.errors.PartitionError` subclasses.
     """
     _check_count(num_devices)
-    _check_limit(memory_limit_bytes)
+    check_memory_limit(memory_limit_bytes)
     if not isinstance(spec, str) or not spec.strip():
         raise UsageError(f"topology={spec!r} must be a link kind ({_known_links()}) or a file")
     text = spec.strip()

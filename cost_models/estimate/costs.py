@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from cost_models.devices.catalog import get_device_type
 from cost_models.devices.communication import resolve_link
+from cost_models.devices.topology import check_memory_limit
 from cost_models.estimate.analytic import RooflineModel, calibrated_roofline, estimate_op_times_s
 from cost_models.estimate.memory import Optimizer, layer_memory, parse_optimizer
 from partitioner.core.errors import CatalogError
@@ -27,18 +28,6 @@ from partitioner.core.ir import CostedGraph, Device, Graph, Topology
 __all__ = ["cost_graph"]
 
 logger = logging.getLogger(__name__)
-
-
-def _check_limit(memory_limit_bytes: int | None) -> None:
-    if memory_limit_bytes is not None and (
-        isinstance(memory_limit_bytes, bool)
-        or not isinstance(memory_limit_bytes, int)
-        or memory_limit_bytes <= 0
-    ):
-        raise CatalogError(
-            f"memory_limit_bytes={memory_limit_bytes!r} must be a positive integer (or omitted to "
-            "use the catalog figure)"
-        )
 
 
 def _uniform_topology(
@@ -83,53 +72,15 @@ def cost_graph(
     type's calibrated model -- where types it leaves out use the default roofline.
     """
     start = time.perf_counter()
-    _check_limit(memory_limit_bytes)
+    check_memory_limit(memory_limit_bytes)
     opt = parse_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
     if topology is None:
         topo = _uniform_topology(
             device_type, num_devices, "pcie" if link is None else link, memory_limit_bytes
         )
     else:
-        if not isinstance(topology, Topology):
-            raise CatalogError(
-                f"topology must be a partitioner.core.ir.Topology, got {type(topology).__name__}"
-            )
-        if device_type is not None or link is not None:
-            raise CatalogError(
-                "cost_graph: give either topology= or device_type=/link=, not both (the "
-                "topology names each device's type and the links)"
-            )
-        if num_devices is not None and num_devices != topology.num_devices:
-            raise CatalogError(
-                f"num_devices={num_devices!r} but the topology has {topology.num_devices} devices"
-            )
-        topo = topology
-        if memory_limit_bytes is not None:
-            topo = dataclasses.replace(
-                topology,
-                devices=tuple(
-                    dataclasses.replace(d, memory_bytes=memory_limit_bytes)
-                    for d in topology.devices
-                ),
-            )
-    per_type: dict[str, RooflineModel] = {}
-    if isinstance(roofline, Mapping):
-        for name, given in roofline.items():
-            if not isinstance(given, RooflineModel):
-                raise CatalogError(
-                    f"roofline[{name!r}] must be a RooflineModel, got {type(given).__name__}"
-                )
-            per_type[get_device_type(name).name] = given
-    rows: dict[str, tuple[float, ...]] = {}
-    for d in topo.devices:
-        if d.device_type not in rows:
-            dtype = get_device_type(d.device_type)
-            chosen = per_type.get(dtype.name) if isinstance(roofline, Mapping) else roofline
-            if chosen is None:
-                # The packaged calibration of the type's family where one exists (cpu: fitted
-                # on the reference machine), else the catalog's plain roofline.
-                chosen = calibrated_roofline(dtype.name)
-            rows[d.device_type] = estimate_op_times_s(graph, dtype, chosen)
+        topo = _given_topology(topology, device_type, num_devices, link, memory_limit_bytes)
+    rows = _op_time_rows(graph, topo, roofline)
     costed = CostedGraph(
         graph=graph,
         topology=topo,
@@ -147,3 +98,64 @@ def cost_graph(
         time.perf_counter() - start,
     )
     return costed
+
+
+def _given_topology(
+    topology: Topology,
+    device_type: str | None,
+    num_devices: int | None,
+    link: str | None,
+    memory_limit_bytes: int | None,
+) -> Topology:
+    """``topology`` checked against the uniform arguments, with ``memory_limit_bytes`` applied."""
+    if not isinstance(topology, Topology):
+        raise CatalogError(
+            f"topology must be a partitioner.core.ir.Topology, got {type(topology).__name__}"
+        )
+    if device_type is not None or link is not None:
+        raise CatalogError(
+            "cost_graph: give either topology= or device_type=/link=, not both (the "
+            "topology names each device's type and the links)"
+        )
+    if num_devices is not None and num_devices != topology.num_devices:
+        raise CatalogError(
+            f"num_devices={num_devices!r} but the topology has {topology.num_devices} devices"
+        )
+    if memory_limit_bytes is None:
+        return topology
+    return dataclasses.replace(
+        topology,
+        devices=tuple(
+            dataclasses.replace(d, memory_bytes=memory_limit_bytes) for d in topology.devices
+        ),
+    )
+
+
+def _per_type_rooflines(roofline: Mapping[str, RooflineModel]) -> dict[str, RooflineModel]:
+    """``roofline``'s models by canonical device type name."""
+    per_type: dict[str, RooflineModel] = {}
+    for name, given in roofline.items():
+        if not isinstance(given, RooflineModel):
+            raise CatalogError(
+                f"roofline[{name!r}] must be a RooflineModel, got {type(given).__name__}"
+            )
+        per_type[get_device_type(name).name] = given
+    return per_type
+
+
+def _op_time_rows(
+    graph: Graph, topo: Topology, roofline: RooflineModel | Mapping[str, RooflineModel] | None
+) -> dict[str, tuple[float, ...]]:
+    """The roofline op times of ``graph`` per device type of ``topo`` (each computed once)."""
+    per_type = _per_type_rooflines(roofline) if isinstance(roofline, Mapping) else {}
+    rows: dict[str, tuple[float, ...]] = {}
+    for d in topo.devices:
+        if d.device_type not in rows:
+            dtype = get_device_type(d.device_type)
+            chosen = per_type.get(dtype.name) if isinstance(roofline, Mapping) else roofline
+            if chosen is None:
+                # The packaged calibration of the type's family where one exists (cpu: fitted
+                # on the reference machine), else the catalog's plain roofline.
+                chosen = calibrated_roofline(dtype.name)
+            rows[d.device_type] = estimate_op_times_s(graph, dtype, chosen)
+    return rows

@@ -39,7 +39,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
@@ -248,49 +248,18 @@ def profile_step_ops(
 
     ``trace`` is a :class:`passes.trace.TraceResult`; ``inputs`` are tensors matching its specs.
     """
-    import tensorflow as tf
-
     if steps < 1 or warmup < 0:
         raise PartitionError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
     fn = trace.step_function
     if fn is None:
         raise PartitionError("the trace has no step function; trace the model with passes.trace")
     graph: Graph = trace.graph
-
-    def run() -> None:
-        out = fn(*inputs)
-        flat = [t for t in tf.nest.flatten(out) if tf.is_tensor(t)]
-        if flat:
-            _ = flat[0].numpy()
-
-    empty = tf.function(lambda *xs: tf.identity(xs[0]), autograph=False)
-
-    def run_empty() -> None:
-        _ = empty(*inputs).numpy()
-
+    run, run_empty = _step_runners(fn, inputs)
     for _ in range(warmup):
         run()
         run_empty()
-    walls: list[float] = []
-    empties: list[float] = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        run_empty()
-        t1 = time.perf_counter()
-        run()
-        walls.append(time.perf_counter() - t1)
-        empties.append(t1 - t0)
-    with tempfile.TemporaryDirectory(prefix="partitioner-xplane-") as logdir:
-        options = tf.profiler.experimental.ProfilerOptions(
-            host_tracer_level=2, python_tracer_level=0, device_tracer_level=0
-        )
-        tf.profiler.experimental.start(logdir, options=options)
-        try:
-            for _ in range(steps):
-                run()
-        finally:
-            tf.profiler.experimental.stop()
-        events = _read_events(logdir)
+    walls, empties = _wall_times(run, run_empty, steps)
+    events = _profiled_events(run, steps)
     op_time, lost = attribute_events(graph, events, steps, statistic)
     summary = min if statistic == "min" else statistics.median
     logger.debug(
@@ -310,6 +279,59 @@ def profile_step_ops(
         profiled_steps=steps,
         num_events=len(events),
     )
+
+
+def _step_runners(
+    fn: Any, inputs: Sequence[Any]
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Run the step once (waiting for its result), and run an empty function on its inputs."""
+    import tensorflow as tf
+
+    def run() -> None:
+        out = fn(*inputs)
+        flat = [t for t in tf.nest.flatten(out) if tf.is_tensor(t)]
+        if flat:
+            _ = flat[0].numpy()
+
+    empty = tf.function(lambda *xs: tf.identity(xs[0]), autograph=False)
+
+    def run_empty() -> None:
+        _ = empty(*inputs).numpy()
+
+    return run, run_empty
+
+
+def _wall_times(
+    run: Callable[[], None], run_empty: Callable[[], None], steps: int
+) -> tuple[list[float], list[float]]:
+    """Seconds of ``steps`` runs of the step and of the empty function, in alternate rounds."""
+    walls: list[float] = []
+    empties: list[float] = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        run_empty()
+        t1 = time.perf_counter()
+        run()
+        walls.append(time.perf_counter() - t1)
+        empties.append(t1 - t0)
+    return walls, empties
+
+
+def _profiled_events(run: Callable[[], None], steps: int) -> list[KernelEvent]:
+    """The kernel events of ``steps`` runs under TensorFlow's profiler (host tracer only)."""
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory(prefix="partitioner-xplane-") as logdir:
+        options = tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=2, python_tracer_level=0, device_tracer_level=0
+        )
+        tf.profiler.experimental.start(logdir, options=options)
+        try:
+            for _ in range(steps):
+                run()
+        finally:
+            tf.profiler.experimental.stop()
+        return _read_events(logdir)
 
 
 def apply_op_profile(
