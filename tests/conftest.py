@@ -37,14 +37,13 @@ def pytest_configure(config: object) -> None:
 # `python -m pytest` runs the fast set for the edit-test loop; `python -m pytest --all` (what CI
 # runs) adds every case marked `slow`. A case is slow when it is marked `@pytest.mark.slow` in its
 # file, or when its id starts with one of these (whole files of TensorFlow-heavy cases: the
-# equivalence sweep over real models, subprocess CLI and cluster runs, the Chromium test of the
-# HTML page, the hypothesis fuzzing; and single cases on ResNet50 or the transformer).
+# equivalence sweep over real models, subprocess CLI and cluster runs, the hypothesis fuzzing;
+# and single cases on ResNet50 or the transformer). The Chromium cases are marked in their file.
 SLOW_IDS = (
     "test_equivalence_sweep.py",
     "test_cli.py",
     "test_kill_safety.py",
     "test_cluster_zoo.py",
-    "test_html_report.py",
     "test_fuzz.py",
     "passes/test_cluster.py",
     "passes/test_codegen.py::test_resnet50",
