@@ -513,6 +513,17 @@ def _sync(out: Any) -> None:
         _ = flat[-1].numpy().ravel()[:1]
 
 
+def _placed_copies(calls: Sequence[_Call]) -> list[tuple[_Call, list[Any]]]:
+    """Each call with its flattened inputs, tensors copied onto the enclosing ``tf.device``."""
+    import tensorflow as tf
+
+    prepared = []
+    for call in calls:
+        flat = tf.nest.flatten((call.args, call.kwargs))
+        prepared.append((call, [tf.identity(t) if tf.is_tensor(t) else t for t in flat]))
+    return prepared
+
+
 @dataclass(frozen=True)
 class _UnitFunctions:
     """The three timed functions of one unit on one device, and their arguments."""
@@ -531,10 +542,7 @@ def _unit_functions(
     import tensorflow as tf
 
     has_training = bool(getattr(operation, "_call_has_training_arg", False))
-    prepared = []
-    for call in calls:
-        flat = tf.nest.flatten((call.args, call.kwargs))
-        prepared.append((call, [tf.identity(t) if tf.is_tensor(t) else t for t in flat]))
+    prepared = _placed_copies(calls)
     all_flat = [v for _, placed in prepared for v in placed]
     tensor_pos = [i for i, v in enumerate(all_flat) if tf.is_tensor(v)]
     needs = [g for call, _ in prepared for g in call.needs_grad]
@@ -717,6 +725,33 @@ def _cached(run: _Run, tally: _Tally, unit: Any, dev: str, signature: dict[str, 
     return True
 
 
+def _profile_units(
+    run: _Run,
+    units: Sequence[Any],
+    calls: Mapping[str, Sequence[_Call]],
+    devices: Sequence[tuple[str, str]],
+    progress: ProgressCallback | None,
+) -> _Tally:
+    """Every unit on every ``(device, kind)``: from the cache where it has the entry, else
+    measured (and stored)."""
+    tasks = [(u, d, k) for u in units for d, k in devices]
+    tally = _Tally()
+    for done, (unit, dev, kind) in enumerate(tasks):
+        unit_calls = calls.get(unit.name)
+        if not unit_calls:
+            tally.skip(unit.name)
+            continue
+        signature = _signature(run, tally, unit, unit_calls, kind)
+        if _cached(run, tally, unit, dev, signature):
+            continue
+        if progress is not None:
+            progress(done, len(tasks), f"{unit.name} on {dev}")
+        _measure_and_store(run, tally, unit, unit_calls, dev, signature)
+    if progress is not None:
+        progress(len(tasks), len(tasks), "done")
+    return tally
+
+
 def profile_model(
     model: Any,
     *,
@@ -753,21 +788,7 @@ def profile_model(
     start = time.perf_counter()
     units = placement_units(model)
     calls = _capture_calls(model, units, batch_size, input_shape, seed)
-    tasks = [(u, d, k) for u in units for d, k in zip(devs, kinds)]
-    tally = _Tally()
-    for done, (unit, dev, kind) in enumerate(tasks):
-        unit_calls = calls.get(unit.name)
-        if not unit_calls:
-            tally.skip(unit.name)
-            continue
-        signature = _signature(run, tally, unit, unit_calls, kind)
-        if _cached(run, tally, unit, dev, signature):
-            continue
-        if progress is not None:
-            progress(done, len(tasks), f"{unit.name} on {dev}")
-        _measure_and_store(run, tally, unit, unit_calls, dev, signature)
-    if progress is not None:
-        progress(len(tasks), len(tasks), "done")
+    tally = _profile_units(run, units, calls, tuple(zip(devs, kinds)), progress)
     elapsed = time.perf_counter() - start
     logger.debug(
         "profiled %s: %d measured, %d cached, %d skipped in %.2fs",

@@ -51,9 +51,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from partitioner.core.errors import PartitionError, UsageError
+
+if TYPE_CHECKING:
+    from passes.cluster.runtime import WorkerCluster
 
 logger = logging.getLogger(__name__)
 
@@ -96,14 +99,40 @@ def run_worker(
     is called once the server listens. Returns the exit status (0 after a stop). Signal handlers
     are installed only when called from the main thread.
     """
+    inter_op = _thread_counts(threads, inter_op_threads)
+    from passes.cluster.runtime import load_cluster
+
+    cluster = load_cluster(cluster_spec, job_name=job_name)
+    index = _task_index(cluster, task_index, job_name)
+    if cores is not None:
+        _pin_to_cores(cores)
+    stop_event = stop if stop is not None else threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        _stop_on_signals(index, stop_event)
+    server = _start_server(cluster, job_name, index, threads, inter_op)
+    address = cluster.addresses[index]
+    logger.info("worker task %d of job %r serving at %s (%s)", index, job_name, address, server)
+    if on_ready is not None:
+        on_ready(index, address)
+    # server.join() blocks in C++ where no signal handler runs; wait on the event instead.
+    while not stop_event.wait(0.5):
+        pass
+    logger.info("worker task %d stopped", index)
+    return 0
+
+
+def _thread_counts(threads: int, inter_op_threads: int | None) -> int:
+    """Check ``--threads``; the inter-op thread count (default ``max(2, threads)``)."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise UsageError(f"--threads {threads!r} must be an integer >= 1")
     inter_op = max(2, threads) if inter_op_threads is None else inter_op_threads
     if isinstance(inter_op, bool) or not isinstance(inter_op, int) or inter_op < 1:
         raise UsageError(f"--inter-op-threads {inter_op!r} must be an integer >= 1")
-    from passes.cluster.runtime import load_cluster
+    return inter_op
 
-    cluster = load_cluster(cluster_spec, job_name=job_name)
+
+def _task_index(cluster: WorkerCluster, task_index: int | None, job_name: str) -> int:
+    """This worker's task: ``--task``, else TF_CONFIG's ``task.index``; checked."""
     index = cluster.task_index if task_index is None else task_index
     if index is None:
         raise UsageError(
@@ -114,18 +143,25 @@ def run_worker(
             f"--task {index} is not a task of job {job_name!r}, which has tasks "
             f"0..{cluster.num_tasks - 1} ({', '.join(cluster.addresses)})"
         )
-    if cores is not None:
-        _pin_to_cores(cores)
-    stop_event = stop if stop is not None else threading.Event()
-    if threading.current_thread() is threading.main_thread():
+    return index
 
-        def request_stop(signum: int, frame: FrameType | None) -> None:
-            logger.info("worker task %d: signal %d, stopping", index, signum)
-            stop_event.set()
 
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
+def _stop_on_signals(index: int, stop_event: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop_event`` (main thread only)."""
 
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        logger.info("worker task %d: signal %d, stopping", index, signum)
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+
+def _start_server(
+    cluster: WorkerCluster, job_name: str, index: int, threads: int, inter_op: int
+) -> Any:
+    """A started ``tf.distribute.Server`` for the task, with the thread pools set (also for the
+    functions clients run here: module docstring)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Read by TensorFlow when a client creates its eager context here (module docstring).
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
@@ -137,9 +173,8 @@ def run_worker(
         inter_op_parallelism_threads=inter_op,
         allow_soft_placement=False,
     )
-    address = cluster.addresses[index]
     try:
-        server = tf.distribute.Server(
+        return tf.distribute.Server(
             tf.train.ClusterSpec(cluster.as_dict()),
             job_name=job_name,
             task_index=index,
@@ -149,17 +184,9 @@ def run_worker(
     except (tf.errors.OpError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(
-            f"worker task {index} could not listen on {address}: {first}; is the port in use "
-            "by another process?"
+            f"worker task {index} could not listen on {cluster.addresses[index]}: {first}; is "
+            "the port in use by another process?"
         ) from None
-    logger.info("worker task %d of job %r serving at %s (%s)", index, job_name, address, server)
-    if on_ready is not None:
-        on_ready(index, address)
-    # server.join() blocks in C++ where no signal handler runs; wait on the event instead.
-    while not stop_event.wait(0.5):
-        pass
-    logger.info("worker task %d stopped", index)
-    return 0
 
 
 def _parse_cores(text: str) -> tuple[int, ...]:
