@@ -52,8 +52,21 @@ STRATEGIES: dict[str, tuple[list[Plan], int, Schedule]] = {
         2,
         Schedule.ONE_F_ONE_B,
     ),
+    "R2xS2-gpipe-M1": (
+        [
+            {"d1": CPU[1], "d2": CPU[2], "d3": CPU[2]},
+            {"d1": CPU[3], "d2": CPU[0], "d3": CPU[0]},
+        ],
+        1,
+        Schedule.GPIPE,
+    ),
 }
-EXPECTED_TYPE = {"R2xS1": ReplicatedModel, "R1xS2": PipelinedModel, "R2xS2": ReplicatedPipeline}
+EXPECTED_TYPE = {
+    "R2xS1": ReplicatedModel,
+    "R1xS2": PipelinedModel,
+    "R2xS2": ReplicatedPipeline,
+    "R2xS2-gpipe-M1": ReplicatedPipeline,
+}
 
 
 def mlp() -> keras.Model:
@@ -173,7 +186,9 @@ def test_data_parallel_variables_are_mirrored_and_each_replica_gets_its_share() 
 @pytest.mark.slow
 def test_an_uncompiled_model_compiled_after_replication_trains_alike() -> None:
     model = mlp()
-    uncompiled = keras.Model(model.inputs, model.outputs, name="plain")  # same layers, no compile
+    uncompiled = keras.Model(
+        model.inputs[0], model.outputs[0], name="plain"
+    )  # same layers, no compile
     x, y = data(BATCH)
     copy = replicate_model(uncompiled, CPU[:2], [x[:1]])
     copy.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1), loss="mse")  # made outside
