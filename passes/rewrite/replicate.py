@@ -46,9 +46,10 @@ For a mean-reduced loss (Keras's default), both rewrites compute the global-batc
 float rounding, so one step updates the weights as one device would on the whole batch (the tests
 check <= 1e-5 relative with SGD). A ``sum``-reduced loss is summed across replicas (the hybrid) or
 divided by ``R`` (Keras under MirroredStrategy does this; it is not the single-device step).
-BatchNormalization normalises each replica's share with its own statistics (MirroredStrategy
-keeps its moving averages mean-synchronised, the hybrid keeps replica 0's rule: the averaged
-gradient, but per-replica moving statistics); random layers draw per replica.
+BatchNormalization normalises each replica's share with its own statistics, not the global
+batch's; in the hybrid each replica also updates its own copy of the moving averages from its
+share, so those non-trainable copies drift apart (the trainable ones stay identical): use
+LayerNormalization to be exact. Random layers draw their masks per replica.
 
 Bad input fails with one line (:class:`~partitioner.core.errors.RewriteError` or
 :class:`~partitioner.core.errors.UsageError`): a global batch that ``R`` replicas (x ``M``
