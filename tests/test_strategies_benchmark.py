@@ -1,0 +1,186 @@
+"""benchmarks.strategies: the predicted terms, the records, the winners and auto's place on given
+numbers (no TensorFlow workers), the calibration's JSON, and one tiny end-to-end run (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks import strategies as st
+from partitioner.core.ir import Schedule
+from partitioner.core.strategy import Family, Strategy
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = {f.value for f in Family}
+TERMS = st.StepTerms(
+    all_update_s=0.010,
+    device_update_s={0: 0.004, 1: 0.006},
+    device_accumulate_s={0: 0.001, 1: 0.002},
+    client_s=0.003,
+)
+
+
+def row(
+    key: str, strategy: str, predicted_s: float, measured_s: float | None, chosen: bool = False
+) -> st.StrategyRow:
+    return st.StrategyRow(
+        model="m", key=key, strategy=strategy, label=key,
+        predicted=st.Prediction(predicted_s, 0.0, 0.0, 0.0, 0.0),
+        measured_step_s=measured_s, chosen=chosen,
+    )  # fmt: skip
+
+
+def four_rows(auto: str = "data_parallel") -> list[st.StrategyRow]:
+    rows = [
+        row("single", "single", 1.00, 1.02),
+        row("data_parallel", "data_parallel", 0.60, 0.62),
+        row("placed", "placed", 1.05, 1.10),
+        row("1f1b", "pipeline", 0.70, 0.66),
+    ]
+    return [r if r.key != auto else st.StrategyRow(**{**r.__dict__, "chosen": True}) for r in rows]
+
+
+def test_prediction_is_the_sum_of_its_terms() -> None:
+    p = st.Prediction(0.1, 0.02, 0.003, 0.004, 0.005, linear_s=0.2)
+    assert p.step_s == pytest.approx(0.132)
+
+
+def test_one_stage_rows_update_everything_and_have_no_client() -> None:
+    single = Strategy(((0,),), (0, 0, 0))
+    dp = Strategy(((0,), (1,)), (0, 0, 0))
+    assert st.predict_terms(single, 0.2, 0.0, TERMS) == st.Prediction(0.2, 0.0, 0.010, 0.0, 0.0)
+    assert st.predict_terms(dp, 0.1, 0.03, TERMS) == st.Prediction(0.1, 0.03, 0.010, 0.0, 0.0)
+
+
+def test_stage_rows_wait_for_the_slower_worker_and_the_client() -> None:
+    placed = Strategy(((0, 1),), (0, 1, 1))
+    pipe = Strategy(((0, 1),), (0, 1, 1), 4, Schedule.ONE_F_ONE_B)
+    assert st.predict_terms(placed, 0.2, 0.0, TERMS) == st.Prediction(0.2, 0.0, 0.006, 0.0, 0.003)
+    p = st.predict_terms(pipe, 0.15, 0.0, TERMS)
+    assert (p.update_s, p.accumulate_s, p.client_s) == pytest.approx((0.006, 3 * 0.002, 0.003))
+
+
+def test_winners_agree_and_auto_is_measured_against_the_best() -> None:
+    v = st.verdict(four_rows())
+    assert (v.predicted_winner, v.measured_winner, v.winners_agree) == (
+        "data_parallel", "data_parallel", True,
+    )  # fmt: skip
+    assert v.auto_label == "data_parallel" and v.auto_over_best == pytest.approx(1.0)
+    assert v.worst_error == pytest.approx(abs(0.70 - 0.66) / 0.66)
+
+
+def test_winners_disagree_and_auto_can_be_slower() -> None:
+    rows = four_rows(auto="1f1b")
+    rows[1] = row("data_parallel", "data_parallel", 0.80, 0.50)
+    v = st.verdict(rows)
+    assert (v.predicted_winner, v.measured_winner, v.winners_agree) == (
+        "1f1b", "data_parallel", False,
+    )  # fmt: skip
+    assert v.auto_over_best == pytest.approx(0.66 / 0.50)
+    text = st.format_table(rows, ["model: m"])
+    assert "the same: NO" in text and "OUTSIDE the 1.05x target" in text
+
+
+def test_unmeasured_rows_do_not_win_and_two_chosen_rows_are_refused() -> None:
+    rows = [row("single", "single", 1.0, 1.0), row("auto", "pipeline", 0.5, None, chosen=True)]
+    v = st.verdict(rows)
+    assert v.measured_winner == "single" and v.auto_over_best is None
+    assert v.winners_agree is False
+    assert st.verdict([row("single", "single", 1.0, None)]).winners_agree is None
+    with pytest.raises(ValueError, match="2 rows are marked chosen"):
+        st.verdict([row("a", "single", 1, 1, True), row("b", "placed", 1, 1, True)])
+
+
+def test_records_have_the_issue_keys_and_are_json() -> None:
+    recs = st.records(four_rows())
+    assert len(recs) == 4
+    for rec in recs:
+        assert {"model", "strategy", "predicted_step_s", "measured_step_s", "chosen"} <= set(rec)
+        assert rec["strategy"] in FAMILIES
+    assert [r["chosen"] for r in recs] == [False, True, False, False]
+    assert recs[3]["error"] == pytest.approx((0.70 - 0.66) / 0.66)
+    assert json.loads(json.dumps(recs)) == recs
+
+
+def test_table_lists_every_row_with_speed_up_and_auto_mark() -> None:
+    text = st.format_table(four_rows(), ["model: m"])
+    lines = text.splitlines()
+    assert lines[0] == "model: m"
+    dp = next(line for line in lines if line.startswith("data_parallel"))
+    assert "600.0" in dp and "620.0" in dp and "-3.2%" in dp and "1.65x" in dp
+    assert dp.rstrip().endswith("auto")
+    assert "the same: yes" in text and "within the 1.05x target" in text
+
+
+def test_calibration_json_round_trip() -> None:
+    pred = st.Prediction(0.1, 0.0, 0.01, 0.002, 0.003, linear_s=0.12)
+    cal = st.StrategyCalibration(
+        zoo_json="{}",
+        rows=(st.PlannedRow("1f1b", "pipeline", "x", 4, "1f1b", (("a", 0), ("b", 1)), pred),),
+        auto_key="1f1b", auto_words="2 stages, 1F1B, 4 micro-batches", search_step_s=0.09,
+        family_best=(("pipeline", 0.09, "2 stages"),),
+    )  # fmt: skip
+    assert st.StrategyCalibration.from_json(cal.to_json()) == cal
+
+
+def test_auto_matches_a_row_by_how_it_runs() -> None:
+    pipe = Strategy(((0, 1),), (0, 1), 4, Schedule.ONE_F_ONE_B)
+    assert st.same_realisation(pipe, Strategy(((0, 1),), (0, 1), 4, Schedule.ONE_F_ONE_B))
+    assert not st.same_realisation(pipe, Strategy(((0, 1),), (0, 1), 2, Schedule.ONE_F_ONE_B))
+    assert not st.same_realisation(pipe, Strategy(((0, 1),), (0, 1), 4, Schedule.GPIPE))
+    assert not st.same_realisation(pipe, Strategy(((0, 1),), (0, 0), 4, Schedule.ONE_F_ONE_B))
+    assert st.same_realisation(Strategy(((0,),), (0, 0)), Strategy(((1,),), (0, 0)))
+    assert not st.same_realisation(Strategy(((0,),), (0, 0)), Strategy(((0,), (1,)), (0, 0)))
+
+
+def test_fixed_rows_from_a_two_device_plan() -> None:
+    spec = st.SPECS["mlp_tiny"]
+    plan = SimpleNamespace(pipeline=object(), num_devices=2, assignment={"a": 0, "b": 1})
+    rows = st.row_strategies(spec, plan, ["a", "b"])
+    assert [k for k, _, _ in rows] == ["single", "data_parallel", "placed", "gpipe", "1f1b"]
+    assert [s.family for _, _, s in rows] == [
+        Family.SINGLE, Family.DATA_PARALLEL, Family.PLACED, Family.PIPELINE, Family.PIPELINE,
+    ]  # fmt: skip
+    assert rows[4][2].num_microbatches == spec.num_microbatches
+    assert rows[4][2].layer_devices(0) == (0, 1)
+    unpiped = SimpleNamespace(pipeline=None, num_devices=2, assignment={"a": 0, "b": 1})
+    assert [k for k, _, _ in st.row_strategies(spec, unpiped, ["a", "b"])] == [
+        "single", "data_parallel",
+    ]  # fmt: skip
+
+
+def test_specs_cover_the_issue_models() -> None:
+    assert set(st.DEFAULT_MODELS) <= set(st.SPECS)
+    mlp = st.SPECS["mlp"]
+    assert (mlp.batch_size, dict(mlp.kwargs)["depth"], dict(mlp.kwargs)["width"]) == (
+        4096, 8, 1024,
+    )  # fmt: skip
+    assert all(s.batch_size % 2 == 0 for s in st.SPECS.values())  # two replicas split it
+
+
+@pytest.mark.slow
+def test_end_to_end_tiny_mlp(tmp_path: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    out = tmp_path / "strategies.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    cmd = [
+        sys.executable, "-m", "benchmarks.strategies", "--models", "mlp_tiny", "--steps", "2",
+        "--warmup", "1", "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recs = json.loads(out.read_text())["records"]
+    keys = [r["key"] for r in recs]
+    assert keys[:5] == ["single", "data_parallel", "placed", "gpipe", "1f1b"]
+    assert sum(r["chosen"] for r in recs) == 1
+    assert all(r["strategy"] in FAMILIES for r in recs)
+    assert all(r["measured_step_s"] > 0 and r["predicted_step_s"] > 0 for r in recs)
+    assert "predicted winner:" in done.stdout
