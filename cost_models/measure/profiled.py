@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cost_models.devices.catalog import DeviceKind
 from cost_models.devices.datafiles import check_schema, parse_json, read_text
 from partitioner.core.errors import PartitionError, TraceError
 from partitioner.core.ir import CostedGraph, Phase
@@ -361,8 +362,7 @@ def device_kind(device: str) -> str:
     import tensorflow as tf
 
     spec = tf.DeviceSpec.from_string(device)
-    dtype = (spec.device_type or "CPU").upper()
-    if dtype == "GPU":
+    if (spec.device_type or "CPU").upper() == DeviceKind.GPU.tf_name:
         gpus = tf.config.list_physical_devices("GPU")
         index = spec.device_index or 0
         if 0 <= index < len(gpus):

@@ -52,6 +52,7 @@ from typing import Any, Protocol
 import keras
 import tensorflow as tf
 
+from cost_models.devices.catalog import DeviceKind
 from cost_models.devices.datafiles import parse_json, read_text
 from cost_models.devices.tf_config import (
     TF_CONFIG_VARIABLE,
@@ -334,9 +335,9 @@ class ClusterHandle:
     local_device_names: tuple[str, ...] = ()
     timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
 
-    def task_devices(self, task: int, device_type: str) -> tuple[str, ...]:
-        """The ``device_type`` (``"GPU"``/``"CPU"``) devices of ``task``, in index order."""
-        prefix = f"{self.cluster.task_name(task)}/device:{device_type}:"
+    def task_devices(self, task: int, kind: DeviceKind) -> tuple[str, ...]:
+        """The ``kind`` (GPU or CPU) devices of ``task``, in index order."""
+        prefix = f"{self.cluster.task_name(task)}/device:{kind.tf_name}:"
         found = [d for d in self.device_names if d.startswith(prefix)]
         return tuple(sorted(found, key=lambda d: int(d.rsplit(":", 1)[1])))
 
@@ -448,10 +449,10 @@ def _task_device(handle: ClusterHandle, task: int, slot: int, what: str) -> str:
             f"{what} needs task {task}, but the cluster has {handle.cluster.job_name} tasks "
             f"0..{handle.cluster.num_tasks - 1}; start more workers or plan for fewer devices"
         )
-    gpus = handle.task_devices(task, "GPU")
-    pool = gpus or handle.task_devices(task, "CPU")
+    gpus = handle.task_devices(task, DeviceKind.GPU)
+    pool = gpus or handle.task_devices(task, DeviceKind.CPU)
     if slot >= len(pool):
-        kind = "GPU" if gpus else "CPU"
+        kind = (DeviceKind.GPU if gpus else DeviceKind.CPU).tf_name
         raise ClusterError(
             f"{what} is device {slot} of {handle.cluster.describe(task)}, which has "
             f"{len(pool)} {kind} device(s); plan for fewer devices per task"
