@@ -453,9 +453,7 @@ class ReplicatedPipeline(keras.Model):
             share = tree.pack_sequence_as(inputs, [None if p is None else p[r] for p in parts])
             outputs.append(replica(share, training=training))
         with tf.device(self.replicas[0].output_device):
-            flat = [tree.flatten(o) for o in outputs]
-            joined = [tf.concat(list(p), axis=0) for p in zip(*flat)]
-            return tree.pack_sequence_as(outputs[0], joined)
+            return _concat(outputs)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Keras ``compile`` with XLA off, each variable's update on its own device, and the
