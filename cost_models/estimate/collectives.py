@@ -1,8 +1,20 @@
 """The time of gradient all-reduces over a topology's links.
 
-Data-parallel replicas sum their gradients with an all-reduce. TensorFlow's
-``MirroredStrategy`` uses NCCL's all-reduce between local GPUs, and
-``MultiWorkerMirroredStrategy`` its ring collectives across workers; both are **ring**
+Data-parallel replicas sum their gradients with an all-reduce, in one of two algorithms
+(:class:`AllReduceAlgorithm`), the one the rewrite runs:
+
+**Reduce to one device, then broadcast** (``REDUCE_TO_ONE``): what ``MirroredStrategy`` does on
+CPUs or mixed devices (``tf.distribute.ReductionToOneDevice``) and what the hybrid rewrite
+(``passes.rewrite.replicate``) does for every stage: every other member sends its whole gradient
+to the root (replica 0's device), which sums them and sends the sum back::
+
+    reduce_to_one_s = 2 * max over channels c of (latency_c + bytes carried by c / bandwidth_c)
+
+(the gather, then the broadcast; transfers into or out of the root that share a channel share
+its bandwidth).
+
+**Ring** (``RING``): ``MirroredStrategy`` uses NCCL's all-reduce between local GPUs, and
+``MultiWorkerMirroredStrategy`` its ring collectives across workers; both are ring
 all-reduces (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
 workstations", JPDC 2009): ``R`` devices in a ring, the tensor cut into ``R`` chunks, ``R - 1``
 reduce-scatter steps then ``R - 1`` all-gather steps, each step sending one chunk from every
@@ -23,12 +35,26 @@ Pure Python, no TensorFlow.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 from partitioner.core.errors import PlanError
 from partitioner.core.ir import Topology
 
-__all__ = ["all_reduce_s", "concurrent_all_reduce_s", "ring_order"]
+__all__ = [
+    "AllReduceAlgorithm",
+    "all_reduce_s",
+    "concurrent_all_reduce_s",
+    "concurrent_reduce_to_one_s",
+    "ring_order",
+]
+
+
+class AllReduceAlgorithm(enum.Enum):
+    """How replicas sum their gradients (see the module docstring)."""
+
+    RING = "ring"
+    REDUCE_TO_ONE = "reduce_to_one"
 
 
 def ring_order(topology: Topology, group: Sequence[int]) -> tuple[int, ...]:
@@ -70,6 +96,38 @@ def concurrent_all_reduce_s(
     return 2 * (members - 1) * step_s
 
 
-def all_reduce_s(topology: Topology, group: Sequence[int], num_bytes: int) -> float:
-    """Seconds for one ring all-reduce of ``num_bytes`` among ``group``'s devices."""
+def concurrent_reduce_to_one_s(
+    topology: Topology, groups: Sequence[tuple[Sequence[int], int]]
+) -> float:
+    """Seconds for reduce-to-one-then-broadcast all-reduces of ``(group, num_bytes)`` at once;
+    each group's root is its first device. See the module docstring for the model."""
+    load: dict[tuple[str, int, int], float] = {}
+    latency: dict[tuple[str, int, int], float] = {}
+    bandwidth: dict[tuple[str, int, int], float] = {}
+    for group, num_bytes in groups:
+        root = group[0]
+        for member in group[1:]:
+            link = topology.link_between(member, root)
+            if link is None or num_bytes <= 0:
+                continue
+            channel = topology.channel_between(member, root)
+            load[channel] = load.get(channel, 0.0) + num_bytes
+            latency[channel] = max(latency.get(channel, 0.0), link.latency_s)
+            bandwidth[channel] = min(
+                bandwidth.get(channel, link.bandwidth_bytes_per_s), link.bandwidth_bytes_per_s
+            )
+    if not load:
+        return 0.0
+    return 2 * max(latency[c] + load[c] / bandwidth[c] for c in load)
+
+
+def all_reduce_s(
+    topology: Topology,
+    group: Sequence[int],
+    num_bytes: int,
+    algorithm: AllReduceAlgorithm = AllReduceAlgorithm.RING,
+) -> float:
+    """Seconds for one all-reduce of ``num_bytes`` among ``group``'s devices."""
+    if algorithm is AllReduceAlgorithm.REDUCE_TO_ONE:
+        return concurrent_reduce_to_one_s(topology, [(group, num_bytes)])
     return concurrent_all_reduce_s(topology, [(group, num_bytes)])

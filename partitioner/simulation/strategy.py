@@ -9,8 +9,11 @@ costed at that per-replica batch (the caller traces or scales it; costs do not s
 with the batch, so the planner re-costs rather than divides). Every replica is simulated on its
 own devices (they may differ in type); synchronous data parallelism waits for the slowest one.
 
-Then each stage's gradients are summed across the replicas holding that stage: ring all-reduces,
-all stages at once, sharing channels (:mod:`cost_models.estimate.collectives`). Keras's
+Then each stage's gradients are summed across the replicas holding that stage, all stages at once,
+sharing channels (:mod:`cost_models.estimate.collectives`), with the algorithm the rewrite runs:
+a ring (NCCL) when every device is a GPU and the model is not split, else a reduction to replica
+0's device and a broadcast (``MirroredStrategy``'s ``ReductionToOneDevice`` on CPUs, and the
+hybrid rewrite's explicit sum) -- :func:`all_reduce_algorithm`. Keras's
 ``train_step`` under ``tf.distribute`` all-reduces the gradients after the whole backward (one
 batched all-reduce inside ``optimizer.apply``), so the all-reduce is **not** overlapped with
 the backward here::
@@ -28,13 +31,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.estimate.collectives import concurrent_all_reduce_s
+from cost_models.devices.catalog import DeviceKind, get_device_type
+from cost_models.estimate.collectives import (
+    AllReduceAlgorithm,
+    concurrent_all_reduce_s,
+    concurrent_reduce_to_one_s,
+)
 from partitioner.core.errors import PlanError
-from partitioner.core.ir import CostedGraph
+from partitioner.core.ir import CostedGraph, Topology
 from partitioner.core.strategy import Strategy
 from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
 
-__all__ = ["StrategySimulation", "gradient_bytes_per_stage", "simulate_strategy"]
+__all__ = [
+    "StrategySimulation",
+    "all_reduce_algorithm",
+    "gradient_bytes_per_stage",
+    "simulate_strategy",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class StrategySimulation:
     replica_step_s: tuple[float, ...]
     """Each replica's forward and backward (plain or pipelined), seconds."""
     all_reduce_s: float
+    algorithm: AllReduceAlgorithm
     gradient_bytes: tuple[int, ...]
     """Bytes of gradients each stage all-reduces."""
     peak_memory_bytes: tuple[int, ...]
@@ -80,6 +94,14 @@ def gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> tuple[i
     return tuple(per_stage)
 
 
+def all_reduce_algorithm(topology: Topology, strategy: Strategy) -> AllReduceAlgorithm:
+    """The all-reduce the rewrite runs for ``strategy`` (see the module docstring)."""
+    kinds = {get_device_type(topology.devices[d].device_type).kind for d in strategy.devices}
+    if strategy.stages == 1 and kinds == {DeviceKind.GPU}:
+        return AllReduceAlgorithm.RING
+    return AllReduceAlgorithm.REDUCE_TO_ONE
+
+
 def _replica(costed: CostedGraph, strategy: Strategy, replica: int) -> PlanEvaluation:
     assignment = strategy.layer_devices(replica)
     if strategy.num_microbatches > 1:
@@ -110,10 +132,17 @@ def simulate_strategy(costed: CostedGraph, strategy: Strategy) -> StrategySimula
         (tuple(group[s] for group in strategy.device_groups), grads[s])
         for s in range(strategy.stages)
     ]
+    algorithm = all_reduce_algorithm(topology, strategy)
+    reduce = (
+        concurrent_all_reduce_s
+        if algorithm is AllReduceAlgorithm.RING
+        else concurrent_reduce_to_one_s
+    )
     return StrategySimulation(
         strategy=strategy,
         replica_step_s=tuple(e.step_time_s for e in replicas),
-        all_reduce_s=concurrent_all_reduce_s(topology, rings),
+        all_reduce_s=reduce(topology, rings) if strategy.replicas > 1 else 0.0,
+        algorithm=algorithm,
         gradient_bytes=grads,
         peak_memory_bytes=tuple(peak),
         memory_limit_bytes=tuple(d.memory_bytes for d in topology.devices),

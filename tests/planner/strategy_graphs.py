@@ -23,9 +23,11 @@ SLOW_LINK = Link("slow", latency_s=0.25, bandwidth_bytes_per_s=100.0)
 FAST_LINK = Link("fast", latency_s=0.0, bandwidth_bytes_per_s=1e12)
 
 
-def uniform_topology(n_dev: int, link: Link, memory_bytes: int = 1 << 40, hosts: int = 1) -> Topology:
+def uniform_topology(
+    n_dev: int, link: Link, memory_bytes: int = 1 << 40, hosts: int = 1, device_type: str = "h100"
+) -> Topology:
     per_host = n_dev // hosts
-    devices = tuple(Device(d, "gpu", memory_bytes, host=d // per_host) for d in range(n_dev))
+    devices = tuple(Device(d, device_type, memory_bytes, host=d // per_host) for d in range(n_dev))
     inter = link if hosts > 1 else None
     return Topology(devices, link, inter_host_link=inter)
 

@@ -215,3 +215,40 @@ def test_family_rows_say_why_each_family_lost() -> None:
     text = advice(rows)
     assert text.startswith(f"Run {chosen[0].description}")
     assert "data parallel" in text
+
+
+def test_reduce_to_one_gathers_then_broadcasts() -> None:
+    from cost_models.estimate.collectives import AllReduceAlgorithm
+
+    topo = uniform_topology(4, SLOW_LINK)
+    # 3 members send 100 bytes each to the root over their own links, then get the sum back.
+    assert all_reduce_s(topo, (0, 1, 2, 3), 100, AllReduceAlgorithm.REDUCE_TO_ONE) == pytest.approx(
+        2 * (0.25 + 100 / 100)
+    )
+    two_hosts = uniform_topology(4, SLOW_LINK, hosts=2)
+    # members 2 and 3 share host 1 -> host 0's channel: 200 bytes on it.
+    assert all_reduce_s(
+        two_hosts, (0, 1, 2, 3), 100, AllReduceAlgorithm.REDUCE_TO_ONE
+    ) == pytest.approx(2 * (0.25 + 200 / 100))
+
+
+def test_the_simulated_all_reduce_is_the_one_the_rewrite_runs() -> None:
+    from cost_models.estimate.collectives import AllReduceAlgorithm
+
+    for device_type, groups, stages, expected in [
+        ("h100", ((0,), (1,)), (0, 0, 0, 0), AllReduceAlgorithm.RING),  # NCCL
+        ("cpu", ((0,), (1,)), (0, 0, 0, 0), AllReduceAlgorithm.REDUCE_TO_ONE),
+        ("h100", ((0, 1), (2, 3)), (0, 0, 1, 1), AllReduceAlgorithm.REDUCE_TO_ONE),  # hybrid
+    ]:
+        topo = uniform_topology(4, SLOW_LINK, device_type=device_type)
+        costed = chain_at(8, full_batch=16, topology=topo, **CHAIN)  # type: ignore[arg-type]
+        sim = simulate_strategy(costed, Strategy(groups, stages))
+        assert sim.algorithm is expected
+        grads = sim.gradient_bytes
+        rings = [(tuple(g[s] for g in groups), grads[s]) for s in range(len(groups[0]))]
+        if expected is AllReduceAlgorithm.RING:
+            assert sim.all_reduce_s == pytest.approx(concurrent_all_reduce_s(topo, rings))
+        else:
+            assert sim.all_reduce_s == pytest.approx(
+                max(all_reduce_s(topo, r, b, expected) for r, b in rings)
+            )
