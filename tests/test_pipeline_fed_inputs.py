@@ -189,14 +189,14 @@ def test_auto_says_so_in_one_line_when_nothing_pipelines(
     failing_first(monkeypatch, 10**6)
     with pytest.raises(PlanError, match="could be pipelined: auto: not a pipeline") as info:
         partitioner.partition(towers, gpus=2, device_type="cpu", batch_size=8, pipeline=True)
-    assert "\n" not in str(info.value) and "without --pipeline" in str(info.value)
+    assert "\n" not in str(info.value) and "without pipeline=True" in str(info.value)
 
 
 def test_a_named_solver_that_does_not_pipeline_names_itself(
     towers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     failing_first(monkeypatch, 1)
-    with pytest.raises(PlanError, match=r"the metis placement is not a pipeline .* --solver auto"):
+    with pytest.raises(PlanError, match=r"the metis placement is not a pipeline .* solver='auto'"):
         partitioner.partition(
             towers, gpus=2, device_type="cpu", batch_size=8, pipeline=True, solver="metis"
         )
