@@ -46,6 +46,7 @@ import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import keras
@@ -71,7 +72,9 @@ __all__ = [
     "pipeline_warnings",
 ]
 
-_TASK_KIND = {Phase.FORWARD: EventKind.FORWARD, Phase.BACKWARD: EventKind.BACKWARD}
+_TASK_KIND: Mapping[Phase, EventKind] = MappingProxyType(
+    {Phase.FORWARD: EventKind.FORWARD, Phase.BACKWARD: EventKind.BACKWARD}
+)
 _BATCH_STATISTICS = inexact_class_names(InexactKind.BATCH_STATISTICS)
 _NOT_DIVISIBLE = re.compile(r"batch size \d+ is not divisible by num_microbatches=\d+[^\n\]\"']*")
 
