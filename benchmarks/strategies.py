@@ -23,7 +23,8 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   batched ring collective over gRPC); each process feeds its own half of the global batch (no
   client: Keras's ``train_on_batch`` fails under this strategy in Keras 3.15, and
   ``MirroredStrategy`` refuses another process's devices, see
-  :mod:`passes.rewrite.replicate`). The step is the slower process's median.
+  :mod:`passes.rewrite.replicate`). The step is, step by step, the slower process's time
+  (the median over the timed steps).
   **Predicted**: ``simulate_strategy`` of R = 2, S = 1 on ``costed_at(B / 2)`` (a replica's
   step on one core, then the ring all-reduce of every gradient over the fitted loopback link),
   plus the update of every variable (each replica updates its whole copy).
@@ -65,7 +66,7 @@ measured step over the best measured one (the issue's targets: <= 1.05, winners 
 error within 15%). ``--json`` writes ``{"records": [...]}`` with ``model``, ``strategy``,
 ``predicted_step_s``, ``measured_step_s``, ``chosen`` and the details. The two cores must be
 otherwise idle for the numbers to mean anything (``cpu_share`` says whether each process had
-its core). Exit status 0.
+its core). ``--quick``: 3 timed steps after 1 warm-up (default 7 after 2). Exit status 0.
 """
 
 from __future__ import annotations
@@ -361,6 +362,8 @@ class StrategyCalibration:
     """The search's own score of its choice (no update, feed or client terms)."""
     family_best: tuple[tuple[str, float, str], ...] = field(default=())
     """Per family the search scored: its best predicted step and the strategy in words."""
+    search_summary: str = ""
+    """How many candidates the search scored and why it could not score others."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -514,6 +517,14 @@ def _planned(
     )  # fmt: skip
 
 
+def _search_summary(search: Any) -> str:
+    rejected = "; ".join(f"{what}: {why}" for what, why in search.rejected[:3])
+    more = f" (+{len(search.rejected) - 3} more)" if len(search.rejected) > 3 else ""
+    text = f"{len(search.candidates)} candidates scored, {len(search.rejected)} rejected"
+    notes = "; ".join(search.notes)
+    return text + (f" [{rejected}{more}]" if rejected else "") + (f"; {notes}" if notes else "")
+
+
 def calibrate_strategies(
     spec: cz.ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path
 ) -> StrategyCalibration:
@@ -524,6 +535,8 @@ def calibrate_strategies(
     cal = cz.calibrate(spec, link, steps=steps, warmup=warmup, work=work)
     model = spec.build()
     costs = ProfiledCosts(model, cz.loopback_topology(link), reps=max(3, steps // 2))
+    for replicas in (1, 2):  # profile before the search: its time limit is for its solvers
+        costs.at(spec.batch_size // replicas)
     options = StrategyOptions(schedules=SEARCH_SCHEDULES)
     search = search_strategies(costs.at, spec.batch_size, options)
     names = costs.layer_names
@@ -568,7 +581,7 @@ def calibrate_strategies(
     )
     return StrategyCalibration(
         cz.calibration_to_json(cal), tuple(rows), auto_key, auto.describe(),
-        search.best.step_time_s, family_best,
+        search.best.step_time_s, family_best, _search_summary(search),
     )  # fmt: skip
 
 
@@ -823,6 +836,7 @@ def header(spec: cz.ModelSpec, scal: StrategyCalibration, steps: int, warmup: in
         f"auto (search_strategies, 2 cpu devices, fitted loopback): {scal.auto_words}, "
         f"searched step {scal.search_step_s * 1e3:.1f} ms (no update/feed/client terms)",
         f"search's best per family: {families}",
+        f"search: {scal.search_summary}",
     ]
 
 
