@@ -525,6 +525,20 @@ def _search_summary(search: Any) -> str:
     return text + (f" [{rejected}{more}]" if rejected else "") + (f"; {notes}" if notes else "")
 
 
+def _fixed_rows(
+    spec: cz.ModelSpec, plan: Any, names: Sequence[str], costs: ProfiledCosts,
+    terms: StepTerms, auto: Strategy,
+) -> tuple[list[PlannedRow], str]:  # fmt: skip
+    """The predicted fixed rows, and the key of the one that runs as ``auto`` (else ``auto``)."""
+    rows, auto_key = [], "auto"
+    for key, label, strategy in row_strategies(spec, plan, names):
+        prediction = predict_strategy(strategy, costs, spec.batch_size, terms)
+        rows.append(_planned(key, label, strategy, names, prediction))
+        if auto_key == "auto" and same_realisation(strategy, auto):
+            auto_key = key
+    return rows, auto_key
+
+
 def calibrate_strategies(
     spec: cz.ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path
 ) -> StrategyCalibration:
@@ -546,36 +560,14 @@ def calibrate_strategies(
         cal.all_update_s, dict(enumerate(cal.device_update_s)),
         dict(enumerate(cal.device_accumulate_s)), client_s,
     )  # fmt: skip
-    rows = []
     auto = search.best.strategy
-    auto_key = "auto"
-    for key, label, strategy in row_strategies(spec, plan, names):
-        rows.append(
-            _planned(
-                key,
-                label,
-                strategy,
-                names,
-                predict_strategy(strategy, costs, spec.batch_size, terms),
-            )
-        )
-        if auto_key == "auto" and same_realisation(strategy, auto):
-            auto_key = key
+    rows, auto_key = _fixed_rows(spec, plan, names, costs, terms, auto)
     if auto_key == "auto":
         placement = dict(zip(names, auto.layer_devices(0)))
-        auto_terms = _placement_terms(
-            model, placement, cal.all_update_s, client_s, max(10, 2 * steps)
-        )
-        label = f"auto: {auto.describe()}"
-        rows.append(
-            _planned(
-                "auto",
-                label,
-                auto,
-                names,
-                predict_strategy(auto, costs, spec.batch_size, auto_terms),
-            )
-        )
+        reps = max(10, 2 * steps)
+        auto_terms = _placement_terms(model, placement, cal.all_update_s, client_s, reps)
+        prediction = predict_strategy(auto, costs, spec.batch_size, auto_terms)
+        rows.append(_planned("auto", f"auto: {auto.describe()}", auto, names, prediction))
     family_best = tuple(
         (f.value, c.step_time_s, c.strategy.describe()) for f, c in search.best_per_family().items()
     )
