@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import keras
-import networkx as nx  # type: ignore[import-untyped]
+import networkx as nx
 import tensorflow as tf
 
 from partitioner.core.errors import TraceError
@@ -439,7 +439,7 @@ def _topological(ops: list[Op], edges: list[Edge]) -> tuple[Op, ...]:
     position = {op.id: i for i, op in enumerate(ops)}
     if all(position[e.src] < position[e.dst] for e in edges):
         return tuple(ops)
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_nodes_from(range(len(ops)))
     graph.add_edges_from((position[e.src], position[e.dst]) for e in edges)
     try:  # Kahn's algorithm taking the earliest-created ready op first

@@ -238,3 +238,12 @@ def test_long_layer_lists_are_cut_with_a_count() -> None:
     assert "'p9', +15 more]" in message and "'p10'" not in message
     assert "extra layers ['q']" in message
     assert "(25 layers; this model has 1)" in message
+
+
+def test_schedule_names_come_from_the_enum() -> None:
+    from partitioner.core.ir import Schedule
+
+    schedule = plan_schema()["properties"]["pipeline"]["properties"]["schedule"]
+    assert schedule["enum"] == [s.value for s in Schedule]
+    message = refused(edited(lambda d: d["pipeline"].update(schedule="zero-bubble")))
+    assert "pipeline.schedule" in message

@@ -70,6 +70,11 @@ class Schedule(enum.Enum):
     """1F1B (PipeDream-Flush, Narayanan et al., 2021): after a warm-up of forwards, each stage
     alternates one forward and one backward, bounding live activations by the stage count."""
 
+    @property
+    def label(self) -> str:
+        """The schedule's name as its paper writes it (its value where none is set)."""
+        return {"gpipe": "GPipe", "1f1b": "1F1B"}.get(self.value, self.value)
+
 
 class EventKind(enum.Enum):
     """What a timeline event is: compute on a device, or a transfer on a link."""

@@ -128,10 +128,7 @@ class Strategy:
             parts.append(f"{self.stages} stages")
         text = " x ".join(parts)
         if self.num_microbatches > 1:
-            name = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B"}.get(
-                self.schedule, self.schedule.value
-            )
-            text += f", {name}, {self.num_microbatches} micro-batches"
+            text += f", {self.schedule.label}, {self.num_microbatches} micro-batches"
         elif self.stages > 1:
             text += ", no micro-batches"
         return text

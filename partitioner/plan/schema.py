@@ -23,6 +23,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from partitioner.core.errors import PlanError
+from partitioner.core.ir import Schedule
 
 __all__ = [
     "PLAN_SCHEMA_RESOURCE",
@@ -48,8 +49,14 @@ _JSON_TYPE = {
 
 
 def plan_schema() -> dict[str, Any]:
-    """The plan JSON Schema as a fresh dict (safe to modify)."""
-    return json.loads(_schema_text())  # type: ignore[no-any-return]
+    """The plan JSON Schema as a fresh dict (safe to modify).
+
+    The schedule names come from :class:`~partitioner.core.ir.Schedule` (their one home): the file
+    asks for a string there and the loaded schema lists the enum's values."""
+    schema: dict[str, Any] = json.loads(_schema_text())
+    schedule = schema["properties"]["pipeline"]["properties"]["schedule"]
+    schedule["enum"] = [s.value for s in Schedule]
+    return schema
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,7 +88,7 @@ _PlanValidator: type[jsonschema.protocols.Validator] = jsonschema.validators.ext
 
 @functools.lru_cache(maxsize=1)
 def _validator() -> jsonschema.protocols.Validator:
-    schema = json.loads(_schema_text())
+    schema = plan_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     return _PlanValidator(schema)
 

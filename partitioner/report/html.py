@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import networkx as nx  # type: ignore[import-untyped]
+import networkx as nx
 
 from partitioner.core.errors import OutputError
 from partitioner.core.files import write_atomic
@@ -110,7 +110,7 @@ def _colour(d: int) -> str:
 def _depths(num_layers: int, edges: Sequence[tuple[int, int, int]]) -> list[int] | None:
     """Each layer's longest-path depth from a layer without inputs (its topological
     generation); None when the edges have a cycle (a corrupt plan)."""
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_nodes_from(range(num_layers))
     graph.add_edges_from((a, b) for a, b, _ in edges if a != b)
     if not nx.is_directed_acyclic_graph(graph):

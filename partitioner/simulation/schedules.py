@@ -38,7 +38,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
-import networkx as nx  # type: ignore[import-untyped]
+import networkx as nx
 
 from partitioner.core.errors import UsageError
 from partitioner.core.ir import Phase, Schedule
@@ -187,7 +187,7 @@ def order_stages(
     ``key`` must tell the devices apart (it is the only tie-break). On a cycle the order is
     empty and :attr:`StageOrder.blocked` / :attr:`StageOrder.cycle` say why.
     """
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[D] = nx.DiGraph()
     graph.add_nodes_from(devices)
     graph.add_edges_from(arcs)
     if nx.is_directed_acyclic_graph(graph):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import networkx as nx  # type: ignore[import-untyped]
+import networkx as nx
 
 from partitioner.core.ir import PartitionProblem
 from partitioner.solvers.base import checked_assignment
@@ -51,9 +51,9 @@ def stage_graph(assignment: Sequence[int], problem: PartitionProblem) -> set[tup
     return {(dev[a], dev[b]) for a, b, _ in problem.edges if dev[a] != dev[b]}
 
 
-def _stage_digraph(dev: Sequence[int], problem: PartitionProblem) -> nx.DiGraph:
+def _stage_digraph(dev: Sequence[int], problem: PartitionProblem) -> nx.DiGraph[int]:
     """The stage graph as a networkx graph over every device (unused ones included)."""
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_nodes_from(range(problem.num_devices))
     graph.add_edges_from(stage_graph(dev, problem))
     return graph

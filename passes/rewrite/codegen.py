@@ -58,6 +58,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from cost_models.devices.catalog import DeviceKind, get_device_type
 from partitioner.core.errors import RewriteError
 from partitioner.plan.model import Plan
 from passes.trace import Unit, input_specs, placement_units
@@ -1220,7 +1221,8 @@ def plan_device_strings(plan: Plan, devices: Sequence[str] | None = None) -> tup
         return strings
     if all(d.name for d in plan.devices):
         return tuple(d.name for d in plan.devices)
-    kind = "CPU" if all(d.device_type == "cpu" for d in plan.devices) else "GPU"
+    cpu_only = all(get_device_type(d.device_type).kind is DeviceKind.CPU for d in plan.devices)
+    kind = (DeviceKind.CPU if cpu_only else DeviceKind.GPU).tf_name
     return tuple(f"/device:{kind}:{d.index}" for d in plan.devices)
 
 
