@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from partitioner.cli.main import FLAGS, build_parser, cli_message
+from partitioner.cli.main import cli_message
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST = REPO / "examples" / "mnist_mlp.py"
@@ -394,43 +394,6 @@ def test_pipeline_with_report_and_emitted_code(tmp_path: Path) -> None:
 
 
 # -- library errors in the command line's terms -----------------------------------------------
-
-
-def test_flags_cover_every_api_option() -> None:
-    """Every field of the API's option groups has a spelling on the command line, and every
-    flag in the table is one the parser knows."""
-    from dataclasses import fields
-
-    from partitioner.core.options import MeasureOptions, SearchOptions, TargetOptions
-
-    names = {f.name for group in (TargetOptions, SearchOptions, MeasureOptions) for f in fields(group)}
-    assert names <= set(FLAGS), names - set(FLAGS)
-    known = {o for action in build_parser()._actions for o in action.option_strings}
-    for template in FLAGS.values():
-        flag = template.split(" ")[0]
-        assert flag in known or flag == "PARTITIONER_CACHE_DIR={}", template
-
-
-@pytest.mark.parametrize(
-    ("api", "cli"),
-    [
-        ("gpus=0 must be a positive integer", "--gpus 0 must be a positive integer"),
-        ("batch_size=32 is not divisible by num_microbatches=3;", "--batch-size 32 is not divisible by --microbatches 3;"),
-        ("(use gpus=2 or more, or drop pipeline=True)", "(use --gpus 2 or more, or drop --pipeline)"),
-        ("plan for device_type='cpu', or use profile=True.", "plan for --device-type cpu, or use --profile."),
-        ("give input_shape=(32, 32, 3)", "give --input-shape 32,32,3"),
-        ("schedule='gpipe' needs pipeline=True", "--schedule gpipe needs --pipeline"),
-        ("raise time_limit_s=5.", "raise --time-limit 5."),
-        ("memory_limit='3XB' is not a size", "--memory-limit 3XB is not a size"),
-        ("profile_ops=True times ops", "--profile-ops times ops"),
-        ("topology='my cluster.toml' has", "--topology 'my cluster.toml' has"),
-        ("(device_type=, gpus=)", "(--device-type, --gpus)"),
-        ("solver='auto' instead", "--solver auto instead"),
-        ("unchanged: --out x.json, random_seed=3, a.gpus=2", "unchanged: --out x.json, random_seed=3, a.gpus=2"),
-    ],
-)  # fmt: skip
-def test_cli_message_spells_api_arguments_as_flags(api: str, cli: str) -> None:
-    assert cli_message(api) == cli
 
 
 @pytest.mark.parametrize(
