@@ -118,114 +118,129 @@ def simulate_step(
 
     ``timeline=True`` also records the coarse timeline (see the module docstring).
     """
-    graph = costed.graph
-    lg = graph.layer_graph
-    topo = costed.topology
-    n_dev = topo.num_devices
-    per_layer = resolve_layer_devices(costed, layer_device)
-    op_layer = tuple(lg.index[lg.op_owner[op.id]] for op in graph.ops)
-    op_device = tuple(per_layer[k] for k in op_layer)
+    run = _StepRun(costed, resolve_layer_devices(costed, layer_device), timeline)
+    for i in range(len(costed.graph.ops)):
+        end = run.compute(i)
+        run.send_outputs(i, end)
+    return run.result()
 
-    op_index = graph.op_index
-    in_edges = graph.in_edges
-    out_edges = graph.out_edges
-    times = costed.op_compute_time_s
 
-    n_ops = len(graph.ops)
-    start_s = [0.0] * n_ops
-    end_s = [0.0] * n_ops
-    device_free = [0.0] * n_dev
-    device_busy = [0.0] * n_dev
-    bytes_sent = [0] * n_dev
-    bytes_received = [0] * n_dev
-    channel_free: dict[tuple[str, int, int], float] = {}
-    link_busy: dict[tuple[int, int], float] = {}
-    links: dict[tuple[int, int], tuple[Link | None, tuple[str, int, int]]] = {}
-    events: list[TimelineEvent] = []
-    # Per device, the open run of back-to-back ops: [layer, phase, start, end] or None.
-    runs: list[tuple[int, Phase, float, float] | None] = [None] * n_dev
-    resource_names: dict[tuple[str, int, int], str] = {}
-    # (producer position, output index, destination device) -> arrival time
-    arrival: dict[tuple[int, int, int], float] = {}
-    finish = 0.0
+class _StepRun:
+    """The state of one simulated step: ops run in graph order on their devices' queues, each
+    output sent once to every other device that reads it, over the channel's queue."""
 
-    for i in range(n_ops):
-        d = op_device[i]
-        ready = device_free[d]
-        for e in in_edges[i]:
+    def __init__(self, costed: CostedGraph, per_layer: Sequence[int], timeline: bool) -> None:
+        graph = costed.graph
+        lg = graph.layer_graph
+        n_ops, n_dev = len(graph.ops), costed.topology.num_devices
+        self.graph, self.lg, self.topo = graph, lg, costed.topology
+        self.times = costed.op_compute_time_s
+        self.timeline = timeline
+        self.op_layer = tuple(lg.index[lg.op_owner[op.id]] for op in graph.ops)
+        self.op_device = tuple(per_layer[k] for k in self.op_layer)
+        self.start_s = [0.0] * n_ops
+        self.end_s = [0.0] * n_ops
+        self.device_free = [0.0] * n_dev
+        self.device_busy = [0.0] * n_dev
+        self.bytes_sent = [0] * n_dev
+        self.bytes_received = [0] * n_dev
+        self.channel_free: dict[tuple[str, int, int], float] = {}
+        self.link_busy: dict[tuple[int, int], float] = {}
+        self.links: dict[tuple[int, int], tuple[Link | None, tuple[str, int, int]]] = {}
+        self.events: list[TimelineEvent] = []
+        # Per device, the open run of back-to-back ops: (layer, phase, start, end) or None.
+        self.runs: list[tuple[int, Phase, float, float] | None] = [None] * n_dev
+        self.resource_names: dict[tuple[str, int, int], str] = {}
+        # (producer position, output index, destination device) -> arrival time
+        self.arrival: dict[tuple[int, int, int], float] = {}
+        self.finish = 0.0
+
+    def compute(self, i: int) -> float:
+        """Run op ``i`` once its device is free and its inputs are there; its end time."""
+        d = self.op_device[i]
+        ready = self.device_free[d]
+        op_index, end_s = self.graph.op_index, self.end_s
+        for e in self.graph.in_edges[i]:
             j = op_index[e.src]
-            if op_device[j] == d:
-                t = end_s[j]
-            else:
-                t = arrival[(j, e.output_index, d)]
+            t = end_s[j] if self.op_device[j] == d else self.arrival[(j, e.output_index, d)]
             if t > ready:
                 ready = t
-        dur = times[d][i]
+        dur = self.times[d][i]
         end = ready + dur
-        start_s[i] = ready
+        self.start_s[i] = ready
         end_s[i] = end
-        device_free[d] = end
-        device_busy[d] += dur
-        if end > finish:
-            finish = end
-        if timeline:
-            phase = graph.ops[i].phase
-            run = runs[d]
-            if run is not None and run[0] == op_layer[i] and run[1] is phase and run[3] == ready:
-                runs[d] = (run[0], phase, run[2], end)
-            else:
-                if run is not None:
-                    events.append(_run_event(lg.nodes[run[0]].name, d, run))
-                runs[d] = (op_layer[i], phase, ready, end)
-        # Send each output once to every other device that reads it (the largest size any
-        # edge gives the tensor), in first-consumer order.
-        sends: dict[tuple[int, int], int] = {}
-        for e in out_edges[i]:
-            dst_dev = op_device[op_index[e.dst]]
-            if dst_dev != d:
-                key2 = (e.output_index, dst_dev)
-                sends[key2] = max(sends.get(key2, 0), e.bytes)
-        for (out_index, dst_dev), nbytes in sends.items():
-            pair = (d, dst_dev)
-            if pair not in links:
-                links[pair] = (topo.link_between(d, dst_dev), topo.channel_between(d, dst_dev))
-            link, channel = links[pair]
-            xfer = link.transfer_time_s(nbytes) if link is not None else 0.0
-            t0 = max(channel_free.get(channel, 0.0), end)
-            t1 = t0 + xfer
-            channel_free[channel] = t1
-            link_busy[pair] = link_busy.get(pair, 0.0) + xfer
-            bytes_sent[d] += nbytes
-            bytes_received[dst_dev] += nbytes
-            arrival[(i, out_index, dst_dev)] = t1
-            if timeline and nbytes > 0:
-                name = resource_names.get(channel)
-                if name is None:
-                    name = resource_names[channel] = channel_resource(topo, d, dst_dev)
-                events.append(
-                    TimelineEvent(
-                        name, EventKind.TRANSFER, f"{graph.ops[i].id}:{out_index}", t0, t1
-                    )
-                )
+        self.device_free[d] = end
+        self.device_busy[d] += dur
+        if end > self.finish:
+            self.finish = end
+        if self.timeline:
+            self._extend_run(i, d, ready, end)
+        return end
 
-    if timeline:
-        for d, run in enumerate(runs):
-            if run is not None:
-                events.append(_run_event(lg.nodes[run[0]].name, d, run))
-        events.sort(key=lambda ev: (ev.start_s, ev.resource, ev.end_s))
-    step = finish
-    return StepSimulation(
-        step_time_s=step,
-        device_busy_s=tuple(device_busy),
-        device_idle_s=tuple(max(0.0, step - b) for b in device_busy),
-        link_busy_s=tuple(sorted(link_busy.items())),
-        bytes_sent=tuple(bytes_sent),
-        bytes_received=tuple(bytes_received),
-        op_start_s=tuple(start_s),
-        op_end_s=tuple(end_s),
-        op_device=op_device,
-        timeline=tuple(events),
-    )
+    def _extend_run(self, i: int, d: int, ready: float, end: float) -> None:
+        """Merge op ``i`` into its device's open run of back-to-back ops of one layer and phase."""
+        phase = self.graph.ops[i].phase
+        run = self.runs[d]
+        if run is not None and run[0] == self.op_layer[i] and run[1] is phase and run[3] == ready:
+            self.runs[d] = (run[0], phase, run[2], end)
+            return
+        if run is not None:
+            self.events.append(_run_event(self.lg.nodes[run[0]].name, d, run))
+        self.runs[d] = (self.op_layer[i], phase, ready, end)
+
+    def send_outputs(self, i: int, end: float) -> None:
+        """Send each output of op ``i`` once to every other device that reads it (the largest
+        size any edge gives the tensor), in first-consumer order."""
+        d = self.op_device[i]
+        sends: dict[tuple[int, int], int] = {}
+        for e in self.graph.out_edges[i]:
+            dst_dev = self.op_device[self.graph.op_index[e.dst]]
+            if dst_dev != d:
+                key = (e.output_index, dst_dev)
+                sends[key] = max(sends.get(key, 0), e.bytes)
+        for (out_index, dst_dev), nbytes in sends.items():
+            self._transfer(i, out_index, d, dst_dev, nbytes, end)
+
+    def _transfer(self, i: int, out_index: int, d: int, dst: int, nbytes: int, end: float) -> None:
+        pair = (d, dst)
+        if pair not in self.links:
+            self.links[pair] = (self.topo.link_between(d, dst), self.topo.channel_between(d, dst))
+        link, channel = self.links[pair]
+        xfer = link.transfer_time_s(nbytes) if link is not None else 0.0
+        t0 = max(self.channel_free.get(channel, 0.0), end)
+        t1 = t0 + xfer
+        self.channel_free[channel] = t1
+        self.link_busy[pair] = self.link_busy.get(pair, 0.0) + xfer
+        self.bytes_sent[d] += nbytes
+        self.bytes_received[dst] += nbytes
+        self.arrival[(i, out_index, dst)] = t1
+        if self.timeline and nbytes > 0:
+            name = self.resource_names.get(channel)
+            if name is None:
+                name = self.resource_names[channel] = channel_resource(self.topo, d, dst)
+            what = f"{self.graph.ops[i].id}:{out_index}"
+            self.events.append(TimelineEvent(name, EventKind.TRANSFER, what, t0, t1))
+
+    def result(self) -> StepSimulation:
+        events = self.events
+        if self.timeline:
+            for d, run in enumerate(self.runs):
+                if run is not None:
+                    events.append(_run_event(self.lg.nodes[run[0]].name, d, run))
+            events.sort(key=lambda ev: (ev.start_s, ev.resource, ev.end_s))
+        step = self.finish
+        return StepSimulation(
+            step_time_s=step,
+            device_busy_s=tuple(self.device_busy),
+            device_idle_s=tuple(max(0.0, step - b) for b in self.device_busy),
+            link_busy_s=tuple(sorted(self.link_busy.items())),
+            bytes_sent=tuple(self.bytes_sent),
+            bytes_received=tuple(self.bytes_received),
+            op_start_s=tuple(self.start_s),
+            op_end_s=tuple(self.end_s),
+            op_device=self.op_device,
+            timeline=tuple(events),
+        )
 
 
 def _run_event(layer: str, device: int, run: tuple[int, Phase, float, float]) -> TimelineEvent:
