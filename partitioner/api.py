@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cost_models.devices.catalog import get_device_type
+from cost_models.devices.catalog import DeviceKind, get_device_type
 from cost_models.devices.topology import load_topology, topology_summary
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, parse_optimizer
@@ -462,7 +462,7 @@ def _profile_rows(topology: Topology) -> dict[int, str]:
     rows: dict[int, str] = {}
     k = 0
     for d in topology.devices:
-        if d.device_type == "cpu":
+        if get_device_type(d.device_type).kind is DeviceKind.CPU:
             rows[d.index] = "/device:CPU:0"
         elif k < len(gpus):
             rows[d.index] = gpus[k]
@@ -520,7 +520,9 @@ def _profile(
 
 def _cpu_rows(topo: Topology) -> list[int]:
     """The topology's cpu devices, which ``profile_ops`` measures; UsageError when none."""
-    rows = [d.index for d in topo.devices if d.device_type == "cpu"]
+    rows = [
+        d.index for d in topo.devices if get_device_type(d.device_type).kind is DeviceKind.CPU
+    ]
     if not rows:
         types = ", ".join(sorted({d.device_type for d in topo.devices}))
         raise UsageError(

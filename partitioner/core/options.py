@@ -181,8 +181,9 @@ class SearchOptions:
                     )
             return
         if self.schedule is Schedule.NONE:
+            known = " or ".join(s.value for s in Schedule if s is not Schedule.NONE)
             raise UsageError(
-                "pipeline=True needs a pipeline schedule (gpipe or 1f1b), not schedule='none'"
+                f"pipeline=True needs a pipeline schedule ({known}), not schedule='none'"
             )
         if self.num_microbatches is not None:
             _positive_int("num_microbatches", self.num_microbatches)
