@@ -130,6 +130,11 @@ def test_a_layer_name_in_the_path_is_quoted() -> None:
     assert "must be integer, got string" in message
 
 
+def test_a_hyphenated_layer_name_in_the_path_is_quoted() -> None:
+    message = refused(edited(lambda d: d["assignment"].__setitem__("dense-1", "0")))
+    assert 'field \'assignment["dense-1"]\' must be integer, got string' in message
+
+
 def test_other_violations_are_named() -> None:
     assert "field 'batch_size' must be >= 1, got 0" in refused(
         edited(lambda d: d.__setitem__("batch_size", 0))

@@ -9,7 +9,8 @@ its format's meaning:
   duplicate keys or ``NaN``/``Infinity`` is refused), or raise ``error("<origin> is not valid
   JSON (...); <hint>")``;
 * :func:`schema_problem` checks the parsed data against a JSON Schema (draft 2020-12; integers
-  are JSON integers, not booleans or ``1.0``; numbers are finite) shipped next to the reader
+  are JSON integers, not booleans or ``1.0``; numbers are finite: the strict validator of
+  :mod:`partitioner.core.jsonfiles`, which plan files use too) shipped next to the reader
   (:func:`load_schema`) and returns the shallowest problem as a :class:`SchemaProblem`: the
   field path (jsonschema's error path) and what is wrong, worded for people;
   :func:`check_schema` raises it as ``error("<origin>: <path>: <what>")``.
@@ -27,10 +28,8 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -40,6 +39,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from partitioner.core.errors import PartitionError, UsageError
+from partitioner.core.jsonfiles import error_order, field_path, strict_validator
 
 if sys.version_info >= (3, 11):
     import tomllib as _toml
@@ -61,7 +61,6 @@ __all__ = [
     "schema_problem",
 ]
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _TYPE_NOUN = {
     "object": "a table/object",
     "array": "a list",
@@ -134,31 +133,13 @@ def parse_toml(text: str, origin: str, error: type[PartitionError]) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def _is_integer(checker: Any, value: Any) -> bool:
-    """JSON integers only: not booleans, and not floats with a zero fraction (``1.0``)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite_number(checker: Any, value: Any) -> bool:
-    """Finite numbers only: TOML (and lenient JSON) readers accept ``nan`` and ``inf``."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_Validator: type[jsonschema.protocols.Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
-        {"integer": _is_integer, "number": _is_finite_number}
-    ),
-)
-
-
 @functools.cache
 def _validator(package: str, resource: str, ref: str | None) -> jsonschema.protocols.Validator:
     schema = load_schema(package, resource)
     jsonschema.Draft202012Validator.check_schema(schema)
     if ref is not None:
         schema = {"$defs": schema.get("$defs", {}), "$ref": ref}
-    return _Validator(schema)
+    return strict_validator(schema)
 
 
 @functools.cache
@@ -208,19 +189,6 @@ def describe_value(value: object) -> str:
     if value is None:
         return "null"
     return type(value).__name__
-
-
-def field_path(path: Iterable[str | int]) -> str:
-    """``hosts[0].devices[1].count``; ``(top level)`` for the empty path."""
-    text = ""
-    for part in path:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif _IDENTIFIER.fullmatch(part):
-            text += f".{part}" if text else part
-        else:
-            text += f"[{json.dumps(part)}]"
-    return text or "(top level)"
 
 
 def _number(value: object) -> str:
@@ -301,7 +269,7 @@ def schema_problem(
     errors = list(_validator(package, resource, ref).iter_errors(instance))
     if not errors:
         return None
-    first = min(errors, key=lambda e: (len(e.absolute_path), field_path(e.absolute_path)))
+    first = min(errors, key=error_order)
     return _problem(first)
 
 

@@ -3,7 +3,7 @@
 The schema (``partitioner/plan/plan.schema.json``, JSON Schema draft 2020-12, shipped in the
 package) documents exactly what :meth:`partitioner.plan.model.Plan.to_json_dict` writes for
 ``schema_version`` 1. :func:`validate_plan_data` checks untrusted JSON data against it (integers
-are JSON integers, numbers are finite) before a plan is rebuilt, and raises a
+are JSON integers, numbers are finite: :mod:`partitioner.core.jsonfiles`'s strict validator) before a plan is rebuilt, and raises a
 :class:`~partitioner.core.errors.PlanError` whose one-line message names the file and the field
 path (``plan.json: field 'predicted.step_time_s' must be number, got string``). :func:`check_plan_matches_model` refuses to apply a plan to a model whose layers are
 not the ones it places, naming the missing and the extra layers.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
@@ -24,6 +23,7 @@ from jsonschema.exceptions import ValidationError
 
 from partitioner.core.errors import PlanError
 from partitioner.core.ir import Schedule
+from partitioner.core.jsonfiles import error_order, field_path, strict_validator
 
 __all__ = [
     "PLAN_SCHEMA_RESOURCE",
@@ -36,7 +36,6 @@ PLAN_SCHEMA_RESOURCE = ("plan", "plan.schema.json")
 """Where the schema lies inside the ``partitioner`` package."""
 
 _MAX_NAMES = 10
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _JSON_TYPE = {
     bool: "boolean",
     int: "integer",
@@ -67,30 +66,9 @@ def _schema_text() -> str:
     return resource.read_text(encoding="utf-8")
 
 
-def _is_integer(checker: Any, value: Any) -> bool:
-    """JSON integers only: not booleans, and not floats with a zero fraction (``1.0``)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite_number(checker: Any, value: Any) -> bool:
-    """Finite numbers only: Python's JSON reader accepts ``NaN`` and ``Infinity``."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_PlanValidator: type[jsonschema.protocols.Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
-        {"integer": _is_integer, "number": _is_finite_number}
-    ),
-)
-"""Draft 2020-12 with the types a plan means: strict integers and finite numbers."""
-
-
 @functools.lru_cache(maxsize=1)
 def _validator() -> jsonschema.protocols.Validator:
-    schema = plan_schema()
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return _PlanValidator(schema)
+    return strict_validator(plan_schema())
 
 
 def validate_plan_data(data: Any, origin: str = "plan") -> None:
@@ -109,22 +87,12 @@ def validate_plan_data(data: Any, origin: str = "plan") -> None:
             f"{origin}: schema_version {version} is not supported (this "
             "partitioner reads 1); make the plan again with this version"
         )
-    first = min(
-        errors, key=lambda e: (len(e.absolute_path), _path(e.absolute_path), str(e.validator))
-    )
+    first = min(errors, key=lambda e: (*error_order(e, hyphens=False), str(e.validator)))
     raise PlanError(f"{origin}: {_describe(first)}")
 
 
 def _path(parts: Iterable[str | int]) -> str:
-    text = ""
-    for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif _IDENTIFIER.fullmatch(part):
-            text += f".{part}" if text else part
-        else:
-            text += f"[{json.dumps(part)}]"
-    return text
+    return field_path(parts, hyphens=False)
 
 
 def _json_type(value: Any) -> str:
@@ -141,7 +109,7 @@ def _types(expected: Any) -> list[str]:
 
 def _describe(error: ValidationError) -> str:
     parts = list(error.absolute_path)
-    where = _path(parts) or "(top level)"
+    where = _path(parts)
     value = error.instance
     rule = error.validator
     expected: Any = error.validator_value

@@ -64,6 +64,7 @@ def test_field_paths_and_values() -> None:
     assert field_path(()) == "(top level)"
     assert field_path(("hosts", 0, "devices", 1, "count")) == "hosts[0].devices[1].count"
     assert field_path(("a b", 2)) == '["a b"][2]'
+    assert field_path(("hosts", "gpu-a")) == "hosts.gpu-a"
     assert describe_value("two") == "a string ('two')"
     assert describe_value(True) == "a boolean (True)"
     assert describe_value(3) == "a number (3)"
