@@ -57,7 +57,8 @@ def problem(
 
 
 def test_registry_names_and_immutability() -> None:
-    assert solver_names() == (
+    # The product's solvers are all registered (a new one joins them without editing this test).
+    assert set(solver_names()) >= {
         "auto",
         "dp",
         "etf",
@@ -68,7 +69,8 @@ def test_registry_names_and_immutability() -> None:
         "round-robin",
         "single",
         "time",
-    )
+    }
+    assert solver_names() == tuple(sorted(SOLVERS))
     assert SOLVERS["metis"] is MetisSolver
     with pytest.raises(TypeError):
         SOLVERS["x"] = MetisSolver  # type: ignore[index]
@@ -80,22 +82,15 @@ def test_registry_names_and_immutability() -> None:
 
 
 def test_the_registry_is_the_one_list() -> None:
-    # Registry order is the docs' order (simplest first); solver_names() sorts.
-    assert tuple(SOLVERS) == (
-        "single",
-        "even",
-        "round-robin",
-        "params",
-        "time",
-        "dp",
-        "etf",
-        "metis",
-        "ilp",
-        "auto",
-    )
-    assert fast_solver_names() == tuple(n for n in SOLVERS if n not in ("ilp", "auto"))
-    # auto runs every fast solver (in its own tie-breaking order).
-    assert sorted(cls.name for cls in CANDIDATES) == sorted(fast_solver_names())
+    # Registry order is the docs' order (simplest first); solver_names() sorts. A new solver
+    # joins the registry without editing this test.
+    docs_order = ["single", "even", "round-robin", "params", "time", "dp", "etf", "metis", "ilp"]
+    assert [n for n in SOLVERS if n in docs_order] == docs_order
+    assert fast_solver_names() == tuple(n for n in SOLVERS if SOLVERS[n].uses_time_limit is False)
+    assert set(fast_solver_names()) >= set(docs_order) - {"ilp"}
+    # auto runs fast solvers only (in its own tie-breaking order): today every one of ours.
+    assert {cls.name for cls in CANDIDATES} <= set(fast_solver_names())
+    assert {cls.name for cls in CANDIDATES} >= set(docs_order) - {"ilp"}
     for cls in SOLVERS.values():
         assert cls.description and "\n" not in cls.description, cls.name
 
