@@ -65,6 +65,7 @@ __all__ = [
     "PipelineGradients",
     "PipelineTask",
     "PipelinedModel",
+    "SplitBatchTraining",
     "TaskTiming",
     "measure_task_times",
     "pipeline_model",
@@ -449,7 +450,45 @@ class TaskTiming:
     end_s: float
 
 
-class PipelinedModel(PlacedModel):
+class SplitBatchTraining(keras.Model):
+    """What every model that splits each batch in its training step shares: the optimizer update
+    without Keras's device-less "all-reduce" (:meth:`_apply_gradients`), and ``fit`` and
+    ``train_on_batch`` that turn the step's in-graph batch-size assertion into the one-line
+    :class:`UsageError` of :meth:`_batch_errors`."""
+
+    def _batch_errors(self) -> contextlib.AbstractContextManager[None]:
+        """Catches the error of the batch-size assertion this model's step makes."""
+        return _batch_errors()
+
+    def _apply_gradients(self, grads_and_vars: list[tuple[Any, Any]]) -> None:
+        """One optimizer update, each variable's on its own device, and nothing elsewhere.
+
+        In a replica context, Keras's TensorFlow optimizer first "all-reduces" the gradients over
+        the replicas; with no ``tf.distribute`` strategy that is one ``IdentityN`` of *every*
+        gradient, an op with no device, which TensorFlow places on the client's device: on a
+        cluster every gradient then travels to the client and back before its update (measured
+        on ``benchmarks.cluster_pipeline``: 8 x 4 MiB of gradients each way per step). With no
+        strategy there is one replica and nothing to reduce, so the update runs in the default
+        strategy's cross-replica context (``merge_call``), where Keras skips the reduction.
+        """
+        replica = tf.distribute.get_replica_context()
+        if replica is None or tf.distribute.has_strategy():
+            self.optimizer.apply_gradients(grads_and_vars)
+            return
+        replica.merge_call(lambda _strategy: self.optimizer.apply_gradients(grads_and_vars))
+
+    # -- clean errors for a batch that does not split -------------------------------------------
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        with self._batch_errors():
+            return super().fit(*args, **kwargs)
+
+    def train_on_batch(self, *args: Any, **kwargs: Any) -> Any:
+        with self._batch_errors():
+            return super().train_on_batch(*args, **kwargs)
+
+
+class PipelinedModel(SplitBatchTraining, PlacedModel):
     """A placed model whose training step pipelines micro-batches; see the module docstring."""
 
     def __init__(
@@ -606,33 +645,6 @@ class PipelinedModel(PlacedModel):
             self._apply_gradients(list(zip(result.gradients, self.trainable_weights)))
         with tf.device(self.output_device):
             return self.compute_metrics(x, y, result.y_pred, sample_weight=sample_weight)
-
-    def _apply_gradients(self, grads_and_vars: list[tuple[Any, Any]]) -> None:
-        """One optimizer update, each variable's on its own device, and nothing elsewhere.
-
-        In a replica context, Keras's TensorFlow optimizer first "all-reduces" the gradients over
-        the replicas; with no ``tf.distribute`` strategy that is one ``IdentityN`` of *every*
-        gradient, an op with no device, which TensorFlow places on the client's device: on a
-        cluster every gradient then travels to the client and back before its update (measured
-        on ``benchmarks.cluster_pipeline``: 8 x 4 MiB of gradients each way per step). With no
-        strategy there is one replica and nothing to reduce, so the update runs in the default
-        strategy's cross-replica context (``merge_call``), where Keras skips the reduction.
-        """
-        replica = tf.distribute.get_replica_context()
-        if replica is None or tf.distribute.has_strategy():
-            self.optimizer.apply_gradients(grads_and_vars)
-            return
-        replica.merge_call(lambda _strategy: self.optimizer.apply_gradients(grads_and_vars))
-
-    # -- clean errors for a batch that does not split -------------------------------------------
-
-    def fit(self, *args: Any, **kwargs: Any) -> Any:
-        with _batch_errors():
-            return super().fit(*args, **kwargs)
-
-    def train_on_batch(self, *args: Any, **kwargs: Any) -> Any:
-        with _batch_errors():
-            return super().train_on_batch(*args, **kwargs)
 
 
 @dataclass(frozen=True)

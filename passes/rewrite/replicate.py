@@ -73,7 +73,7 @@ import tensorflow as tf
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
 from passes.rewrite.device_placement import place_model
-from passes.rewrite.pipeline import PipelinedModel, pipeline_model
+from passes.rewrite.pipeline import PipelinedModel, SplitBatchTraining, pipeline_model
 
 logger = logging.getLogger(__name__)
 
@@ -403,7 +403,7 @@ def replicate_model(
 # -- R replicas x S stages: explicit all-reduce -----------------------------------------------
 
 
-class ReplicatedPipeline(keras.Model):
+class ReplicatedPipeline(SplitBatchTraining):
     """``R`` pipelined copies of one model trained on shares of each batch with averaged
     gradients; see the module docstring (built by :func:`replicate_pipeline`)."""
 
@@ -412,6 +412,11 @@ class ReplicatedPipeline(keras.Model):
         if len(replicas) < 2:
             raise UsageError(f"a replicated pipeline needs >= 2 replicas, got {len(replicas)}")
         self.replicas = list(replicas)
+
+    def _batch_errors(self) -> contextlib.AbstractContextManager[None]:
+        """Catches the error of this step's assertion that the batch splits into the replicas'
+        micro-batches (``fit`` and ``train_on_batch`` are :class:`SplitBatchTraining`'s)."""
+        return _batch_errors()
 
     @property
     def num_replicas(self) -> int:
@@ -499,7 +504,7 @@ class ReplicatedPipeline(keras.Model):
             loss_module.unscale_loss_for_distribution(loss), sample_weight=rows
         )
         if self.trainable_weights:
-            self._apply(self._all_reduce([res.gradients for res in results], combine))
+            self._apply_gradients(self._all_reduce([res.gradients for res in results], combine))
         with tf.device(self.replicas[0].output_device):
             return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -558,24 +563,6 @@ class ReplicatedPipeline(keras.Model):
                 reduced = combine(grads)
             pairs += [(reduced, v[k]) for v in variables]
         return pairs
-
-    def _apply(self, grads_and_vars: list[tuple[Any, Any]]) -> None:
-        """One optimizer update for every copy; with no strategy active, in the default
-        replica context's ``merge_call`` so Keras adds no device-less ``IdentityN``
-        "all-reduce" of every gradient (as ``PipelinedModel`` does)."""
-        replica = tf.distribute.get_replica_context()
-        if replica is None or tf.distribute.has_strategy():
-            self.optimizer.apply_gradients(grads_and_vars)
-            return
-        replica.merge_call(lambda _strategy: self.optimizer.apply_gradients(grads_and_vars))
-
-    def fit(self, *args: Any, **kwargs: Any) -> Any:
-        with _batch_errors():
-            return super().fit(*args, **kwargs)
-
-    def train_on_batch(self, *args: Any, **kwargs: Any) -> Any:
-        with _batch_errors():
-            return super().train_on_batch(*args, **kwargs)
 
 
 def _device_of(variable: Any) -> str:
