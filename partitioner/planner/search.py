@@ -157,12 +157,16 @@ def sub_problem(problem: PartitionProblem, devices: tuple[int, ...]) -> Partitio
 
 
 def _stage_placements(
-    costed: CostedGraph, group: tuple[int, ...], options: StrategyOptions, pipelined: bool
+    costed: CostedGraph,
+    group: tuple[int, ...],
+    solvers: tuple[str, ...],
+    options: StrategyOptions,
+    pipelined: bool,
 ) -> Iterator[tuple[str, tuple[int, ...]] | tuple[str, PartitionError]]:
-    """``(solver, stage of each layer)`` from every placement solver on ``group``'s devices."""
+    """``(solver, stage of each layer)`` from each of ``solvers`` on ``group``'s devices."""
     problem = sub_problem(costed.problem(), group)
     seen: set[tuple[int, ...]] = set()
-    for name in options.placement_solvers:
+    for name in solvers:
         solver = get_solver(name, seed=options.seed, time_limit_s=options.time_limit_s)
         try:
             stages = solver.solve(problem).assignment
@@ -252,9 +256,13 @@ def _score_placements(
     pipelined_counts = [m for m in micro if m > 1]
     for pipelined in (False, True):
         counts = pipelined_counts if pipelined else ([1] if want_plain else [])
-        if not counts or time.monotonic() > scorer.deadline:
+        if not counts:
             continue
-        for name, found in _stage_placements(costed, groups[0], options, pipelined):
+        # Past the time limit every shape is still scored, with the first placement solver only.
+        solvers = options.placement_solvers
+        if time.monotonic() > scorer.deadline:
+            solvers = solvers[:1]
+        for name, found in _stage_placements(costed, groups[0], solvers, options, pipelined):
             if isinstance(found, PartitionError):
                 scorer.rejected.append((f"{len(groups)} x {len(groups[0])} by {name}", str(found)))
                 continue
@@ -268,14 +276,20 @@ def _score_placements(
 def search_strategies(
     costed_at: CostedAt, batch_size: int, options: StrategyOptions | None = None
 ) -> StrategySearch:
-    """Score every strategy family and return the best (see the module docstring)."""
+    """Score every strategy family and return the best (see the module docstring).
+
+    The costs of every per-replica batch are computed first; ``options.time_limit_s`` bounds the
+    search and the refinement, not the costing."""
     options = options or StrategyOptions()
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be >= 1")
-    deadline = time.monotonic() + options.time_limit_s
-    scorer = _Scorer(costed_at, batch_size, deadline)
     num_devices = costed_at(batch_size).topology.num_devices
-    for replicas, stages in _shapes(num_devices, batch_size, options.families):
+    shapes = list(_shapes(num_devices, batch_size, options.families))
+    scorer = _Scorer(costed_at, batch_size, deadline=0.0)
+    for replicas in sorted({r for r, _ in shapes}):
+        scorer.costed(replicas)
+    scorer.deadline = time.monotonic() + options.time_limit_s
+    for replicas, stages in shapes:
         _score_shape(scorer, replicas, stages, options)
     if not scorer.candidates:
         why = "; ".join(f"{what}: {reason}" for what, reason in scorer.rejected[:4])
@@ -283,19 +297,7 @@ def search_strategies(
     best = min(scorer.candidates, key=StrategyCandidate.rank)
     if not best.simulation.fits and set(options.families) != set(Family):
         raise InfeasibleError(_forced_family_message(costed_at, batch_size, options, best))
-    notes: tuple[str, ...] = ()
-    if options.refine and best.strategy.stages > 1:
-        refined = refine_strategy(
-            scorer.costed(best.strategy.replicas), best.simulation,
-            seed=options.seed, time_limit_s=max(0.0, deadline - time.monotonic()),
-        )
-        if refined.step_time_s < best.step_time_s and refined.fits >= best.simulation.fits:
-            notes = (
-                f"refined by the simulated step from {best.step_time_s:.6g} s to "
-                f"{refined.step_time_s:.6g} s",
-            )
-            best = StrategyCandidate(simulation=refined, placement=f"{best.placement}+refine")
-            scorer.candidates.append(best)
+    best, notes = _refined(scorer, best, options)
     return StrategySearch(
         best=best,
         candidates=tuple(scorer.candidates),
@@ -303,6 +305,28 @@ def search_strategies(
         notes=notes,
     )
 
+
+def _refined(
+    scorer: _Scorer, best: StrategyCandidate, options: StrategyOptions
+) -> tuple[StrategyCandidate, tuple[str, ...]]:
+    """``best`` improved by :func:`refine_strategy` in the time left, when it has stages."""
+    if not options.refine or best.strategy.stages == 1:
+        return best, ()
+    refined = refine_strategy(
+        scorer.costed(best.strategy.replicas),
+        best.simulation,
+        seed=options.seed,
+        time_limit_s=max(0.0, scorer.deadline - time.monotonic()),
+    )
+    if refined.step_time_s >= best.step_time_s or refined.fits < best.simulation.fits:
+        return best, ()
+    note = (
+        f"refined by the simulated step from {best.step_time_s:.6g} s to "
+        f"{refined.step_time_s:.6g} s"
+    )
+    best = StrategyCandidate(simulation=refined, placement=f"{best.placement}+refine")
+    scorer.candidates.append(best)
+    return best, (note,)
 
 
 def _forced_family_message(

@@ -252,3 +252,17 @@ def test_the_simulated_all_reduce_is_the_one_the_rewrite_runs() -> None:
             assert sim.all_reduce_s == pytest.approx(
                 max(all_reduce_s(topo, r, b, expected) for r, b in rings)
             )
+
+
+def test_costing_is_not_charged_to_the_time_limit_and_every_family_is_scored() -> None:
+    import time as _time
+
+    topo = uniform_topology(4, FAST_LINK)
+    inner = chain_costs(32, topology=topo, **CHAIN)
+
+    def slow_costs(batch: int):  # type: ignore[no-untyped-def]
+        _time.sleep(0.05)  # costing (tracing, profiling) takes longer than the search's limit
+        return inner(batch)
+
+    found = search_strategies(slow_costs, 32, StrategyOptions(time_limit_s=0.01))
+    assert set(found.best_per_family()) == set(Family)
