@@ -297,7 +297,7 @@ def loopback_topology(link: LinkFit) -> Topology:
     )
 
 
-def _client_terms_s(link: LinkFit, feed_bytes: int) -> float:
+def client_terms_s(link: LinkFit, feed_bytes: int) -> float:
     """Feeding the batch from the client, and the client's fixed cost of a cluster step."""
     return loopback_topology(link).link.transfer_time_s(feed_bytes) + link.dispatch_s
 
@@ -309,7 +309,7 @@ def predict_single(cal: ZooCalibration) -> float:
 
 def predict_placed(cal: ZooCalibration, link: LinkFit) -> float:
     """The placed step on two workers without micro-batches (see the module docstring)."""
-    return cal.placed_compute_s + max(cal.device_update_s) + _client_terms_s(link, cal.feed_bytes)
+    return cal.placed_compute_s + max(cal.device_update_s) + client_terms_s(link, cal.feed_bytes)
 
 
 def _with_accumulation(
@@ -349,7 +349,7 @@ def predict_pipelined(
         schedule=schedule,
         num_microbatches=num_microbatches,
     )
-    step = sim.step_time_s + max(update_s) + _client_terms_s(link, feed_bytes)
+    step = sim.step_time_s + max(update_s) + client_terms_s(link, feed_bytes)
     busy = tuple(sim.device_busy_s[d] + update_s[d] for d in range(2))
     return step, busy
 
@@ -519,7 +519,7 @@ def _topology_file(path: Path, link: LinkFit) -> Path:
     return path
 
 
-def _variable_times(variables: Sequence[Any], reps: int) -> tuple[float, float]:
+def variable_times(variables: Sequence[Any], reps: int) -> tuple[float, float]:
     """The SGD update of ``variables`` and one addition of two copies of their gradients."""
     import keras
     import tensorflow as tf
@@ -599,8 +599,8 @@ def calibrate(
                 for w in units[name].operation.trainable_weights:
                     chosen[id(w)] = w
         everything.update(chosen)
-        per_device.append(_variable_times(list(chosen.values()), reps))
-    all_update, _ = _variable_times(list(everything.values()), reps)
+        per_device.append(variable_times(list(chosen.values()), reps))
+    all_update, _ = variable_times(list(everything.values()), reps)
 
     xs, y = make_data(model, spec.batch_size)
     compile_model(model)
@@ -627,7 +627,7 @@ def calibrate(
     )
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -645,7 +645,7 @@ def calibrate_in_child(
             "--models", spec.key, "--link", json.dumps(asdict(link)), "--out", str(out),
             "--core", str(core), "--steps", str(steps), "--warmup", str(warmup),
         ]  # fmt: skip
-        done = subprocess.run(cmd, env=_child_env(), cwd=REPO_ROOT, capture_output=True, text=True)
+        done = subprocess.run(cmd, env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True)
         if done.returncode != 0 or not out.exists():
             raise SystemExit(
                 f"calibrating {spec.key} failed ({done.returncode}): {done.stderr[-3000:]}"
@@ -755,7 +755,7 @@ def run(
     pair = (cores[0], cores[1])
     results: list[ModelResult] = []
     with tempfile.TemporaryDirectory() as tmp:
-        workers = start_local_workers(2, Path(tmp), threads=1, cores=list(pair), env=_child_env())
+        workers = start_local_workers(2, Path(tmp), threads=1, cores=list(pair), env=child_env())
         with workers:
             handle = connect(workers.cluster_file, timeout_s=60)
             tasks = remote_device_strings(handle, [0, 1])

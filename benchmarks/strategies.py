@@ -504,7 +504,7 @@ def _placement_terms(
             if dev == d
             for w in units[name].operation.trainable_weights
         }
-        update[d], accumulate[d] = cz._variable_times(list(chosen.values()), reps)
+        update[d], accumulate[d] = cz.variable_times(list(chosen.values()), reps)
     return StepTerms(all_update_s, update, accumulate, client_s)
 
 
@@ -555,7 +555,7 @@ def calibrate_strategies(
     search = search_strategies(costs.at, spec.batch_size, options)
     names = costs.layer_names
     plan = Plan.from_json_dict(json.loads(cal.plan_json))
-    client_s = cz._client_terms_s(link, cal.feed_bytes)
+    client_s = cz.client_terms_s(link, cal.feed_bytes)
     terms = StepTerms(
         cal.all_update_s, dict(enumerate(cal.device_update_s)),
         dict(enumerate(cal.device_accumulate_s)), client_s,
@@ -589,7 +589,7 @@ def calibrate_in_child(
             "--core", str(core), "--steps", str(steps), "--warmup", str(warmup),
         ]  # fmt: skip
         done = subprocess.run(
-            cmd, env=cz._child_env(), cwd=REPO_ROOT, capture_output=True, text=True
+            cmd, env=cz.child_env(), cwd=REPO_ROOT, capture_output=True, text=True
         )
         if done.returncode != 0 or not out.exists():
             raise SystemExit(
@@ -726,7 +726,7 @@ def measure_data_parallel(
             with logs[i].open("wb") as log:
                 procs.append(
                     subprocess.Popen(
-                        cmd, env=cz._child_env(), cwd=REPO_ROOT, stdout=log, stderr=log
+                        cmd, env=cz.child_env(), cwd=REPO_ROOT, stdout=log, stderr=log
                     )
                 )
         try:
@@ -846,7 +846,7 @@ def run(
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         workers = start_local_workers(
-            2, Path(tmp), threads=1, cores=list(pair), env=cz._child_env()
+            2, Path(tmp), threads=1, cores=list(pair), env=cz.child_env()
         )
         with workers:
             handle = connect(workers.cluster_file, timeout_s=60)
