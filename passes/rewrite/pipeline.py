@@ -566,22 +566,7 @@ class PipelinedModel(SplitBatchTraining, PlacedModel):
                     [tf.strings.format(_not_divisible_message("{}", m), batch)],
                 )
             )
-
-        def pieces(structure: Any) -> list[Any]:
-            if structure is None:
-                return [None] * m
-            leaves = tree.flatten(structure)
-            with tf.control_dependencies(checks):
-                parts = [
-                    None if t is None else tf.split(tf.convert_to_tensor(t), m, axis=0)
-                    for t in leaves
-                ]
-            return [
-                tree.pack_sequence_as(structure, [None if p is None else p[k] for p in parts])
-                for k in range(m)
-            ]
-
-        return pieces(x), pieces(y), pieces(sample_weight)
+        return tuple(split_structure(part, m, checks) for part in (x, y, sample_weight))
 
     def _microbatch_loss_weight(self, weighted: bool) -> float:
         """What each micro-batch's loss is multiplied by so that they add up to the batch loss.
@@ -872,6 +857,24 @@ def _independent_timestamp() -> Any:
     else:  # pragma: no cover - depends on the TensorFlow version
         logger.warning("cannot exempt timestamps from automatic control dependencies")
     return stamp
+
+
+def split_structure(structure: Any, count: int, checks: Sequence[Any]) -> list[Any]:
+    """``count`` equal pieces of ``structure`` (each tensor split along the batch axis once
+    ``checks`` have run, its ``None`` leaves kept); ``[None] * count`` for ``None``."""
+    from keras.src import tree
+
+    if structure is None:
+        return [None] * count
+    leaves = tree.flatten(structure)
+    with tf.control_dependencies(checks):
+        parts = [
+            None if t is None else tf.split(tf.convert_to_tensor(t), count, axis=0) for t in leaves
+        ]
+    return [
+        tree.pack_sequence_as(structure, [None if p is None else p[k] for p in parts])
+        for k in range(count)
+    ]
 
 
 def _not_divisible_message(batch: int | str, num_microbatches: int) -> str:

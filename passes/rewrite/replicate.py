@@ -73,7 +73,12 @@ import tensorflow as tf
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
 from passes.rewrite.device_placement import place_model
-from passes.rewrite.pipeline import PipelinedModel, SplitBatchTraining, pipeline_model
+from passes.rewrite.pipeline import (
+    PipelinedModel,
+    SplitBatchTraining,
+    pipeline_model,
+    split_structure,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -523,8 +528,6 @@ class ReplicatedPipeline(SplitBatchTraining):
 
     def _shard_batch(self, x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any, Any]:
         """``R`` equal shares of the batch, after checking ``R x M`` divides it."""
-        from keras.src import tree
-
         n, m = self.num_replicas, self.num_microbatches
         first = tf.convert_to_tensor(_first_leaf(x))
         checks = []
@@ -534,21 +537,10 @@ class ReplicatedPipeline(SplitBatchTraining):
         if first.shape[0] is None:
             checks.append(_batch_assertion(rows // n, rows, n, m))
 
-        def shares(structure: Any) -> list[Any]:
-            if structure is None:
-                return [None] * n
-            leaves = tree.flatten(structure)
-            with tf.control_dependencies(checks):
-                parts = [
-                    None if t is None else tf.split(tf.convert_to_tensor(t), n, axis=0)
-                    for t in leaves
-                ]
-            return [
-                tree.pack_sequence_as(structure, [None if p is None else p[r] for p in parts])
-                for r in range(n)
-            ]
-
-        return shares(x), shares(y), shares(sample_weight), rows
+        xs, ys, sample_weights = (
+            split_structure(part, n, checks) for part in (x, y, sample_weight)
+        )
+        return xs, ys, sample_weights, rows
 
     def _all_reduce(self, gradients: Sequence[Sequence[Any]], combine: Any) -> list[Any]:
         """``(gradient, variable)`` for every replica's copy of every variable: the combined
