@@ -33,7 +33,13 @@ from passes.trace import Unit, placement_units
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PlacedModel", "default_device_strings", "place_model"]
+__all__ = [
+    "PlacedModel",
+    "default_device_strings",
+    "finish_copy",
+    "place_model",
+    "sample_batch",
+]
 
 
 def default_device_strings(num_devices: int) -> tuple[str, ...]:
@@ -83,6 +89,7 @@ def _move_weights(copy_unit: Unit, source_unit: Unit, device: str) -> int:
         for new, old in zip(new_weights, old_weights):
             new._initialize(old.numpy())
     return len(new_weights)
+
 
 def _fresh_copy(operation: Any) -> Any:
     return operation.__class__.from_config(operation.get_config())
@@ -254,10 +261,26 @@ def place_model(
         for new, old in zip(rest_new, rest_old):
             new.assign(old.numpy())
     placed = PlacedModel(inner, dict(zip(names, devices)), name=f"{model.name}_placed")
-    placed(sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs))
+    finish_copy(placed, model, sample_inputs)
+    return placed
+
+
+def sample_batch(sample_inputs: Sequence[Any]) -> Any:
+    """What a model is called on for ``sample_inputs``: the one input, or the list of them."""
+    return sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs)
+
+
+def finish_copy(
+    copy: keras.Model,
+    model: keras.Model,
+    sample_inputs: Sequence[Any],
+    log: logging.Logger = logger,
+) -> None:
+    """Build the rewritten ``copy`` of ``model`` on ``sample_inputs`` and compile it as ``model``
+    is compiled (settings that cannot be copied are a warning on ``log``: call compile())."""
+    copy(sample_batch(sample_inputs))
     if model.compiled:
         try:
-            placed.compile_from_config(model.get_compile_config())
+            copy.compile_from_config(model.get_compile_config())
         except Exception as exc:
-            logger.warning("could not copy the compile settings (%s); call compile()", exc)
-    return placed
+            log.warning("could not copy the compile settings (%s); call compile()", exc)

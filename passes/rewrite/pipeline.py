@@ -56,7 +56,7 @@ from partitioner.core.errors import PlanError, RewriteError, UsageError
 from partitioner.core.ir import EventKind, Phase, Schedule
 from partitioner.core.microbatch import InexactKind, inexact_class_names
 from partitioner.simulation.schedules import order_stages, pipeline_schedules, schedule_steps
-from passes.rewrite.device_placement import PlacedModel, place_model
+from passes.rewrite.device_placement import PlacedModel, finish_copy, place_model
 from passes.trace import placement_units
 
 logger = logging.getLogger(__name__)
@@ -964,12 +964,7 @@ def pipeline_model(
             f"{model.name!r}'s layers on those devices {list(pipelined.stage_devices)}; "
             "replan for this model"
         )
-    pipelined(sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs))
-    if model.compiled:
-        try:
-            pipelined.compile_from_config(model.get_compile_config())
-        except Exception as exc:
-            logger.warning("could not copy the compile settings (%s); call compile()", exc)
+    finish_copy(pipelined, model, sample_inputs, logger)
     for line in warnings:
         logger.warning("pipeline of %r: %s", model.name, line)
     return pipelined

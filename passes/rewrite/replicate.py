@@ -72,7 +72,7 @@ import tensorflow as tf
 
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
-from passes.rewrite.device_placement import place_model
+from passes.rewrite.device_placement import place_model, sample_batch
 from passes.rewrite.pipeline import (
     PipelinedModel,
     SplitBatchTraining,
@@ -205,10 +205,6 @@ def _first_leaf(x: Any) -> Any:
     return leaves[0]
 
 
-def _sample_batch(sample_inputs: Sequence[Any]) -> Any:
-    return sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs)
-
-
 # -- R replicas x 1 stage: MirroredStrategy ---------------------------------------------------
 
 
@@ -328,7 +324,7 @@ def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Mo
             copy = keras.models.clone_model(model)
         else:
             copy = model.__class__.from_config(model.get_config())
-        copy(_sample_batch(sample_inputs))
+        copy(sample_batch(sample_inputs))
     except Exception as exc:
         raise RewriteError(
             f"could not copy model {model.name!r} for replication: {type(exc).__name__}: {exc}; "
@@ -390,7 +386,7 @@ def replicate_model(
     with strategy.scope():
         inner = _copy_in_scope(model, sample_inputs)
         replicated = ReplicatedModel(inner, name=f"{model.name}_replicated")
-        replicated(_sample_batch(sample_inputs))
+        replicated(sample_batch(sample_inputs))
         if model.compiled:
             try:
                 config = model.get_compile_config()
