@@ -33,6 +33,7 @@ from partitioner.core.ir import (
 )
 from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES
 from partitioner.core.options import MeasureOptions, SearchOptions, TargetOptions, parse_schedule
+from partitioner.core.strategy import Family
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import (
     BaselineResult,
@@ -41,6 +42,9 @@ from partitioner.plan.model import (
     load_plan,
     plan_from_solution,
 )
+from partitioner.planner.explain import FamilyRow, family_rows
+from partitioner.planner.explain import advice as strategy_advice
+from partitioner.planner.search import StrategyOptions, search_strategies
 from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
 from partitioner.simulation.step import simulate_step
 from partitioner.solvers import Solver, get_solver, solve
@@ -171,6 +175,7 @@ def partition(
     pipeline: bool = False,
     num_microbatches: int | None = None,
     schedule: Schedule | str = Schedule.ONE_F_ONE_B,
+    compare_strategies: bool = True,
     profile: bool = False,
     profile_ops: bool = False,
     cache_dir: str | None = None,
@@ -203,6 +208,7 @@ def partition(
         SearchOptions, search, "search", solver=solver, seed=seed, time_limit_s=time_limit_s,
         pipeline=pipeline, schedule=parse_schedule(schedule) if pipeline else None,
         num_microbatches=None if not pipeline and num_microbatches == 1 else num_microbatches,
+        compare_strategies=compare_strategies,
     )  # fmt: skip
     measure = _options(
         MeasureOptions, measure, "measure", profile=profile, profile_ops=profile_ops,
@@ -234,9 +240,18 @@ def partition_prepared(
     say("comparing with baselines")
     with _timed(phases, "baselines"):
         baselines = _all_baselines(costed, solved, prepared)
+    strategies: tuple[FamilyRow, ...] = ()
+    if prepared.search.compare_strategies and prepared.topology.num_devices > 1:
+        say("comparing strategies")
+        with _timed(phases, "strategies"):
+            strategies = _strategies(model, costed, prepared, say)
     for line in solved.warnings:
         logger.warning("%s", line)
-    return plan_from_solution(
+    advice = _advice(costed, solved.evaluation, baselines, solved.pipeline)
+    if strategies:
+        applied = Family.PIPELINE if solved.pipeline is not None else Family.PLACED
+        advice = (strategy_advice(strategies, applied), *advice)
+    plan = plan_from_solution(
         costed,
         solved.result,
         solved.evaluation,
@@ -244,7 +259,7 @@ def partition_prepared(
         batch_size=prepared.target.batch_size,
         input_shape=prepared.target.input_shape,
         baselines=baselines,
-        advice=_advice(costed, solved.evaluation, baselines, solved.pipeline),
+        advice=advice,
         phase_times_s=tuple(phases),
         pipeline=solved.pipeline,
         warnings=solved.warnings,
@@ -252,6 +267,34 @@ def partition_prepared(
         measured_layers=costed.measured,
         cost_notes=cost_notes,
     )
+    return replace(plan, strategies=strategies)
+
+
+def _strategies(
+    model: Any, costed: CostedGraph, prepared: Prepared, say: Progress
+) -> tuple[FamilyRow, ...]:
+    """The best strategy of each family by the predicted step of what it would run
+    (:func:`partitioner.planner.search.search_strategies`): the model traced and costed again at
+    each per-replica batch, measured as this run was (``profile`` / ``profile_ops``)."""
+    batch = prepared.target.batch_size
+    graphs = {batch: costed}
+
+    def costed_at(per_replica_batch: int) -> CostedGraph:
+        if per_replica_batch not in graphs:
+            target = replace(prepared.target, batch_size=per_replica_batch)
+            at = replace(prepared, target=target)
+            traced = _trace(model, target, _no_progress, [])
+            graphs[per_replica_batch], _ = _cost(model, traced, at, _no_progress, [])
+        return graphs[per_replica_batch]
+
+    options = StrategyOptions(
+        seed=prepared.search.seed, time_limit_s=min(prepared.search.time_limit_s, 2.0)
+    )
+    try:
+        return family_rows(search_strategies(costed_at, batch, options))
+    except PartitionError as exc:
+        logger.warning("strategies not compared: %s", exc)
+        return ()
 
 
 def _trace(

@@ -177,3 +177,29 @@ def test_pure_parts_import_without_tensorflow() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_plan_compares_every_strategy_by_its_predicted_step(plan: Plan) -> None:
+    from partitioner.core.strategy import Family
+
+    rows = plan.strategies
+    families = {r.family for r in rows}
+    assert {Family.SINGLE, Family.DATA_PARALLEL, Family.PIPELINE, Family.PLACED} <= families
+    assert [r.step_time_s for r in rows if r.fits] == sorted(r.step_time_s for r in rows if r.fits)
+    (chosen,) = [r for r in rows if r.chosen]
+    assert chosen.step_time_s == min(r.step_time_s for r in rows if r.fits)
+    assert all(r.why_not for r in rows if not r.chosen)
+    single = next(r for r in rows if r.family is Family.SINGLE)
+    assert single.speedup_over_single == pytest.approx(1.0)
+    # the advice comes from that table first
+    assert plan.advice[0].startswith(f"Fastest predicted strategy: {chosen.description}")
+    # saved and read back whole
+    assert Plan.from_json_dict(plan.to_json_dict()).strategies == rows
+
+
+def test_comparing_strategies_can_be_left_out(mlp: keras.Model) -> None:
+    plan = partitioner.partition(
+        mlp, gpus=2, batch_size=16, solver="even", compare_strategies=False
+    )
+    assert plan.strategies == ()
+    assert "strategies" not in dict(plan.phase_times_s)

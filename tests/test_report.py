@@ -282,3 +282,30 @@ def test_the_time_table_has_a_row_per_resource_of_the_breakdown() -> None:
     assert table.columns[3].header == "idle (bubble)"
     assert table.caption == "from the simulated timeline"
     assert [c.align for c in table.columns] == [Align.LEFT, *[Align.RIGHT] * 3, Align.LEFT]
+
+
+def test_strategies_table_shows_each_family_fastest_first_and_why_the_others_lost() -> None:
+    from partitioner.core.strategy import Family
+    from partitioner.planner.explain import FamilyRow
+    from partitioner.report.html import _tables
+    from partitioner.report.tables import strategies_table
+
+    rows = (
+        FamilyRow(Family.PIPELINE, "2 stages, 1F1B, 8 micro-batches", 0.2, 1.5, 100, 1000, True, True, ""),
+        FamilyRow(Family.SINGLE, "one device", 0.3, 1.0, 400, 1000, True, False, "1.50x slower"),
+        FamilyRow(Family.DATA_PARALLEL, "2 data-parallel replicas", 0.5, None, 2000, 1000, False, False, "does not fit: device 0 needs 2 KiB of 1000 B"),
+    )
+    assert strategies_table(make_plan()) is None
+    plan = replace(make_plan(), strategies=rows)
+    table = strategies_table(plan)
+    assert table is not None
+    assert [r.cells[0].text for r in table.rows] == [
+        "pipeline: 2 stages, 1F1B, 8 micro-batches (fastest)",
+        "single device: one device",
+        "data parallel: 2 data-parallel replicas",
+    ]
+    assert [r.cells[2].text for r in table.rows] == ["1.50x", "1.00x", "-"]
+    text = rendered(plan)
+    assert "Strategies" in text and "does not fit: device 0 needs" in text
+    assert _tables(plan)["strategies"]["rows"][0]["cls"] == "this"
+    assert _tables(make_plan())["strategies"] is None

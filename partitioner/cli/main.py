@@ -60,6 +60,7 @@ FLAGS: Mapping[str, str] = MappingProxyType(
         "pipeline": "--pipeline",
         "num_microbatches": "--microbatches {}",
         "schedule": "--schedule {}",
+        "compare_strategies": "--strategies",
         # how to measure (MeasureOptions)
         "profile": "--profile",
         "profile_ops": "--profile-ops",
@@ -213,6 +214,14 @@ def _add_search_flags(parser: argparse.ArgumentParser) -> None:
         choices=[s.value for s in Schedule if s is not Schedule.NONE],
         help="pipeline schedule with --pipeline (default 1f1b)",
     )
+    parser.add_argument(
+        "--strategies",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compare every strategy (one device, data parallel, pipeline, plain split, hybrid) "
+        "by the predicted step of what it would run (default on; --no-strategies skips the "
+        "extra traces at each per-replica batch)",
+    )
 
 
 def _add_measure_flags(parser: argparse.ArgumentParser) -> None:
@@ -266,6 +275,7 @@ def _options(args: argparse.Namespace) -> tuple[TargetOptions, SearchOptions, Me
         pipeline=args.pipeline,
         num_microbatches=args.microbatches,
         schedule=None if args.schedule is None else Schedule(args.schedule),
+        compare_strategies=args.strategies,
     )
     return target, search, MeasureOptions(profile=args.profile, profile_ops=args.profile_ops)
 

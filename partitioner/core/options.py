@@ -137,7 +137,10 @@ class SearchOptions:
     ``time_limit_s`` are its options. With ``pipeline``, the plan's stages run
     ``num_microbatches`` micro-batches under ``schedule`` (``None``: :data:`DEFAULT_SCHEDULE`;
     ``num_microbatches`` ``None``: the most micro-batches up to 4 x devices that divide the
-    batch, see :meth:`microbatches_for`) and its predictions are the pipelined step's.
+    batch, see :meth:`microbatches_for`) and its predictions are the pipelined step's. With
+    ``compare_strategies``, the plan also compares every strategy family (single device, data
+    parallel, pipeline, plain split, hybrid) by the predicted step of what each would run
+    (:mod:`partitioner.planner`; the model is traced again at each per-replica batch).
     """
 
     solver: str = "auto"
@@ -146,9 +149,11 @@ class SearchOptions:
     pipeline: bool = False
     num_microbatches: int | None = None
     schedule: Schedule | None = None
+    compare_strategies: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "solver", _text("solver", self.solver))
+        _flag("compare_strategies", self.compare_strategies)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise UsageError(f"seed={self.seed!r} must be an integer")
         self._check_time_limit()

@@ -20,7 +20,9 @@ from typing import Any
 from partitioner.core.errors import PlanError
 from partitioner.core.files import write_atomic
 from partitioner.core.ir import CostedGraph, EventKind, Schedule, SolverResult, TimelineEvent
+from partitioner.core.strategy import Family
 from partitioner.plan.schema import validate_plan_data
+from partitioner.planner.explain import FamilyRow
 from partitioner.simulation.evaluate import DeviceLoad, PlanEvaluation
 
 DevicePrediction = DeviceLoad
@@ -126,6 +128,10 @@ class Plan:
     """Layers whose compute times were profiled (``profile=True``); every other cost is estimated."""
     cost_notes: tuple[str, ...] = ()
     """How the costs were obtained (profiled devices, cache hits, what stayed estimated)."""
+    strategies: tuple[FamilyRow, ...] = ()
+    """The best strategy of each family (single device, data parallel, pipeline, plain split,
+    hybrid) by the predicted step of what it would run, fastest first, with why each lost
+    (:func:`partitioner.planner.explain.family_rows`)."""
     schema_version: int = SCHEMA_VERSION
     _assignment: Mapping[str, int] = field(init=False, repr=False, compare=False)
 
@@ -258,6 +264,7 @@ class Plan:
             },
             "measured_layers": list(self.measured_layers),
             "cost_notes": list(self.cost_notes),
+            "strategies": [_strategy_json(r) for r in self.strategies],
             "layer_edges": [list(e) for e in self.layer_edges],
             "layer_compute_s": list(self.layer_compute_s),
             "timeline": [
@@ -314,6 +321,7 @@ class Plan:
             ),
             measured_layers=tuple(data.get("measured_layers", [])),
             cost_notes=tuple(data.get("cost_notes", [])),
+            strategies=tuple(_strategy_row(r) for r in data.get("strategies", [])),
         )
 
     def to_json(self) -> str:
@@ -446,6 +454,29 @@ def _solver_info(data: Mapping[str, Any]) -> SolverInfo:
         objective=None if objective is None else float(objective),
         solve_time_s=float(data["solve_time_s"]),
         notes=tuple(data.get("notes", [])),
+    )
+
+
+def _strategy_json(row: FamilyRow) -> dict[str, Any]:
+    """A ``strategies[]`` record."""
+    data = asdict(row)
+    data["family"] = row.family.value
+    return data
+
+
+def _strategy_row(data: Mapping[str, Any]) -> FamilyRow:
+    """A ``strategies[]`` record read back."""
+    speedup = data["speedup_over_single"]
+    return FamilyRow(
+        family=Family(data["family"]),
+        description=data["description"],
+        step_time_s=float(data["step_time_s"]),
+        speedup_over_single=None if speedup is None else float(speedup),
+        peak_memory_bytes=data["peak_memory_bytes"],
+        memory_limit_bytes=data["memory_limit_bytes"],
+        fits=data["fits"],
+        chosen=data["chosen"],
+        why_not=data["why_not"],
     )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from partitioner.core.strategy import Family
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.planner.search import StrategyCandidate, StrategySearch
+from partitioner.simulation.strategy import StrategySimulation
 
 __all__ = ["FamilyRow", "advice", "family_rows"]
 
@@ -51,7 +52,7 @@ def _fullest(candidate: StrategyCandidate) -> tuple[int, int]:
     return sim.peak_memory_bytes[d], sim.memory_limit_bytes[d]
 
 
-def _why_not(candidate: StrategyCandidate, best: StrategyCandidate) -> str:
+def _why_not(candidate: StrategyCandidate, best: StrategyCandidate, single_s: float | None) -> str:
     sim = candidate.simulation
     if not sim.fits:
         device, need, limit = max(sim.over_memory, key=lambda o: o[1] - o[2])
@@ -60,21 +61,41 @@ def _why_not(candidate: StrategyCandidate, best: StrategyCandidate) -> str:
             f"{format_bytes(limit)}"
         )
     ratio = candidate.step_time_s / best.step_time_s if best.step_time_s > 0 else 1.0
-    slower = f"{ratio:.2f}x slower"
-    if sim.all_reduce_s > 0 and sim.all_reduce_s >= 0.2 * candidate.step_time_s:
-        share = sim.all_reduce_s / candidate.step_time_s
-        return (
-            f"{slower}: its all-reduce of {format_bytes(sum(sim.gradient_bytes))} of gradients "
-            f"takes {format_seconds(sim.all_reduce_s)} ({share:.0%} of its step)"
-        )
+    reasons = [r for r in (_all_reduce_reason(sim), _replica_reason(sim, single_s)) if r]
     pipeline = sim.replica.pipeline
-    if pipeline is not None and pipeline.bubble_fraction:
+    if pipeline is not None and pipeline.bubble_fraction and max(pipeline.bubble_fraction) >= 0.2:
         bubble = max(pipeline.bubble_fraction)
-        if bubble >= 0.2:
-            return f"{slower}: its stages idle up to {bubble:.0%} of the step (pipeline bubble)"
+        reasons.append(f"its stages idle up to {bubble:.0%} of the step (pipeline bubble)")
     if candidate.strategy.family is Family.SINGLE:
-        return f"{slower}: one device does all the work"
-    return slower
+        reasons.append("one device does all the work")
+    return "; ".join([f"{ratio:.2f}x slower", *reasons])
+
+
+def _all_reduce_reason(sim: StrategySimulation) -> str:
+    """The all-reduce, when it is a tenth of the step or more."""
+    if sim.all_reduce_s <= 0 or sim.all_reduce_s < 0.1 * sim.step_time_s:
+        return ""
+    share = sim.all_reduce_s / sim.step_time_s
+    return (
+        f"its all-reduce of {format_bytes(sum(sim.gradient_bytes))} of gradients takes "
+        f"{format_seconds(sim.all_reduce_s)} ({share:.0%} of its step)"
+    )
+
+
+def _replica_reason(sim: StrategySimulation, single_s: float | None) -> str:
+    """Replicas whose share of the batch runs far slower than their share of one device's step
+    (per-op costs that do not shrink with the batch)."""
+    replicas = sim.strategy.replicas
+    if replicas == 1 or single_s is None or sim.strategy.stages > 1:
+        return ""
+    replica_s = max(sim.replica_step_s)
+    if replica_s < 0.75 * single_s:
+        return ""
+    return (
+        f"a replica takes {format_seconds(replica_s)} on 1/{replicas} of the batch, "
+        f"{replica_s / single_s:.0%} of one device's whole-batch step (a small batch does not "
+        "fill a device)"
+    )
 
 
 def family_rows(search: StrategySearch) -> tuple[FamilyRow, ...]:
@@ -100,14 +121,15 @@ def family_rows(search: StrategySearch) -> tuple[FamilyRow, ...]:
                 memory_limit_bytes=limit,
                 fits=candidate.simulation.fits,
                 chosen=chosen,
-                why_not="" if chosen else _why_not(candidate, search.best),
+                why_not="" if chosen else _why_not(candidate, search.best, single_s),
             )
         )
     return tuple(rows)
 
 
-def advice(rows: tuple[FamilyRow, ...]) -> str:
-    """One paragraph from the table: what to run and why, with the numbers."""
+def advice(rows: tuple[FamilyRow, ...], applied: Family | None = None) -> str:
+    """One paragraph from the table: which strategy is fastest and why the others lose, with the
+    numbers; ``applied`` (the family the plan itself applies) adds what to run when it differs."""
     chosen = next((r for r in rows if r.chosen), None)
     if chosen is None:
         return "No strategy was scored."
@@ -117,11 +139,28 @@ def advice(rows: tuple[FamilyRow, ...]) -> str:
             f"{format_bytes(chosen.peak_memory_bytes)} on a device of "
             f"{format_bytes(chosen.memory_limit_bytes)}; use more or larger devices."
         )
-    head = f"Run {chosen.description} ({format_seconds(chosen.step_time_s)} per step"
+    head = f"Fastest predicted strategy: {chosen.description} ({format_seconds(chosen.step_time_s)}"
     if chosen.speedup_over_single is not None and chosen.family is not Family.SINGLE:
-        head += f", {chosen.speedup_over_single:.2f}x one device"
-    head += ")."
-    others = [
-        f"{r.family.label} ({r.description}): {r.why_not}" for r in rows if not r.chosen
-    ]
-    return " ".join([head, *(f"{o}." for o in others)])
+        head += f" per step, {chosen.speedup_over_single:.2f}x one device)."
+    else:
+        head += " per step)."
+    others = [f"{r.family.label} ({r.description}): {r.why_not}." for r in rows if not r.chosen]
+    tail = []
+    if applied is not None and applied is not chosen.family:
+        tail.append(_how_to_run(chosen.family, applied))
+    return " ".join([head, *others, *tail])
+
+
+def _how_to_run(chosen: Family, applied: Family) -> str:
+    """What to run when the fastest family is not the one the plan applies."""
+    if chosen is Family.SINGLE:
+        return "Splitting does not pay here: train on one device."
+    if chosen is Family.DATA_PARALLEL:
+        return (
+            f"This plan applies a {applied.label}; for data parallelism train under "
+            "tf.distribute.MirroredStrategy (passes.rewrite.replicate.replicate_model builds it)."
+        )
+    return (
+        f"This plan applies a {applied.label}; passes.rewrite.replicate.realise_strategy runs "
+        f"the {chosen.label} strategy."
+    )

@@ -52,6 +52,7 @@ from partitioner.report.tables import (
     memory_text,
     resource_sort_key,
     stage_table,
+    strategies_table,
     time_breakdown,
 )
 
@@ -513,12 +514,15 @@ def _table_data(table: Table) -> dict[str, Any]:
 
 
 def _tables(plan: Plan) -> dict[str, Any]:
-    """The device, stage (None without a pipeline) and comparison tables."""
+    """The device, stage (None without a pipeline), comparison and strategies (None when the
+    plan compared none) tables."""
     stages = stage_table(plan, Medium.PAGE)
+    strategies = strategies_table(plan)
     return {
         "devices": _table_data(device_table(plan, Medium.PAGE)),
         "stages": None if stages is None else _table_data(stages),
         "comparison": _table_data(comparison_table(plan, Medium.PAGE)),
+        "strategies": None if strategies is None else _table_data(strategies),
     }
 
 
@@ -673,6 +677,7 @@ _APP_JS = """
     document.getElementById("stages-section").hidden = false;
   }
   fillTable("comparison", data.tables.comparison);
+  fillTable("strategies", data.tables.strategies);
   fillList("notes", data.notes);
   fillList("advice", data.advice);
   if (!data.advice.length) { document.getElementById("advice-section").hidden = true; }
@@ -726,6 +731,7 @@ def render_html(plan: Plan) -> str:
 <section><h2>Timeline</h2><div id="timeline" class="plot"></div></section>
 <section><h2>Where the time goes</h2><div id="time" class="plot"></div></section>
 <section><h2>Memory</h2><div id="memory" class="plot"></div></section>
+<section><h2>Strategies (the predicted step of what each would run)</h2><table id="strategies"></table></section>
 <section><h2>Solver comparison</h2><table id="comparison"></table></section>
 <section id="notes-section"><h2>Solver notes</h2><ul id="notes"></ul></section>
 <section><h2>Devices</h2><table id="devices"></table></section>

@@ -26,6 +26,7 @@ from enum import Enum
 from partitioner.core.ir import EventKind
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import BaselineResult, DevicePrediction, Plan
+from partitioner.planner.explain import FamilyRow
 
 __all__ = [
     "Align",
@@ -46,6 +47,7 @@ __all__ = [
     "memory_text",
     "resource_sort_key",
     "stage_table",
+    "strategies_table",
     "time_breakdown",
     "time_table",
 ]
@@ -380,6 +382,45 @@ def comparison_table(plan: Plan, medium: Medium) -> Table:
     if medium is Medium.PAGE:
         rows.append(_bound_row(plan))
     return Table(title=cell("Compared with"), columns=_COMPARISON_COLUMNS, rows=tuple(rows))
+
+
+# -- strategies ------------------------------------------------------------------------------
+
+_STRATEGY_COLUMNS = (
+    Column("strategy"),
+    Column("step time", Align.RIGHT),
+    Column("vs one device", Align.RIGHT),
+    Column("fullest device", Align.RIGHT),
+    Column("why not"),
+)
+
+
+def _strategy_row(row: FamilyRow) -> Row:
+    speedup = "-" if row.speedup_over_single is None else f"{row.speedup_over_single:.2f}x"
+    name = f"{row.family.label}: {row.description}" + (" (fastest)" if row.chosen else "")
+    memory = memory_text(row.peak_memory_bytes, row.memory_limit_bytes)
+    cells = (
+        cell(name, Style.BOLD if row.chosen else Style.PLAIN),
+        cell(format_seconds(row.step_time_s)),
+        cell(speedup),
+        cell(memory, Style.PLAIN if row.fits else Style.ALERT),
+        cell(row.why_not),
+    )
+    kind = RowKind.THIS if row.chosen else RowKind.NORMAL if row.fits else RowKind.NOFIT
+    return Row(cells, kind)
+
+
+def strategies_table(plan: Plan) -> Table | None:
+    """The best strategy of each family by its predicted step, fastest first (None when the
+    plan compared none)."""
+    if not plan.strategies:
+        return None
+    return Table(
+        title=cell("Strategies (the predicted step of what each would run)"),
+        columns=_STRATEGY_COLUMNS,
+        rows=tuple(_strategy_row(r) for r in plan.strategies),
+        caption="replicas at their own batch, pipelines with their bubbles, the gradient all-reduce",
+    )
 
 
 # -- where the time goes ----------------------------------------------------------------------

@@ -44,6 +44,7 @@ from partitioner.report.tables import (
     comparison_table,
     device_table,
     stage_table,
+    strategies_table,
     time_table,
 )
 
@@ -94,6 +95,9 @@ def _print_tables(plan: Plan, console: Console) -> None:
     console.print(_summary_line(plan))
     if plan.baselines:
         console.print(_rich_table(comparison_table(plan, Medium.TERMINAL)))
+    strategies = strategies_table(plan)
+    if strategies is not None:
+        console.print(_rich_table(strategies))
     console.print(_rich_table(time_table(plan)))
 
 

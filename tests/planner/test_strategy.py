@@ -213,7 +213,7 @@ def test_family_rows_say_why_each_family_lost() -> None:
     assert "all-reduce" in by_family[Family.DATA_PARALLEL].why_not
     assert by_family[Family.SINGLE].speedup_over_single == pytest.approx(1.0)
     text = advice(rows)
-    assert text.startswith(f"Run {chosen[0].description}")
+    assert text.startswith(f"Fastest predicted strategy: {chosen[0].description}")
     assert "data parallel" in text
 
 
