@@ -252,3 +252,10 @@ def test_schedule_names_come_from_the_enum() -> None:
     assert schedule["enum"] == [s.value for s in Schedule]
     message = refused(edited(lambda d: d["pipeline"].update(schedule="zero-bubble")))
     assert "pipeline.schedule" in message
+
+
+def test_strategy_family_names_come_from_the_enum() -> None:
+    from partitioner.core.strategy import Family
+
+    family = plan_schema()["properties"]["strategies"]["items"]["properties"]["family"]
+    assert family["enum"] == [f.value for f in Family]

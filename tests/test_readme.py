@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -50,3 +52,12 @@ def test_the_solver_table_is_the_registry() -> None:
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert solver_table() in readme
+
+
+@pytest.mark.slow
+def test_the_example_run_is_what_the_command_prints() -> None:
+    """The README's example output is pasted from the command, never typed (make docs)."""
+    from benchmarks.readme import example_output
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert example_output() in readme

@@ -24,6 +24,7 @@ from jsonschema.exceptions import ValidationError
 from partitioner.core.errors import PlanError
 from partitioner.core.ir import Schedule
 from partitioner.core.jsonfiles import error_order, field_path, strict_validator
+from partitioner.core.strategy import Family
 
 __all__ = [
     "PLAN_SCHEMA_RESOURCE",
@@ -50,11 +51,14 @@ _JSON_TYPE = {
 def plan_schema() -> dict[str, Any]:
     """The plan JSON Schema as a fresh dict (safe to modify).
 
-    The schedule names come from :class:`~partitioner.core.ir.Schedule` (their one home): the file
-    asks for a string there and the loaded schema lists the enum's values."""
+    The schedule and strategy family names come from :class:`~partitioner.core.ir.Schedule` and
+    :class:`~partitioner.core.strategy.Family` (their one home): the file asks for a string
+    there and the loaded schema lists the enum's values."""
     schema: dict[str, Any] = json.loads(_schema_text())
     schedule = schema["properties"]["pipeline"]["properties"]["schedule"]
     schedule["enum"] = [s.value for s in Schedule]
+    family = schema["properties"]["strategies"]["items"]["properties"]["family"]
+    family["enum"] = [f.value for f in Family]
     return schema
 
 
