@@ -32,7 +32,13 @@ from partitioner.core.ir import (
     peak_bytes,
 )
 from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES
-from partitioner.core.options import MeasureOptions, SearchOptions, TargetOptions, parse_schedule
+from partitioner.core.options import (
+    DEFAULT_SCHEDULE,
+    MeasureOptions,
+    SearchOptions,
+    TargetOptions,
+    parse_schedule,
+)
 from partitioner.core.strategy import Family
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import (
@@ -174,7 +180,7 @@ def partition(
     time_limit_s: float = 5.0,
     pipeline: bool = False,
     num_microbatches: int | None = None,
-    schedule: Schedule | str = Schedule.ONE_F_ONE_B,
+    schedule: Schedule | str = DEFAULT_SCHEDULE,
     compare_strategies: bool = True,
     profile: bool = False,
     profile_ops: bool = False,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from partitioner.core.errors import InfeasibleError, PartitionError, PlanError, UsageError
 from partitioner.core.ir import CostedGraph, PartitionProblem, Schedule, Topology
+from partitioner.core.options import DEFAULT_SCHEDULE
 from partitioner.core.strategy import Family, Strategy
 from partitioner.core.units import format_bytes
 from partitioner.planner.refine import refine_strategy
@@ -61,7 +62,7 @@ class StrategyOptions:
 
     families: tuple[Family, ...] = tuple(Family)
     placement_solvers: tuple[str, ...] = ("dp", "time", "even", "metis")
-    schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B,)
+    schedules: tuple[Schedule, ...] = (DEFAULT_SCHEDULE,)
     max_microbatches_per_stage: int = 4
     refine: bool = True
     seed: int = 0
