@@ -15,7 +15,8 @@ stage) to that neighbour's stage, unless that empties a stage. Metropolis-Hastin
 is taken; one that lengthens it by ``delta`` is taken with probability
 ``exp(-beta * delta / step)``. A move that breaks the pipeline (a cycle between stages) or the
 memory limits is rejected. The chain starts from the given strategy, keeps the best it saw,
-and stops after ``time_limit_s`` or ``max_moves`` moves; the random moves come from a
+and stops after ``time_limit_s``, after ``max_moves`` moves, or after ``patience`` moves in a
+row that did not improve on the best; the random moves come from a
 ``random.Random(seed)``, so a run is reproducible for a given number of moves.
 
 Pure Python, no TensorFlow.
@@ -70,14 +71,17 @@ def refine_strategy(
     seed: int = 0,
     time_limit_s: float = 1.0,
     max_moves: int = 2000,
+    patience: int = 200,
 ) -> StrategySimulation:
     """The best strategy the chain visits from ``start`` (see the module docstring)."""
     rng = random.Random(seed)
     deadline = time.monotonic() + time_limit_s
     current = best = start
+    since_best = 0
     for _ in range(max_moves):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or since_best >= patience:
             break
+        since_best += 1
         moves = boundary_moves(current.strategy.stage_of_layer)
         if not moves:
             break
@@ -89,5 +93,5 @@ def refine_strategy(
         if delta <= 0 or rng.random() < math.exp(-BETA * delta / scale):
             current = candidate
             if current.step_time_s < best.step_time_s:
-                best = current
+                best, since_best = current, 0
     return best
