@@ -62,13 +62,21 @@ def _why_not(candidate: StrategyCandidate, best: StrategyCandidate, single_s: fl
         )
     ratio = candidate.step_time_s / best.step_time_s if best.step_time_s > 0 else 1.0
     reasons = [r for r in (_all_reduce_reason(sim), _replica_reason(sim, single_s)) if r]
-    pipeline = sim.replica.pipeline
-    if pipeline is not None and pipeline.bubble_fraction and max(pipeline.bubble_fraction) >= 0.2:
-        bubble = max(pipeline.bubble_fraction)
+    bubble = _bubble(sim)
+    if bubble >= 0.2:
         reasons.append(f"its stages idle up to {bubble:.0%} of the step (pipeline bubble)")
     if candidate.strategy.family is Family.SINGLE:
         reasons.append("one device does all the work")
     return "; ".join([f"{ratio:.2f}x slower", *reasons])
+
+
+def _bubble(sim: StrategySimulation) -> float:
+    """The largest idle share of replica 0's stage devices in its pipelined step (0 unpipelined);
+    the devices of the other replicas are not in replica 0's simulation."""
+    pipeline = sim.replica.pipeline
+    if pipeline is None:
+        return 0.0
+    return max(pipeline.bubble_fraction[d] for d in sim.strategy.device_groups[0])
 
 
 def _all_reduce_reason(sim: StrategySimulation) -> str:

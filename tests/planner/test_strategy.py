@@ -266,3 +266,14 @@ def test_costing_is_not_charged_to_the_time_limit_and_every_family_is_scored() -
 
     found = search_strategies(slow_costs, 32, StrategyOptions(time_limit_s=0.01))
     assert set(found.best_per_family()) == set(Family)
+
+
+def test_a_hybrid_bubble_counts_only_its_own_stage_devices() -> None:
+    from partitioner.planner.explain import _bubble
+
+    topo = uniform_topology(4, FAST_LINK)
+    costed = chain_at(16, full_batch=32, topology=topo, **CHAIN)  # type: ignore[arg-type]
+    sim = simulate_strategy(costed, Strategy(((0, 1), (2, 3)), (0, 0, 1, 1), 8, Schedule.ONE_F_ONE_B))
+    # devices 2 and 3 are idle in replica 0's simulation; the bubble is replica 0's stages'.
+    assert sim.replica.pipeline is not None and sim.replica.pipeline.bubble_fraction[2] == 1.0
+    assert 0.0 < _bubble(sim) < 0.5
