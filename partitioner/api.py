@@ -250,7 +250,7 @@ def partition_prepared(
     if prepared.search.compare_strategies and prepared.topology.num_devices > 1:
         say("comparing strategies")
         with _timed(phases, "strategies"):
-            strategies = _strategies(model, costed, prepared, say)
+            strategies = _strategies(model, costed, prepared)
     for line in solved.warnings:
         logger.warning("%s", line)
     advice = _advice(costed, solved.evaluation, baselines, solved.pipeline)
@@ -276,9 +276,12 @@ def partition_prepared(
     return replace(plan, strategies=strategies)
 
 
-def _strategies(
-    model: Any, costed: CostedGraph, prepared: Prepared, say: Progress
-) -> tuple[FamilyRow, ...]:
+STRATEGY_SEARCH_LIMIT_S = 2.0
+"""The most seconds the strategy comparison searches and refines (its costing comes first and is
+not counted): a plan's main search keeps the solver's time limit."""
+
+
+def _strategies(model: Any, costed: CostedGraph, prepared: Prepared) -> tuple[FamilyRow, ...]:
     """The best strategy of each family by the predicted step of what it would run
     (:func:`partitioner.planner.search.search_strategies`): the model traced and costed again at
     each per-replica batch, measured as this run was (``profile`` / ``profile_ops``)."""
@@ -294,7 +297,8 @@ def _strategies(
         return graphs[per_replica_batch]
 
     options = StrategyOptions(
-        seed=prepared.search.seed, time_limit_s=min(prepared.search.time_limit_s, 2.0)
+        seed=prepared.search.seed,
+        time_limit_s=min(prepared.search.time_limit_s, STRATEGY_SEARCH_LIMIT_S),
     )
     try:
         return family_rows(search_strategies(costed_at, batch, options))
