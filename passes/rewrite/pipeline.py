@@ -886,15 +886,21 @@ def _not_divisible_message(batch: int | str, num_microbatches: int) -> str:
 
 
 @contextlib.contextmanager
-def _batch_errors() -> Iterator[None]:
-    """Turn the runtime batch-size assertion into the one-line :class:`UsageError`."""
+def assertion_errors(pattern: re.Pattern[str]) -> Iterator[None]:
+    """Turn an in-graph assertion whose message matches ``pattern`` into a one-line
+    :class:`UsageError` (the rewrites check batch sizes inside the step)."""
     try:
         yield
     except tf.errors.InvalidArgumentError as exc:
-        found = _NOT_DIVISIBLE.search(str(exc))
+        found = pattern.search(str(exc))
         if found is None:
             raise
         raise UsageError(found.group(0).strip()) from None
+
+
+def _batch_errors() -> contextlib.AbstractContextManager[None]:
+    """Turn the runtime batch-size assertion into the one-line :class:`UsageError`."""
+    return assertion_errors(_NOT_DIVISIBLE)
 
 
 def _task_inputs(

@@ -63,7 +63,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -76,6 +76,7 @@ from passes.rewrite.device_placement import place_model, sample_batch
 from passes.rewrite.pipeline import (
     PipelinedModel,
     SplitBatchTraining,
+    assertion_errors,
     pipeline_model,
     split_structure,
 )
@@ -169,16 +170,9 @@ def _batch_assertion(batch: Any, total: Any, replicas: int, microbatches: int) -
     return tf.debugging.Assert(ok, [message])
 
 
-@contextlib.contextmanager
-def _batch_errors() -> Iterator[None]:
+def _batch_errors() -> contextlib.AbstractContextManager[None]:
     """Turn the in-graph batch assertion into the one-line :class:`UsageError`."""
-    try:
-        yield
-    except tf.errors.InvalidArgumentError as exc:
-        found = _NOT_SPLIT.search(str(exc))
-        if found is None:
-            raise
-        raise UsageError(found.group(0).strip()) from None
+    return assertion_errors(_NOT_SPLIT)
 
 
 def _check_array_batches(x: Any, batch_size: Any, validation_split: Any, replicas: int) -> None:
