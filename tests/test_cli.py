@@ -91,7 +91,7 @@ def test_partition_mnist_plan_json(good_run: GoodRun) -> None:
 
     assert good_run.proc.returncode == 0, good_run.proc.stderr
     data = json.loads(good_run.out.read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert [d["index"] for d in data["devices"]] == [0, 1]
     assert all(d["device_type"] == "h100" for d in data["devices"])
 
@@ -123,7 +123,7 @@ def test_existing_out_is_replaced_whole_and_kept_on_failure(
     """The sentinel became a plan; failing runs with the same --out leave it byte for byte."""
     assert good_run.proc.returncode == 0, good_run.proc.stderr
     before = good_run.out.read_bytes()
-    assert json.loads(before)["schema_version"] == 1  # no longer the sentinel
+    assert json.loads(before)["schema_version"] == 2  # no longer the sentinel
     broken = tmp_path / "broken.py"
     broken.write_text("def build_model(:\n    pass\n")
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -137,7 +137,7 @@ def test_invalid_fields(plan_file: Path, change: Any, message: str) -> None:
     assert str(info.value).startswith(str(plan_file))
 
 
-@pytest.mark.parametrize("version", [0, 2, SCHEMA_VERSION + 1])
+@pytest.mark.parametrize("version", [0, 3, SCHEMA_VERSION + 1])
 def test_other_schema_version(plan_file: Path, version: int) -> None:
     edit(plan_file, lambda d: d.update(schema_version=version))
     with pytest.raises(PlanError, match=rf"schema_version {version} is not supported"):

@@ -17,10 +17,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from partitioner.core.errors import PlanError
+from partitioner.core.errors import PartitionError, PlanError
 from partitioner.core.files import write_atomic
 from partitioner.core.ir import CostedGraph, EventKind, Schedule, SolverResult, TimelineEvent
-from partitioner.core.strategy import Family
+from partitioner.core.strategy import Family, Strategy
 from partitioner.plan.schema import validate_plan_data
 from partitioner.planner.explain import FamilyRow
 from partitioner.simulation.evaluate import DeviceLoad, PlanEvaluation
@@ -40,7 +40,7 @@ __all__ = [
     "plan_from_solution",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,11 @@ class Plan:
     """The best strategy of each family (single device, data parallel, pipeline, plain split,
     hybrid) by the predicted step of what it would run, fastest first, with why each lost
     (:func:`partitioner.planner.explain.family_rows`)."""
+    strategy: Strategy | None = None
+    """The training strategy the plan applies (replicas x stages, micro-batches, schedule), or
+    ``None`` for a plan that applies its assignment alone. When set, ``device_of_layer`` is its
+    replica 0's layer devices and ``step_time_s`` is its predicted step (the all-reduce of the
+    replicas included)."""
     schema_version: int = SCHEMA_VERSION
     _assignment: Mapping[str, int] = field(init=False, repr=False, compare=False)
 
@@ -169,6 +174,8 @@ class Plan:
                     f"plan for {self.model_name!r}: pipeline stage on device {off[0]}, but the "
                     f"plan has devices 0..{n - 1}"
                 )
+        if self.strategy is not None:
+            _check_strategy(self, self.strategy)
         object.__setattr__(
             self, "_assignment", MappingProxyType(dict(zip(self.layer_order, self.device_of_layer)))
         )
@@ -265,6 +272,7 @@ class Plan:
             "measured_layers": list(self.measured_layers),
             "cost_notes": list(self.cost_notes),
             "strategies": [_strategy_json(r) for r in self.strategies],
+            "strategy": None if self.strategy is None else _chosen_json(self.strategy),
             "layer_edges": [list(e) for e in self.layer_edges],
             "layer_compute_s": list(self.layer_compute_s),
             "timeline": [
@@ -322,6 +330,7 @@ class Plan:
             measured_layers=tuple(data.get("measured_layers", [])),
             cost_notes=tuple(data.get("cost_notes", [])),
             strategies=tuple(_strategy_row(r) for r in data.get("strategies", [])),
+            strategy=_chosen(data.get("strategy"), origin),
         )
 
     def to_json(self) -> str:
@@ -478,6 +487,61 @@ def _strategy_row(data: Mapping[str, Any]) -> FamilyRow:
         chosen=data["chosen"],
         why_not=data["why_not"],
     )
+
+
+def _check_strategy(plan: Plan, strategy: Strategy) -> None:
+    """The applied ``strategy`` agrees with the plan: its devices exist, it places every layer,
+    and the assignment is its replica 0."""
+    name, n = plan.model_name, len(plan.devices)
+    off = [d for d in strategy.devices if d >= n]
+    if off:
+        raise PlanError(
+            f"plan for {name!r}: the strategy uses device {off[0]}, but the plan has devices "
+            f"0..{n - 1}"
+        )
+    if len(strategy.stage_of_layer) != len(plan.layer_order):
+        raise PlanError(
+            f"plan for {name!r}: the strategy places {len(strategy.stage_of_layer)} layers, the "
+            f"assignment {len(plan.layer_order)}"
+        )
+    if strategy.layer_devices(0) != plan.device_of_layer:
+        raise PlanError(
+            f"plan for {name!r}: the assignment is not the strategy's replica 0 (device_groups "
+            f"{[list(g) for g in strategy.device_groups]}, stage_of_layer)"
+        )
+
+
+def _chosen_json(strategy: Strategy) -> dict[str, Any]:
+    """The ``strategy`` record."""
+    return {
+        "family": strategy.family.value,
+        "description": strategy.describe(),
+        "device_groups": [list(g) for g in strategy.device_groups],
+        "stage_of_layer": list(strategy.stage_of_layer),
+        "num_microbatches": strategy.num_microbatches,
+        "schedule": strategy.schedule.value,
+    }
+
+
+def _chosen(data: Mapping[str, Any] | None, origin: str) -> Strategy | None:
+    """The ``strategy`` record read back (its family and description are derived, checked)."""
+    if data is None:
+        return None
+    try:
+        strategy = Strategy(
+            device_groups=tuple(tuple(g) for g in data["device_groups"]),
+            stage_of_layer=tuple(data["stage_of_layer"]),
+            num_microbatches=data["num_microbatches"],
+            schedule=Schedule(data["schedule"]),
+        )
+    except PartitionError as exc:
+        raise PlanError(f"{origin}: field 'strategy': {exc}") from None
+    if strategy.family.value != data["family"]:
+        raise PlanError(
+            f"{origin}: field 'strategy.family' is {data['family']!r}, but its replicas, stages "
+            f"and micro-batches make it {strategy.family.value!r}"
+        )
+    return strategy
 
 
 def _baseline(data: Mapping[str, Any]) -> BaselineResult:

@@ -2,7 +2,7 @@
 
 The schema (``partitioner/plan/plan.schema.json``, JSON Schema draft 2020-12, shipped in the
 package) documents exactly what :meth:`partitioner.plan.model.Plan.to_json_dict` writes for
-``schema_version`` 1. :func:`validate_plan_data` checks untrusted JSON data against it (integers
+``schema_version`` 2 (and reads version 1, the same without ``strategy``). :func:`validate_plan_data` checks untrusted JSON data against it (integers
 are JSON integers, numbers are finite: :mod:`partitioner.core.jsonfiles`'s strict validator) before a plan is rebuilt, and raises a
 :class:`~partitioner.core.errors.PlanError` whose one-line message names the file and the field
 path (``plan.json: field 'predicted.step_time_s' must be number, got string``). :func:`check_plan_matches_model` refuses to apply a plan to a model whose layers are
@@ -59,6 +59,9 @@ def plan_schema() -> dict[str, Any]:
     schedule["enum"] = [s.value for s in Schedule]
     family = schema["properties"]["strategies"]["items"]["properties"]["family"]
     family["enum"] = [f.value for f in Family]
+    chosen = schema["properties"]["strategy"]["properties"]
+    chosen["family"]["enum"] = [f.value for f in Family]
+    chosen["schedule"]["enum"] = [s.value for s in Schedule]
     return schema
 
 
@@ -89,7 +92,7 @@ def validate_plan_data(data: Any, origin: str = "plan") -> None:
     if version_errors and isinstance(version, int) and not isinstance(version, bool):
         raise PlanError(
             f"{origin}: schema_version {version} is not supported (this "
-            "partitioner reads 1); make the plan again with this version"
+            "partitioner reads 1 and 2); make the plan again with this version"
         )
     first = min(errors, key=lambda e: (*error_order(e, hyphens=False), str(e.validator)))
     raise PlanError(f"{origin}: {_describe(first)}")
