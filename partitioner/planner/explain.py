@@ -8,6 +8,8 @@ but the winner, the reason it lost, taken from its own simulation:
 * its all-reduce (gradient bytes, seconds, share of its step) when that is what it adds over the
   winner;
 * its pipeline bubble (idle share of the busiest stage) or its transfers;
+* its replicas on different device types, the slowest pacing the step (equal shares of the
+  batch);
 * otherwise plainly: slower by a factor.
 
 :func:`advice` turns the table into the plan's advice, so the advice follows the numbers rather
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from partitioner.core.strategy import Family
 from partitioner.core.units import format_bytes, format_seconds
-from partitioner.planner.search import StrategyCandidate, StrategySearch
+from partitioner.planner.search import StrategyCandidate, StrategySearch, uneven_share_reason
 from partitioner.simulation.strategy import StrategySimulation
 
 __all__ = ["FamilyRow", "advice", "family_rows"]
@@ -61,7 +63,15 @@ def _why_not(candidate: StrategyCandidate, best: StrategyCandidate, single_s: fl
             f"{format_bytes(limit)}"
         )
     ratio = candidate.step_time_s / best.step_time_s if best.step_time_s > 0 else 1.0
-    reasons = [r for r in (_all_reduce_reason(sim), _replica_reason(sim, single_s)) if r]
+    reasons = [
+        r
+        for r in (
+            _all_reduce_reason(sim),
+            _replica_reason(sim, single_s),
+            uneven_share_reason(candidate),
+        )
+        if r
+    ]
     bubble = _bubble(sim)
     if bubble >= 0.2:
         reasons.append(f"its stages idle up to {bubble:.0%} of the step (pipeline bubble)")

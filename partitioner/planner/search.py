@@ -6,7 +6,9 @@ For ``N`` devices and a global batch ``B`` the planner enumerates strategies of 
 
 * **device groups**: replica ``r``'s stage ``s`` on a device chosen from the topology, in two
   layouts: stages next to each other on a host (replicas across hosts), or replicas next to each
-  other (stages across hosts); both are scored where they differ;
+  other (stages across hosts); both are scored where they differ. On a topology of several device
+  types a third layout puts each stage position of every replica on one type (the fastest type
+  with enough devices first), when neither of the two already does on the same devices;
 * **stage placement** (``S > 1``): the layer placement solvers of :mod:`partitioner.solvers`
   (METIS, PipeDream's DP, time / parameter balance, ...) run on replica 0's devices, with the
   costs of the per-replica batch; a pipeline's stages are made acyclic;
@@ -20,6 +22,15 @@ returned and says so. The best pipeline or split is then refined by
 :func:`~partitioner.planner.refine.refine_strategy`, scored the same way. The planner never
 returns a strategy slower than a candidate it evaluated, ``single`` included.
 
+Bad input gets one line, never a silent skip: families forced by ``options.families`` (the API's
+``strategy=``) that do not fit name the bytes a replica needs, the limit, and what fits (the
+smallest hybrid ``R x S`` when data parallelism was forced); forced families that the batch
+leaves no replica count (or pipeline no micro-batch count) name the batch sizes that would
+work. ``StrategySearch.notes`` says which replica counts the batch ruled out, and when the best
+data-parallel or hybrid candidate's replicas run on different device types, each type's replica
+time: ``tf.distribute`` gives every replica an equal share, so the slowest paces the step
+(uneven shares are not planned: the rewrite does not run them).
+
 Pure Python, no TensorFlow.
 """
 
@@ -30,11 +41,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+from cost_models.devices.catalog import get_device_type
 from partitioner.core.errors import InfeasibleError, PartitionError, PlanError, UsageError
 from partitioner.core.ir import CostedGraph, PartitionProblem, Schedule, Topology
 from partitioner.core.options import DEFAULT_SCHEDULE
 from partitioner.core.strategy import Family, Strategy
-from partitioner.core.units import format_bytes
+from partitioner.core.units import format_bytes, format_seconds
 from partitioner.planner.refine import refine_strategy
 from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
 from partitioner.solvers import get_solver
@@ -48,6 +60,7 @@ __all__ = [
     "microbatch_choices",
     "search_strategies",
     "sub_problem",
+    "uneven_share_reason",
 ]
 
 logger = logging.getLogger(__name__)
@@ -76,6 +89,9 @@ class StrategyCandidate:
     simulation: StrategySimulation
     placement: str
     """The solver that placed the layers on the stages (``"-"`` for one stage)."""
+    replica_device_types: tuple[str, ...] = ()
+    """The device type(s) of each replica's stages (``"a100-80gb+v100"`` for a mixed replica);
+    empty when not known."""
 
     @property
     def strategy(self) -> Strategy:
@@ -117,9 +133,53 @@ def device_layouts(topology: Topology, replicas: int, stages: int) -> tuple[tupl
     replicas_together = tuple(
         tuple(used[s * replicas + r] for s in range(stages)) for r in range(replicas)
     )
-    if replicas_together == stages_together:
-        return (stages_together,)
-    return (stages_together, replicas_together)
+    layouts = [stages_together]
+    if replicas_together != stages_together:
+        layouts.append(replicas_together)
+    alike = _alike_layout(topology, order, replicas, stages)
+    if alike is not None and not any(_same_alike(topology, x, alike) for x in layouts):
+        layouts.append(alike)
+    return tuple(layouts)
+
+
+def _same_alike(
+    topology: Topology, layout: tuple[tuple[int, ...], ...], alike: tuple[tuple[int, ...], ...]
+) -> bool:
+    """``layout`` already keeps each stage position on one device type, on ``alike``'s devices."""
+    types = [{topology.devices[g[s]].device_type for g in layout} for s in range(len(layout[0]))]
+    used = {d for g in layout for d in g}
+    return all(len(t) == 1 for t in types) and used == {d for g in alike for d in g}
+
+
+def _alike_layout(
+    topology: Topology, order: list[int], replicas: int, stages: int
+) -> tuple[tuple[int, ...], ...] | None:
+    """Replicas whose stage ``s`` all run on one device type (the fastest type with ``replicas``
+    devices left first), so that no replica paces the others; ``None`` for one replica or when
+    the topology has too few alike devices."""
+    if replicas == 1:
+        return None
+    left: dict[str, list[int]] = {}
+    for d in order:
+        left.setdefault(topology.devices[d].device_type, []).append(d)
+    speed = {name: _peak_flops(name) for name in left}
+    positions = []
+    for _ in range(stages):
+        enough = [name for name in left if len(left[name]) >= replicas]
+        if not enough:
+            return None
+        name = max(enough, key=lambda n: speed[n])  # max keeps the first of equals: host order
+        positions.append(left[name][:replicas])
+        left[name] = left[name][replicas:]
+    return tuple(tuple(positions[s][r] for s in range(stages)) for r in range(replicas))
+
+
+def _peak_flops(device_type: str) -> float:
+    """The catalog's fp32 peak of ``device_type`` (0 when the catalog does not know it)."""
+    try:
+        return get_device_type(device_type).peak_flops("fp32")
+    except PartitionError:
+        return 0.0
 
 
 def microbatch_choices(batch_per_replica: int, stages: int, most_per_stage: int) -> tuple[int, ...]:
@@ -182,10 +242,15 @@ def _stage_placements(
 
 
 def _shapes(num_devices: int, batch_size: int, families: tuple[Family, ...]) -> Iterator[tuple[int, int]]:
-    """``(R, S)`` pairs worth scoring for the families asked for."""
+    """``(R, S)`` pairs worth scoring for the families asked for: ``R`` divides the batch."""
+    for replicas, stages in _all_shapes(num_devices, families):
+        if batch_size % replicas == 0:
+            yield replicas, stages
+
+
+def _all_shapes(num_devices: int, families: tuple[Family, ...]) -> Iterator[tuple[int, int]]:
+    """``(R, S)`` pairs of the families asked for with ``R * S <= num_devices``, any batch."""
     for replicas in range(1, num_devices + 1):
-        if batch_size % replicas:
-            continue
         for stages in range(1, num_devices // replicas + 1):
             kinds = _families_of(replicas, stages)
             if any(f in families for f in kinds):
@@ -225,9 +290,17 @@ class _Scorer:
         except PartitionError as exc:
             self.rejected.append((f"{strategy.describe()} ({placement})", str(exc)))
             return None
-        candidate = StrategyCandidate(simulation=sim, placement=placement)
+        candidate = _candidate(sim, placement, self.costed(strategy.replicas).topology)
         self.candidates.append(candidate)
         return candidate
+
+
+def _candidate(sim: StrategySimulation, placement: str, topology: Topology) -> StrategyCandidate:
+    types = tuple(
+        "+".join(dict.fromkeys(topology.devices[d].device_type for d in group))
+        for group in sim.strategy.device_groups
+    )
+    return StrategyCandidate(simulation=sim, placement=placement, replica_device_types=types)
 
 
 def _score_shape(
@@ -285,25 +358,28 @@ def search_strategies(
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be >= 1")
     num_devices = costed_at(batch_size).topology.num_devices
-    shapes = list(_shapes(num_devices, batch_size, options.families))
+    shapes = _checked_shapes(num_devices, batch_size, options)
     scorer = _Scorer(costed_at, batch_size, deadline=0.0)
     for replicas in sorted({r for r, _ in shapes}):
         scorer.costed(replicas)
     scorer.deadline = time.monotonic() + options.time_limit_s
     for replicas, stages in shapes:
         _score_shape(scorer, replicas, stages, options)
+    if not scorer.candidates and not scorer.rejected:
+        raise UsageError(_microbatch_message(batch_size, num_devices, options))
     if not scorer.candidates:
         why = "; ".join(f"{what}: {reason}" for what, reason in scorer.rejected[:4])
         raise PlanError(f"no strategy of the families asked for could be scored ({why})")
     best = min(scorer.candidates, key=StrategyCandidate.rank)
     if not best.simulation.fits and set(options.families) != set(Family):
         raise InfeasibleError(_forced_family_message(costed_at, batch_size, options, best))
-    best, notes = _refined(scorer, best, options)
+    best, refined = _refined(scorer, best, options)
+    skipped = _skipped_note(num_devices, batch_size, options.families)
     return StrategySearch(
         best=best,
         candidates=tuple(scorer.candidates),
         rejected=tuple(scorer.rejected),
-        notes=notes,
+        notes=(*skipped, *refined, *_uneven_notes(scorer.candidates)),
     )
 
 
@@ -325,7 +401,7 @@ def _refined(
         f"refined by the simulated step from {best.step_time_s:.6g} s to "
         f"{refined.step_time_s:.6g} s"
     )
-    best = StrategyCandidate(simulation=refined, placement=f"{best.placement}+refine")
+    best = replace(best, simulation=refined, placement=f"{best.placement}+refine")
     scorer.candidates.append(best)
     return best, (note,)
 
@@ -334,7 +410,7 @@ def _forced_family_message(
     costed_at: CostedAt, batch_size: int, options: StrategyOptions, best: StrategyCandidate
 ) -> str:
     """One line: what the closest strategy of the forced families needs, against the limit, and
-    the strategy with the fewest stages (then the fastest) of any family that fits."""
+    what fits instead (:func:`_what_fits`)."""
     device, need, limit = max(best.simulation.over_memory, key=lambda o: o[1] - o[2])
     forced = ", ".join(f.value for f in options.families)
     head = (
@@ -347,11 +423,154 @@ def _forced_family_message(
         found = search_strategies(costed_at, batch_size, everything)
     except PartitionError:
         return head + "; no strategy of any family fits: use more or larger devices"
+    return f"{head}; {_what_fits(found, options)}"
+
+
+def _what_fits(found: StrategySearch, options: StrategyOptions) -> str:
+    """The smallest hybrid that fits when data parallelism was forced (it keeps the replicas),
+    else the strategy with the fewest stages (then the fastest) of any family that fits."""
     fitting = [c for c in found.candidates if c.simulation.fits]
     if not fitting:
-        return head + "; no strategy of any family fits: use more or larger devices"
+        return "no strategy of any family fits: use more or larger devices"
+    hybrids = [c for c in fitting if c.strategy.family is Family.HYBRID]
+    if Family.DATA_PARALLEL in options.families and hybrids:
+        best = min(hybrids, key=lambda c: (c.strategy.stages, c.step_time_s))
+        shape = f"{best.strategy.replicas} x {best.strategy.stages}"
+        return (
+            f"the smallest hybrid that fits is {shape} ({best.strategy.describe()}, "
+            f"{format_seconds(best.step_time_s)} per step): strategy='hybrid'"
+        )
     smallest = min(fitting, key=lambda c: (c.strategy.stages, c.step_time_s))
     return (
-        f"{head}; the smallest strategy that fits is {smallest.strategy.describe()} "
+        f"the smallest strategy that fits is {smallest.strategy.describe()} "
         f"(strategy={smallest.strategy.family.value!r})"
     )
+
+
+# -- batches that do not divide, replicas of different speeds ----------------------------------
+
+
+def _words(items: list[int] | list[str], last: str = "or") -> str:
+    """``1``, ``1 or 2``, ``1, 2 or 3`` (``last`` joins the last two)."""
+    text = [str(i) for i in items]
+    return text[0] if len(text) == 1 else f"{', '.join(text[:-1])} {last} {text[-1]}"
+
+
+def _forced(options: StrategyOptions) -> str:
+    return ", ".join(f.value for f in options.families)
+
+
+def _checked_shapes(
+    num_devices: int, batch_size: int, options: StrategyOptions
+) -> list[tuple[int, int]]:
+    """The shapes to score; a one-line error when the families asked for leave none."""
+    shapes = list(_shapes(num_devices, batch_size, options.families))
+    if shapes:
+        return shapes
+    counts = sorted({r for r, _ in _all_shapes(num_devices, options.families)})
+    if counts:
+        raise UsageError(_divisibility_message(batch_size, counts, num_devices, options))
+    fewest = next((n for n in range(1, 5) if any(_all_shapes(n, options.families))), None)
+    if fewest is None:
+        raise UsageError("StrategyOptions(families=()) asks for no strategy: name one or more")
+    raise InfeasibleError(
+        f"strategy={_forced(options)!r} needs {fewest} or more devices and the topology has "
+        f"{num_devices}: use {fewest} or more devices or strategy='auto'"
+    )
+
+
+def _nearest_batches(
+    batch_size: int, counts: list[int], most: int = 3
+) -> list[tuple[int, list[int]]]:
+    """The batch sizes nearest ``batch_size`` that some of ``counts`` divide, with those counts."""
+    near = {m for r in counts for m in (batch_size // r * r, batch_size // r * r + r) if m >= r}
+    near.discard(batch_size)
+    chosen = sorted(near, key=lambda m: (abs(m - batch_size), m))[:most]
+    return [(m, [r for r in counts if m % r == 0]) for m in chosen]
+
+
+def _divisibility_message(
+    batch_size: int, counts: list[int], num_devices: int, options: StrategyOptions
+) -> str:
+    """No replica count of the families asked for divides the batch."""
+    near = [f"{m} ({_words(rs)} replicas)" for m, rs in _nearest_batches(batch_size, counts)]
+    return (
+        f"batch_size={batch_size} cannot be split evenly over {_words(counts)} data-parallel "
+        f"replicas (tf.distribute gives each an equal share), the replica counts "
+        f"strategy={_forced(options)!r} can use on {num_devices} devices: use "
+        f"batch_size={_words(near)}, or strategy='auto'"
+    )
+
+
+def _microbatch_message(batch_size: int, num_devices: int, options: StrategyOptions) -> str:
+    """A pipeline was asked for and no micro-batch count from 2 up divides the batch."""
+    most = options.max_microbatches_per_stage * num_devices
+    near = [
+        b
+        for b in (batch_size - 1, batch_size + 1)
+        if any(b % m == 0 for m in range(2, min(b, most) + 1))
+    ]
+    return (
+        f"batch_size={batch_size} has no divisor from 2 to {most} to split into equal "
+        f"micro-batches (at most {options.max_microbatches_per_stage} per stage, up to "
+        f"{num_devices} stages), so strategy={_forced(options)!r} cannot pipeline it: use "
+        f"batch_size={_words(near)}, or strategy='auto'"
+    )
+
+
+def _skipped_note(
+    num_devices: int, batch_size: int, families: tuple[Family, ...]
+) -> tuple[str, ...]:
+    """Which replica counts the batch ruled out, when some were scored."""
+    wanted = sorted({r for r, _ in _all_shapes(num_devices, families)})
+    skipped = [r for r in wanted if batch_size % r]
+    if not skipped:
+        return ()
+    scored = [r for r in wanted if batch_size % r == 0]
+    largest = skipped[-1]
+    below, above = batch_size // largest * largest, (batch_size // largest + 1) * largest
+    sizes = _words([b for b in (below, above) if b >= largest])
+    return (
+        f"{_words(skipped, 'and')} replicas not scored: batch_size={batch_size} does not split "
+        "evenly over them (tf.distribute gives each replica an equal share); scored "
+        f"{_words(scored, 'and')}; for {largest} replicas use batch_size={sizes}",
+    )
+
+
+def uneven_share_reason(candidate: StrategyCandidate) -> str:
+    """Why replicas on different device types pace the step, with each type's replica time;
+    ``""`` when every replica runs on the same types."""
+    types = candidate.replica_device_types
+    if len(set(types)) < 2:
+        return ""
+    slowest: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for name, step_s in zip(types, candidate.simulation.replica_step_s):
+        slowest[name] = max(slowest.get(name, 0.0), step_s)
+        count[name] = count.get(name, 0) + 1
+    parts = [
+        (
+            f"the {name} replica takes"
+            if count[name] == 1
+            else f"the {count[name]} {name} replicas take"
+        )
+        + f" {format_seconds(step_s)}"
+        for name, step_s in sorted(slowest.items(), key=lambda kv: kv[1])
+    ]
+    return (
+        "replicas take equal shares of the batch (tf.distribute splits it evenly): "
+        f"{', '.join(parts)}, and the step waits for the slowest"
+    )
+
+
+def _uneven_notes(candidates: list[StrategyCandidate]) -> tuple[str, ...]:
+    """:func:`uneven_share_reason` of the best data-parallel and hybrid candidates."""
+    notes = []
+    best: dict[Family, StrategyCandidate] = {}
+    for c in sorted(candidates, key=StrategyCandidate.rank):
+        best.setdefault(c.strategy.family, c)
+    for family in (Family.DATA_PARALLEL, Family.HYBRID):
+        reason = uneven_share_reason(best[family]) if family in best else ""
+        if reason:
+            notes.append(f"{family.label} ({best[family].strategy.describe()}): {reason}")
+    return tuple(notes)

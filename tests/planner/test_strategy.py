@@ -197,7 +197,9 @@ def test_forcing_data_parallel_for_a_model_that_fits_no_device_names_bytes_and_w
     assert "strategy='data_parallel' does not fit" in message
     # a replica holds the whole model (4 x 200 bytes) and its half of the activations (4 x 20).
     assert "device 0 needs 880 B" in message and "its limit is 600 B" in message
-    assert "the smallest strategy that fits is" in message and "2 stages" in message
+    # data parallelism was forced: the smallest hybrid that fits keeps the replicas.
+    assert "; the smallest hybrid that fits is 2 x 2 (2 data-parallel replicas x 2 stages" in message
+    assert message.endswith(": strategy='hybrid'")
 
 
 # -- the families table ------------------------------------------------------------------------
