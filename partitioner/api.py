@@ -48,11 +48,23 @@ from partitioner.plan.model import (
     load_plan,
     plan_from_solution,
 )
+from partitioner.plan.strategic import plan_from_candidate, strategy_of_split
 from partitioner.planner.explain import FamilyRow, family_rows
 from partitioner.planner.explain import advice as strategy_advice
-from partitioner.planner.search import StrategyOptions, search_strategies
-from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
+from partitioner.planner.search import (
+    StrategyCandidate,
+    StrategyOptions,
+    StrategySearch,
+    search_strategies,
+)
+from partitioner.simulation.evaluate import (
+    DeviceLoad,
+    PlanEvaluation,
+    evaluate,
+    evaluate_pipeline,
+)
 from partitioner.simulation.step import simulate_step
+from partitioner.simulation.strategy import simulate_strategy
 from partitioner.solvers import Solver, get_solver, solve
 from partitioner.solvers.stages import make_acyclic
 
@@ -182,6 +194,7 @@ def partition(
     num_microbatches: int | None = None,
     schedule: Schedule | str = DEFAULT_SCHEDULE,
     compare_strategies: bool = True,
+    strategy: Family | str | None = None,
     profile: bool = False,
     profile_ops: bool = False,
     cache_dir: str | None = None,
@@ -195,7 +208,7 @@ def partition(
     The keywords are the flat spelling of three option groups (their docstrings say what each
     field does): :class:`~partitioner.core.options.TargetOptions` (what to plan for: ``gpus``
     to ``memory_limit_bytes``), :class:`~partitioner.core.options.SearchOptions` (``solver`` to
-    ``schedule``; the schedule is unused without ``pipeline``) and
+    ``strategy``; the schedule is unused without ``pipeline``) and
     :class:`~partitioner.core.options.MeasureOptions` (``profile``, ``profile_ops``,
     ``cache_dir``). ``target=``, ``search=`` or ``measure=`` pass a group whole instead;
     :func:`prepare` and :func:`partition_prepared` are the two halves of this call.
@@ -214,7 +227,7 @@ def partition(
         SearchOptions, search, "search", solver=solver, seed=seed, time_limit_s=time_limit_s,
         pipeline=pipeline, schedule=parse_schedule(schedule) if pipeline else None,
         num_microbatches=None if not pipeline and num_microbatches == 1 else num_microbatches,
-        compare_strategies=compare_strategies,
+        compare_strategies=compare_strategies, strategy=strategy,
     )  # fmt: skip
     measure = _options(
         MeasureOptions, measure, "measure", profile=profile, profile_ops=profile_ops,
@@ -246,65 +259,176 @@ def partition_prepared(
     say("comparing with baselines")
     with _timed(phases, "baselines"):
         baselines = _all_baselines(costed, solved, prepared)
-    strategies: tuple[FamilyRow, ...] = ()
+    compared = None
     if prepared.search.compare_strategies and prepared.topology.num_devices > 1:
         say("comparing strategies")
         with _timed(phases, "strategies"):
-            strategies = _strategies(model, costed, prepared)
+            compared = _compare(model, costed, prepared, solved)
+    common: dict[str, Any] = {
+        "link": topology_summary(costed.topology),
+        "batch_size": prepared.target.batch_size,
+        "input_shape": prepared.target.input_shape,
+        "baselines": baselines,
+        "phase_times_s": tuple(phases),
+        "measured_layers": costed.measured,
+        "cost_notes": cost_notes,
+    }
+    if compared is not None and compared.applied is not None:
+        return _strategy_plan(compared, compared.applied, prepared, common)
     for line in solved.warnings:
         logger.warning("%s", line)
-    advice = _advice(costed, solved.evaluation, baselines, solved.pipeline)
-    if strategies:
-        applied = Family.PIPELINE if solved.pipeline is not None else Family.PLACED
-        advice = (strategy_advice(strategies, applied), *advice)
-    plan = plan_from_solution(
+    return _split_plan(costed, solved, compared, common)
+
+
+def _split_plan(
+    costed: CostedGraph, solved: _Solved, compared: _Compared | None, common: dict[str, Any]
+) -> Plan:
+    """The plan that applies the solver's split (pipelined when asked), written as a strategy of
+    one replica, beside the families table when the strategies were compared."""
+    pipeline = solved.pipeline
+    strategy = strategy_of_split(
+        solved.result.assignment,
+        stage_devices=pipeline.stage_devices if pipeline is not None else (),
+        num_microbatches=pipeline.num_microbatches if pipeline is not None else 1,
+        schedule=pipeline.schedule if pipeline is not None else Schedule.NONE,
+    )
+    advice = _advice(costed, solved.evaluation, common["baselines"], pipeline)
+    rows = compared.rows if compared is not None else ()
+    if rows:
+        advice = (strategy_advice(rows, strategy.family), *advice)
+    return plan_from_solution(
         costed,
         solved.result,
         solved.evaluation,
-        link=topology_summary(costed.topology),
-        batch_size=prepared.target.batch_size,
-        input_shape=prepared.target.input_shape,
-        baselines=baselines,
         advice=advice,
-        phase_times_s=tuple(phases),
-        pipeline=solved.pipeline,
+        pipeline=pipeline,
         warnings=solved.warnings,
         timeline=solved.timeline,
-        measured_layers=costed.measured,
-        cost_notes=cost_notes,
+        strategies=rows,
+        strategy=strategy,
+        **common,
     )
-    return replace(plan, strategies=strategies)
+
+
+def _strategy_plan(
+    compared: _Compared,
+    chosen: StrategyCandidate,
+    prepared: Prepared,
+    common: dict[str, Any],
+) -> Plan:
+    """The plan that applies the chosen strategy: replica 0's simulation on the graph costed at
+    the per-replica batch, the step with the all-reduce (:func:`plan_from_candidate`)."""
+    strategy = chosen.strategy
+    costed = compared.graphs[prepared.target.batch_size // strategy.replicas]
+    assignment = strategy.layer_devices(0)
+    pipeline = chosen.simulation.replica.pipeline
+    if pipeline is not None:
+        timeline = pipeline.timeline
+    else:
+        timeline = simulate_step(costed, assignment, timeline=True).timeline
+    warnings = _microbatch_warnings(costed, strategy.num_microbatches, strategy.replicas)
+    for line in warnings:
+        logger.warning("%s", line)
+    over = [d for d in chosen.simulation.replica.per_device if not d.fits]
+    advice = (strategy_advice(compared.rows, strategy.family), *_over_memory(over))
+    return plan_from_candidate(
+        costed,
+        chosen,
+        solver=prepared.solver.name,
+        solve_time_s=compared.search_time_s,
+        notes=compared.notes,
+        advice=advice,
+        warnings=warnings,
+        timeline=timeline,
+        strategies=compared.rows,
+        **common,
+    )
 
 
 STRATEGY_SEARCH_LIMIT_S = 2.0
 """The most seconds the strategy comparison searches and refines (its costing comes first and is
 not counted): a plan's main search keeps the solver's time limit."""
 
+STRATEGY_SOLVERS = StrategyOptions().placement_solvers
+"""The solvers that place a strategy's stages; a named ``solver`` is tried beside them."""
 
-def _strategies(model: Any, costed: CostedGraph, prepared: Prepared) -> tuple[FamilyRow, ...]:
-    """The best strategy of each family by the predicted step of what it would run
-    (:func:`partitioner.planner.search.search_strategies`): the model traced and costed again at
-    each per-replica batch, measured as this run was (``profile`` / ``profile_ops``)."""
-    batch = prepared.target.batch_size
+
+@dataclass(frozen=True)
+class _Compared:
+    """The strategy comparison: the families table, the graph costed at each per-replica batch,
+    and the strategy the plan applies (``None``: the plan applies the solver's split)."""
+
+    rows: tuple[FamilyRow, ...]
+    graphs: dict[int, CostedGraph]
+    applied: StrategyCandidate | None
+    notes: tuple[str, ...]
+    search_time_s: float
+
+
+def _compare(
+    model: Any, costed: CostedGraph, prepared: Prepared, solved: _Solved
+) -> _Compared | None:
+    """Every strategy family scored by the predicted step of what it would run
+    (:func:`partitioner.planner.search.search_strategies`, the model traced and costed again at
+    each per-replica batch, measured as this run was), with the solver's own split as one more
+    candidate. ``None`` when the comparison fails and the plan applies the solver's split anyway
+    (a warning says why); a forced family's failure raises."""
+    batch, families = prepared.target.batch_size, prepared.search.strategy_families
     graphs = {batch: costed}
 
     def costed_at(per_replica_batch: int) -> CostedGraph:
         if per_replica_batch not in graphs:
             target = replace(prepared.target, batch_size=per_replica_batch)
-            at = replace(prepared, target=target)
             traced = _trace(model, target, _no_progress, [])
+            at = replace(prepared, target=target)
             graphs[per_replica_batch], _ = _cost(model, traced, at, _no_progress, [])
         return graphs[per_replica_batch]
 
+    solver = prepared.solver.name
     options = StrategyOptions(
+        families=families or tuple(Family),
+        placement_solvers=STRATEGY_SOLVERS
+        + ((solver,) if solver not in (*STRATEGY_SOLVERS, "auto") else ()),
         seed=prepared.search.seed,
         time_limit_s=min(prepared.search.time_limit_s, STRATEGY_SEARCH_LIMIT_S),
     )
+    t0 = time.perf_counter()
     try:
-        return family_rows(search_strategies(costed_at, batch, options))
+        search = _with_own_split(search_strategies(costed_at, batch, options), costed, solved)
     except PartitionError as exc:
+        if families is not None and set(families) != set(Family):
+            raise
         logger.warning("strategies not compared: %s", exc)
-        return ()
+        return None
+    applied = None if families is None else search.best
+    return _Compared(
+        rows=family_rows(search),
+        graphs=graphs,
+        applied=applied,
+        notes=search.notes,
+        search_time_s=time.perf_counter() - t0,
+    )
+
+
+def _with_own_split(search: StrategySearch, costed: CostedGraph, solved: _Solved) -> StrategySearch:
+    """``search`` with the solver's own split (at the whole batch, one replica) as one more
+    candidate, chosen when it beats the search's best (fitting first, then the step), if its
+    family was asked for."""
+    pipeline = solved.pipeline
+    strategy = strategy_of_split(
+        solved.result.assignment,
+        stage_devices=pipeline.stage_devices if pipeline is not None else (),
+        num_microbatches=pipeline.num_microbatches if pipeline is not None else 1,
+        schedule=pipeline.schedule if pipeline is not None else Schedule.NONE,
+    )
+    families = {c.strategy.family for c in search.candidates}
+    if strategy.family not in families or any(c.strategy == strategy for c in search.candidates):
+        return search
+    own = StrategyCandidate(
+        simulation=simulate_strategy(costed, strategy), placement=solved.result.solver
+    )
+    best = min((search.best, own), key=StrategyCandidate.rank)
+    return replace(search, best=best, candidates=(*search.candidates, own))
 
 
 def _trace(
@@ -615,10 +739,17 @@ def _profile_ops(
     return profiled, notes
 
 
-def _microbatch_warnings(costed: CostedGraph, num_microbatches: int) -> tuple[str, ...]:
-    """One loud line per layer class that is not exact under micro-batching."""
-    if num_microbatches <= 1:
+def _microbatch_warnings(
+    costed: CostedGraph, num_microbatches: int, replicas: int = 1
+) -> tuple[str, ...]:
+    """One loud line per layer class that is not exact when the batch is split into micro-batches
+    or replicas' shares (statistics over a part of the batch)."""
+    if num_microbatches * replicas <= 1:
         return ()
+    parts = [f"{replicas} replicas"] if replicas > 1 else []
+    if num_microbatches > 1:
+        parts.append(f"{num_microbatches} micro-batches")
+    split = " x ".join(parts)
     by_class: dict[str, list[str]] = {}
     for layer in costed.graph.layers:
         if layer.class_name in INEXACT_UNDER_MICROBATCHES:
@@ -628,7 +759,7 @@ def _microbatch_warnings(costed: CostedGraph, num_microbatches: int) -> tuple[st
         shown = ", ".join(names[:3]) + (f" +{len(names) - 3} more" if len(names) > 3 else "")
         out.append(
             f"NOT EXACT: {cls} ({shown}) {INEXACT_UNDER_MICROBATCHES[cls]} "
-            f"({num_microbatches} micro-batches)."
+            f"({split})."
         )
     return tuple(out)
 
@@ -712,16 +843,21 @@ def _advice(
             f"{costed.topology.devices[0].device_type} holds ({format_bytes(limit)}): the split "
             "is required for memory."
         )
-    over = [d for d in evaluation.per_device if not d.fits]
-    if over:
-        advice.append(
-            "Devices over their memory limit: "
-            + ", ".join(
-                f"{d.device} ({format_bytes(d.memory_bytes)} > {format_bytes(d.memory_limit_bytes)})"
-                for d in over
-            )
-        )
+    advice += _over_memory([d for d in evaluation.per_device if not d.fits])
     return tuple(advice)
+
+
+def _over_memory(over: Sequence[DeviceLoad]) -> tuple[str, ...]:
+    """The advice line naming the devices over their memory limit, if any."""
+    if not over:
+        return ()
+    return (
+        "Devices over their memory limit: "
+        + ", ".join(
+            f"{d.device} ({format_bytes(d.memory_bytes)} > {format_bytes(d.memory_limit_bytes)})"
+            for d in over
+        ),
+    )
 
 
 def _pipeline_advice(

@@ -11,12 +11,56 @@ from typing import Any
 import numpy as np
 
 from partitioner.core.errors import PlanError
+from partitioner.core.strategy import Strategy
 from partitioner.plan.model import Plan
 from partitioner.plan.schema import check_plan_matches_model
 from passes.rewrite.device_placement import default_device_strings, place_model
 from passes.trace import input_specs, placement_units
 
 __all__ = ["apply_plan"]
+
+
+def _replicas(plan: Plan, cluster: Any) -> Strategy | None:
+    """The plan's strategy when it has replicas (``None`` otherwise); PlanError with the next
+    step when those are asked to run from this client on a cluster."""
+    strategy = plan.strategy
+    if strategy is None or strategy.replicas == 1:
+        return None
+    if cluster is not None:
+        raise PlanError(
+            f"the plan runs {strategy.describe()}; replicas on a cluster's tasks train as one "
+            "program per worker under tf.distribute.MultiWorkerMirroredStrategy, not from this "
+            "client: emit that program with partition --emit (codegen.emit_plan_module) and run "
+            "it on every worker"
+        )
+    return strategy
+
+
+def _replicated(
+    plan: Plan,
+    strategy: Strategy,
+    model: Any,
+    device_strings: Sequence[str],
+    sample: Sequence[Any],
+) -> Any:
+    """The copy of ``model`` that trains under the plan's replicas (data parallel or hybrid),
+    through :func:`~passes.rewrite.replicate.realise_strategy`."""
+    from passes.rewrite.replicate import realise_strategy
+
+    per_replica = [
+        {
+            name: device_strings[strategy.device_groups[r][s]]
+            for name, s in zip(plan.layer_order, strategy.stage_of_layer)
+        }
+        for r in range(strategy.replicas)
+    ]
+    return realise_strategy(
+        model,
+        per_replica,
+        num_microbatches=strategy.num_microbatches,
+        schedule=strategy.schedule,
+        sample_inputs=sample,
+    )
 
 
 def _device_strings(plan: Plan, devices: Sequence[str] | None, handle: Any) -> tuple[str, ...]:
@@ -48,6 +92,7 @@ def apply_plan(
     step_timeout_s: float = 30.0,
 ) -> Any:
     """A copy of ``model`` placed by ``plan`` (see :meth:`partitioner.plan.model.Plan.apply`)."""
+    strategy = _replicas(plan, cluster)
     handle = None
     if cluster is not None:
         from passes.cluster.runtime import ClusterHandle, connect
@@ -66,6 +111,8 @@ def apply_plan(
     sample = [np.zeros(s.shape, dtype=s.dtype.as_numpy_dtype) for s in specs]
     layer_devices = {name: device_strings[d] for name, d in plan.assignment.items()}
     pipeline = plan.pipeline
+    if strategy is not None:
+        return _replicated(plan, strategy, model, device_strings, sample)
     if handle is not None:
         from passes.cluster.runtime import place_on_cluster
 

@@ -37,8 +37,19 @@ def test_flags_cover_every_api_option() -> None:
         ("topology='my cluster.toml' has", "--topology 'my cluster.toml' has"),
         ("(device_type=, gpus=)", "(--device-type, --gpus)"),
         ("solver='auto' instead", "--solver auto instead"),
+        ("strategy='auto' needs compare_strategies=True", "--strategy auto needs --strategies"),
+        ("strategy='data_parallel' does not fit", "--strategy data_parallel does not fit"),
         ("unchanged: --out x.json, random_seed=3, a.gpus=2", "unchanged: --out x.json, random_seed=3, a.gpus=2"),
     ],
 )  # fmt: skip
 def test_cli_message_spells_api_arguments_as_flags(api: str, cli: str) -> None:
     assert cli_message(api) == cli
+
+
+@pytest.mark.parametrize("spelling", ["data-parallel", "data_parallel"])
+def test_strategy_flag_takes_either_spelling(spelling: str) -> None:
+    from partitioner.cli.main import _options
+    from partitioner.core.strategy import Family
+
+    args = build_parser().parse_args(["model.py", "--strategy", spelling])
+    assert _options(args)[1].strategy is Family.DATA_PARALLEL

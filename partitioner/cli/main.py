@@ -28,11 +28,13 @@ from rich.console import Console
 from partitioner.core.errors import OutputError, PartitionError, UsageError
 from partitioner.core.ir import Schedule
 from partitioner.core.options import (
+    AUTO_STRATEGY,
     MeasureOptions,
     SearchOptions,
     TargetOptions,
     parse_memory_limit,
 )
+from partitioner.core.strategy import Family
 
 if TYPE_CHECKING:
     from partitioner.api import Prepared
@@ -61,6 +63,7 @@ FLAGS: Mapping[str, str] = MappingProxyType(
         "num_microbatches": "--microbatches {}",
         "schedule": "--schedule {}",
         "compare_strategies": "--strategies",
+        "strategy": "--strategy {}",
         # how to measure (MeasureOptions)
         "profile": "--profile",
         "profile_ops": "--profile-ops",
@@ -215,6 +218,16 @@ def _add_search_flags(parser: argparse.ArgumentParser) -> None:
         help="pipeline schedule with --pipeline (default 1f1b)",
     )
     parser.add_argument(
+        "--strategy",
+        default=None,
+        type=lambda text: text.replace("_", "-"),
+        choices=[AUTO_STRATEGY, *(f.value.replace("_", "-") for f in Family)],
+        help="the strategy the plan applies: auto (the fastest predicted of every family; the "
+        "default with --solver auto), or the fastest of one family: single, data-parallel "
+        "(tf.distribute replicas), pipeline, placed (a plain split, for memory) or hybrid "
+        "(replicas of pipelines). Without it, --solver NAME or --pipeline apply that split",
+    )
+    parser.add_argument(
         "--strategies",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -276,6 +289,7 @@ def _options(args: argparse.Namespace) -> tuple[TargetOptions, SearchOptions, Me
         num_microbatches=args.microbatches,
         schedule=None if args.schedule is None else Schedule(args.schedule),
         compare_strategies=args.strategies,
+        strategy=args.strategy,
     )
     return target, search, MeasureOptions(profile=args.profile, profile_ops=args.profile_ops)
 

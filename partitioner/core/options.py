@@ -21,6 +21,7 @@ from typing import Any
 
 from partitioner.core.errors import UsageError
 from partitioner.core.ir import Schedule
+from partitioner.core.strategy import Family
 from partitioner.core.units import parse_bytes
 
 __all__ = [
@@ -70,6 +71,25 @@ def parse_schedule(value: Schedule | str) -> Schedule:
         raise UsageError(
             f"schedule={value!r} is not a pipeline schedule; known: {known}"
         ) from None
+
+
+AUTO_STRATEGY = "auto"
+"""``strategy=`` value: search every family and apply the fastest."""
+
+
+def parse_strategy(value: Family | str | None) -> Family | str | None:
+    """``strategy=``: ``None``, ``"auto"`` or a :class:`Family` (its value, case-insensitive,
+    ``-`` for ``_``); UsageError listing the known."""
+    if value is None or isinstance(value, Family):
+        return value
+    text = str(value).strip().lower().replace("-", "_")
+    if text == AUTO_STRATEGY:
+        return AUTO_STRATEGY
+    try:
+        return Family(text)
+    except ValueError:
+        known = ", ".join([AUTO_STRATEGY, *(f.value for f in Family)])
+        raise UsageError(f"strategy={value!r} is not a strategy; known: {known}") from None
 
 
 def parse_memory_limit(text: str) -> int:
@@ -141,6 +161,13 @@ class SearchOptions:
     ``compare_strategies``, the plan also compares every strategy family (single device, data
     parallel, pipeline, plain split, hybrid) by the predicted step of what each would run
     (:mod:`partitioner.planner`; the model is traced again at each per-replica batch).
+
+    ``strategy`` says which strategy the plan applies: ``"auto"`` the fastest of every family, a
+    :class:`~partitioner.core.strategy.Family` the fastest of that family (the stage placements
+    by the planner's solvers and ``solver``'s own). ``None`` (the default) is ``"auto"`` when
+    ``solver`` is ``"auto"`` without ``pipeline``; with a named solver or ``pipeline`` the plan
+    applies that solver's split (and still compares the families, see
+    :attr:`strategy_families`).
     """
 
     solver: str = "auto"
@@ -150,10 +177,13 @@ class SearchOptions:
     num_microbatches: int | None = None
     schedule: Schedule | None = None
     compare_strategies: bool = True
+    strategy: Family | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "solver", _text("solver", self.solver))
         _flag("compare_strategies", self.compare_strategies)
+        object.__setattr__(self, "strategy", parse_strategy(self.strategy))
+        self._check_strategy()
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise UsageError(f"seed={self.seed!r} must be an integer")
         self._check_time_limit()
@@ -161,6 +191,34 @@ class SearchOptions:
         if self.schedule is not None:
             object.__setattr__(self, "schedule", parse_schedule(self.schedule))
         self._check_pipelining()
+
+    def _check_strategy(self) -> None:
+        """``strategy`` needs the strategy comparison, and is not ``pipeline``'s own split."""
+        if self.strategy is None:
+            return
+        shown = self.strategy.value if isinstance(self.strategy, Family) else self.strategy
+        if not self.compare_strategies:
+            raise UsageError(
+                f"strategy={shown!r} is chosen by comparing strategies: it needs "
+                "compare_strategies=True"
+            )
+        if self.pipeline:
+            raise UsageError(
+                f"strategy={shown!r} and pipeline=True: pipeline=True pipelines the solver's "
+                "own split with the micro-batches and schedule given; strategy='pipeline' "
+                "searches the pipelines. Use one"
+            )
+
+    @property
+    def strategy_families(self) -> tuple[Family, ...] | None:
+        """The families the plan's strategy is chosen from; ``None``: the plan applies the
+        solver's split (a named solver, ``pipeline``, or no strategy comparison)."""
+        if self.strategy is None:
+            auto = self.solver == "auto" and not self.pipeline and self.compare_strategies
+            return tuple(Family) if auto else None
+        if self.strategy == AUTO_STRATEGY:
+            return tuple(Family)
+        return (Family(self.strategy),)
 
     def _check_time_limit(self) -> None:
         """``time_limit_s`` is a positive, finite number of seconds."""
