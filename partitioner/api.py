@@ -65,7 +65,7 @@ from partitioner.simulation.evaluate import (
 )
 from partitioner.simulation.step import simulate_step
 from partitioner.simulation.strategy import simulate_strategy
-from partitioner.solvers import Solver, get_solver, solve
+from partitioner.solvers import Solver, fast_solver_names, get_solver, solve
 from partitioner.solvers.stages import make_acyclic
 
 if TYPE_CHECKING:
@@ -349,8 +349,11 @@ STRATEGY_SEARCH_LIMIT_S = 2.0
 """The most seconds the strategy comparison searches and refines (its costing comes first and is
 not counted): a plan's main search keeps the solver's time limit."""
 
-STRATEGY_SOLVERS = StrategyOptions().placement_solvers
-"""The solvers that place a strategy's stages; a named ``solver`` is tried beside them."""
+STRATEGY_SOLVERS = tuple(name for name in fast_solver_names() if name != "single")
+"""The solvers that place a strategy's stages: every solver of the registry that does not search
+until a time limit (one device is the ``single`` family itself); the plan's own solver's split
+(``auto``, ``ilp``, ...) is one more candidate, so no solver's split is faster on the plan's
+objective (tests/test_api_strategy.py)."""
 
 
 @dataclass(frozen=True)

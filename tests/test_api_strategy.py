@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import partitioner
+from partitioner.api import STRATEGY_SOLVERS
 from partitioner.core.errors import PlanError, UsageError
 from partitioner.core.ir import Schedule
 from partitioner.core.strategy import Family
@@ -59,7 +60,7 @@ def test_default_plan_applies_the_fastest_family(auto: Plan) -> None:
 
 def test_auto_is_never_slower_than_a_solvers_own_split(model: keras.Model, auto: Plan) -> None:
     """Each solver's plain split, scored by the same simulator, is no faster than auto's plan."""
-    for solver in ("even", "metis", "dp", "time", "params"):
+    for solver in (*STRATEGY_SOLVERS, "auto"):
         split = partitioner.partition(
             model, gpus=4, batch_size=BATCH, solver=solver, compare_strategies=False
         )
