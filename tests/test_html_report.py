@@ -221,6 +221,37 @@ def test_comparison_lists_the_plan_every_baseline_and_the_bound() -> None:
             assert (row["cls"] == "faster") == (b.step_time_s < PLAN.step_time_s)
 
 
+def test_the_summary_leads_with_the_strategy_and_its_step() -> None:
+    from strategy_report_plans import strategy_plan
+
+    data = report_data(strategy_plan(((0,), (1,))))
+    assert data["summary"][0] == [
+        "strategy",
+        "2 data-parallel replicas, predicted step 2.000 ms, 1.80x one device",
+    ]
+    assert data["tables"]["strategies"]["rows"][0]["cls"] == "this"
+    assert all(row[0] != "strategy" for row in report_data(PLAN)["summary"])
+
+
+def test_a_data_parallel_plan_does_not_show_replica_devices_as_idle() -> None:
+    from strategy_report_plans import strategy_plan
+
+    plan = strategy_plan(((0,), (1,)))
+    figures = report_data(plan)["figures"]
+    nodes = [t for t in figures["graph"]["data"] if t["mode"].startswith("markers")]
+    assert [t["name"] for t in nodes] == ["device 0 (h100); replicas on device 1"]
+    assert "replica 0 of 2" in figures["graph"]["layout"]["title"]["text"]
+    assert "replica 0 of 2" in figures["timeline"]["layout"]["title"]["text"]
+    time = figures["time"]["data"][0]
+    assert time["y"] == ["device 0", "device 1 (replica 1, as device 0)"]
+    assert time["x"][0] == time["x"][1] > 0  # device 1 computes as device 0 does
+    assert figures["memory"]["data"][0]["x"][1] == "device 1 (replica 1, as device 0)"
+    fallback = report_data(replace(plan, timeline=()))["figures"]["timeline"]
+    assert fallback["data"][0]["y"] == ["device 0", "device 1 (replica 1, as device 0)"]
+    devices = report_data(plan)["tables"]["devices"]["rows"]
+    assert devices[1]["cells"][4] == "replica 1 (same layers as device 0)"
+
+
 def test_write_html_report_is_atomic_and_checks_the_path(tmp_path: Path) -> None:
     path = write_html_report(PLAN, tmp_path / "report.html")
     assert path.read_text(encoding="utf-8") == render_html(PLAN)

@@ -309,3 +309,82 @@ def test_strategies_table_shows_each_family_fastest_first_and_why_the_others_los
     assert "Strategies" in text and "does not fit: device 0 needs" in text
     assert _tables(plan)["strategies"]["rows"][0]["cls"] == "this"
     assert _tables(make_plan())["strategies"] is None
+
+
+# -- plans that apply a strategy ----------------------------------------------------------------
+
+
+def test_the_report_leads_with_the_strategy_its_step_and_speedup(tmp_path: Path) -> None:
+    from strategy_report_plans import strategy_plan
+
+    plan = strategy_plan(((0,), (1,)))
+    text = rendered(plan)
+    assert text.splitlines()[0] == (
+        "Strategy: 2 data-parallel replicas, predicted step 2.000 ms, 1.80x one device"
+    )
+    assert "Strategies" in text  # the families table stays
+    loaded = load_plan(plan.save(tmp_path / "plan.json"))  # partition show: the same lines
+    assert rendered(loaded).splitlines() == text.splitlines()
+
+
+def test_plans_without_a_strategy_have_no_strategy_line() -> None:
+    for plan in PLANS.values():
+        assert "Strategy:" not in rendered(plan)
+
+
+def test_replica_devices_are_named_as_copies_not_idle() -> None:
+    from strategy_report_plans import strategy_plan
+
+    plan = strategy_plan(((0,), (1,), (2,)))
+    table = device_table(plan, Medium.TERMINAL)
+    layers = [r.cells[1].text for r in table.rows]
+    assert layers[0].startswith("7: input_1")
+    assert layers[1:] == [
+        "replica 1 (same layers as device 0)",
+        "replica 2 (same layers as device 0)",
+    ]
+    assert "(none)" not in rendered(plan)
+    rows = {r.resource: r for r in time_breakdown(plan)}
+    assert set(rows) == {
+        "device 0",
+        "device 1 (replica 1, as device 0)",
+        "device 2 (replica 2, as device 0)",
+    }
+    assert rows["device 2 (replica 2, as device 0)"].compute_s == rows["device 0"].compute_s
+
+
+def test_a_hybrid_plan_names_replica_and_stage() -> None:
+    from strategy_report_plans import strategy_plan
+
+    plan = strategy_plan(((0, 1), (2, 3)), (0, 0, 0, 0, 1, 1, 1), num_microbatches=4)
+    text = rendered(plan)
+    assert text.splitlines()[0].startswith(
+        "Strategy: 2 data-parallel replicas x 2 stages, 1F1B, 4 micro-batches, predicted step"
+    )
+    layers = [r.cells[1].text for r in device_table(plan, Medium.TERMINAL).rows]
+    assert layers[2:] == [
+        "replica 1 of stage 0 (same layers as device 0)",
+        "replica 1 of stage 1 (same layers as device 1)",
+    ]
+    resources = [r.resource for r in time_breakdown(plan)]
+    assert resources == [
+        "device 0",
+        "device 1",
+        "device 2 (replica 1, as device 0)",
+        "device 3 (replica 1, as device 1)",
+    ]
+
+
+def test_the_speedup_falls_back_to_the_single_device_baseline() -> None:
+    from strategy_report_plans import STEP_S, strategy_plan
+
+    from partitioner.plan.model import BaselineResult
+    from partitioner.report.tables import strategy_headline
+
+    plan = strategy_plan(((0,), (1,)))
+    only_chosen = replace(plan, strategies=plan.strategies[:1], baselines=())
+    assert strategy_headline(only_chosen) == "2 data-parallel replicas, predicted step 2.000 ms"
+    baseline = (BaselineResult("single", 1.5 * STEP_S),)
+    assert strategy_headline(replace(only_chosen, baselines=baseline)) == (
+        "2 data-parallel replicas, predicted step 2.000 ms, 1.50x one device"
+    )

@@ -9,6 +9,11 @@
 * memory per device against its limit,
 * the solver comparison, the device and stage tables, the advice, and the warnings as a banner.
 
+A plan that applies a strategy leads its summary with it in words, its predicted step and its
+speed-up over one device, and shows the families table. The graph and the timeline show replica
+0 (the plan's assignment); the devices of the other replicas are labelled as copies of replica
+0's (in the legend, the time and memory charts and the device table), never as idle devices.
+
 Charts are drawn by plotly.js (the copy shipped with the ``plotly`` Python package, inlined in
 the page: no CDN, no network). The layer graph's layout is computed here: layers are placed in
 columns by longest-path depth (their topological generation, from networkx) and ordered within a
@@ -50,9 +55,11 @@ from partitioner.report.tables import (
     comparison_table,
     device_table,
     memory_text,
+    replica_roles,
     resource_sort_key,
     stage_table,
     strategies_table,
+    strategy_headline,
     time_breakdown,
 )
 
@@ -101,7 +108,25 @@ def _ptext(text: str) -> str:
 def _device_label(plan: Plan, d: int) -> str:
     device = plan.devices[d]
     host = f", host {device.host}" if len({x.host for x in plan.devices}) > 1 else ""
-    return f"device {d} ({device.device_type}{host})"
+    copies = sorted(e for e, (_, _, first) in replica_roles(plan).items() if first == d)
+    also = f"; replicas on device {', '.join(map(str, copies))}" if copies else ""
+    return f"device {d} ({device.device_type}{host}){also}"
+
+
+def _resource_name(plan: Plan, d: int) -> str:
+    """``device 2``, or ``device 2 (replica 1, as device 0)`` for a device of another replica."""
+    role = replica_roles(plan).get(d)
+    return f"device {d}" if role is None else f"device {d} (replica {role[0]}, as device {role[2]})"
+
+
+def _replicas_note(plan: Plan) -> str:
+    """`` (replica 0 of 2; the others run the same layers on their own devices)`` or ``""``."""
+    if plan.strategy is None or plan.strategy.replicas == 1:
+        return ""
+    return (
+        f" (replica 0 of {plan.strategy.replicas}; the others run the same layers on their own "
+        "devices)"
+    )
 
 
 def _colour(d: int) -> str:
@@ -275,12 +300,15 @@ def _graph_figure(plan: Plan) -> dict[str, Any]:
     """The layer graph: layers in dataflow columns coloured by device, edges between them."""
     pos = layer_positions(len(plan.layer_order), plan.layer_edges)
     traces = _edge_traces(plan, pos)
-    traces += [_node_trace(plan, pos, d) for d in range(plan.num_devices)]
+    roles = replica_roles(plan)
+    traces += [_node_trace(plan, pos, d) for d in range(plan.num_devices) if d not in roles]
     height = max(320, min(900, 70 * (1 + max((abs(p[1]) for p in pos), default=0) * 2) + 160))
     return {
         "data": traces,
         "layout": {
-            "title": {"text": "Layers by device (left to right in dataflow order)"},
+            "title": {
+                "text": "Layers by device (left to right in dataflow order)" + _replicas_note(plan)
+            },
             "height": height,
             "showlegend": True,
             "hovermode": "closest",
@@ -352,7 +380,7 @@ def _event_traces(plan: Plan) -> list[dict[str, Any]]:
 
 def _compute_trace(plan: Plan) -> dict[str, Any]:
     """Without a timeline: one bar per device, its compute time from zero."""
-    resources = [f"device {d.device}" for d in plan.per_device]
+    resources = [_ptext(_resource_name(plan, d.device)) for d in plan.per_device]
     return {
         "type": "bar",
         "orientation": "h",
@@ -362,7 +390,8 @@ def _compute_trace(plan: Plan) -> dict[str, Any]:
         "x": [d.compute_s * _MS for d in plan.per_device],
         "marker": {"color": _KIND_COLOUR[EventKind.FORWARD]},
         "hovertext": [
-            f"device {d.device}: compute {format_seconds(d.compute_s)}" for d in plan.per_device
+            f"{r}: compute {format_seconds(d.compute_s)}"
+            for r, d in zip(resources, plan.per_device)
         ],
         "hoverinfo": "text",
     }
@@ -406,9 +435,9 @@ def _timeline_figure(plan: Plan) -> dict[str, Any]:
     if plan.timeline:
         resources = sorted({e.resource for e in plan.timeline}, key=resource_sort_key)
         traces = _event_traces(plan)
-        title = "Simulated step per device and link"
+        title = "Simulated step per device and link" + _replicas_note(plan)
     else:
-        resources = [f"device {d.device}" for d in plan.per_device]
+        resources = [_resource_name(plan, d.device) for d in plan.per_device]
         traces = [_compute_trace(plan)]
         title = "Compute per device (the plan records no timeline)"
     return {"data": traces, "layout": _timeline_layout(plan, title, resources)}
@@ -453,7 +482,7 @@ def _memory_used_trace(plan: Plan, names: list[str], scale: int) -> dict[str, An
 
 def _memory_figure(plan: Plan) -> dict[str, Any]:
     """Memory per device against its limit, in GiB or MiB."""
-    names = [f"device {d.device}" for d in plan.per_device]
+    names = [_ptext(_resource_name(plan, d.device)) for d in plan.per_device]
     top = max(max(d.memory_limit_bytes, d.memory_bytes) for d in plan.per_device)
     unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
     return {
@@ -539,7 +568,9 @@ def _summary(plan: Plan) -> list[tuple[str, str]]:
     bound = format_seconds(plan.lower_bound_s)
     if plan.lower_bound_s > 0:
         bound += f" (this plan is {plan.step_time_s / plan.lower_bound_s:.2f}x the bound)"
-    summary = [
+    headline = strategy_headline(plan)
+    summary = [] if headline is None else [("strategy", headline)]
+    summary += [
         ("model", plan.model_name),
         ("devices", f"{plan.num_devices} x {plan.device_type} ({plan.link})"),
         ("batch size", str(plan.batch_size)),

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from partitioner.core.ir import EventKind
+from partitioner.core.strategy import Family
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import BaselineResult, DevicePrediction, Plan
 from partitioner.planner.explain import FamilyRow
@@ -45,9 +46,11 @@ __all__ = [
     "device_table",
     "layers_text",
     "memory_text",
+    "replica_roles",
     "resource_sort_key",
     "stage_table",
     "strategies_table",
+    "strategy_headline",
     "time_breakdown",
     "time_table",
 ]
@@ -205,6 +208,58 @@ def _bar(share: float) -> str:
     return "█" * filled + "░" * (_BAR_WIDTH - filled)
 
 
+# -- the strategy -----------------------------------------------------------------------------
+
+
+def _speedup_over_single(plan: Plan) -> float | None:
+    """One device's step over the plan's: the families table's single-device row, else the
+    ``single`` baseline (None when neither was scored or fits)."""
+    steps = [r.step_time_s for r in plan.strategies if r.family is Family.SINGLE and r.fits]
+    steps += [b.step_time_s for b in plan.baselines if b.solver == "single" and b.step_time_s]
+    if not steps or plan.step_time_s <= 0:
+        return None
+    return steps[0] / plan.step_time_s
+
+
+def strategy_headline(plan: Plan) -> str | None:
+    """``2 data-parallel replicas, predicted step 41.200 ms, 1.80x one device``: the strategy
+    the plan applies in words with its step (and its speed-up when one device was scored);
+    None for a plan without a strategy."""
+    if plan.strategy is None:
+        return None
+    text = f"{plan.strategy.describe()}, predicted step {format_seconds(plan.step_time_s)}"
+    speedup = _speedup_over_single(plan)
+    if speedup is not None and plan.strategy.family is not Family.SINGLE:
+        text += f", {speedup:.2f}x one device"
+    return text
+
+
+def replica_roles(plan: Plan) -> dict[int, tuple[int, int, int]]:
+    """Device -> ``(replica, stage, replica 0's device of that stage)`` for the devices of
+    replicas 1..R-1 of the plan's strategy (empty without replicas): they run the same layers
+    as replica 0's device, which the assignment names."""
+    if plan.strategy is None:
+        return {}
+    first = plan.strategy.device_groups[0]
+    return {
+        d: (r, s, first[s])
+        for r, group in enumerate(plan.strategy.device_groups)
+        if r > 0
+        for s, d in enumerate(group)
+    }
+
+
+def _replica_text(plan: Plan, role: tuple[int, int, int]) -> str:
+    """``replica 1 of stage 0 (same layers as device 0)``."""
+    replica, stage, first = role
+    where = (
+        f"replica {replica} of stage {stage}"
+        if plan.strategy and plan.strategy.stages > 1
+        else f"replica {replica}"
+    )
+    return f"{where} (same layers as device {first})"
+
+
 # -- the devices ------------------------------------------------------------------------------
 
 _DeviceColumn = tuple[Column, Callable[[DevicePrediction], Cell]]
@@ -229,8 +284,15 @@ def _device_columns(plan: Plan, medium: Medium) -> tuple[_DeviceColumn, ...]:
         columns.append(
             (Column("TF device"), lambda d: cell(plan.devices[d.device].name or "(local)"))
         )
+    roles = replica_roles(plan)
+
+    def layers(d: DevicePrediction) -> Cell:
+        if d.device in roles and not d.layers:
+            return cell(_replica_text(plan, roles[d.device]))
+        return cell(layers_text(d.layers, limit))
+
     columns += [
-        (Column("layers"), lambda d: cell(layers_text(d.layers, limit))),
+        (Column("layers"), layers),
         (Column("compute", Align.RIGHT), lambda d: cell(format_seconds(d.compute_s))),
         (Column("memory / limit", Align.RIGHT), _memory_cell),
         (Column("sent", Align.RIGHT), lambda d: cell(format_bytes(d.bytes_sent))),
@@ -500,7 +562,21 @@ def time_breakdown(plan: Plan) -> tuple[ResourceTime, ...]:
         transfer = _union_length([(a, b) for a, b, k in events if k is EventKind.TRANSFER])
         busy = _union_length([(a, b) for a, b, _ in events])
         out.append(ResourceTime(resource, compute, transfer, max(0.0, span - busy)))
-    return tuple(out)
+    return _with_replicas(plan, out)
+
+
+def _with_replicas(plan: Plan, rows: list[ResourceTime]) -> tuple[ResourceTime, ...]:
+    """``rows`` (replica 0's simulated step) with a row per device of the other replicas that
+    the timeline leaves out, as its stage's replica 0 device spends the step: replicas are
+    copies, so they are not idle."""
+    by_name = {r.resource: r for r in rows}
+    extra = []
+    for d, (replica, _, first) in sorted(replica_roles(plan).items()):
+        same = by_name.get(f"device {first}")
+        if same is not None and f"device {d}" not in by_name:
+            name = f"device {d} (replica {replica}, as device {first})"
+            extra.append(replace(same, resource=name))
+    return tuple(sorted((*rows, *extra), key=lambda r: resource_sort_key(r.resource)))
 
 
 def _time_row(r: ResourceTime) -> Row:

@@ -3,7 +3,10 @@
 :func:`render_plan` prints, from the :class:`~partitioner.plan.model.Plan` alone (so ``partition
 show`` of a saved plan prints exactly what the run that made it printed):
 
-* a table per device (layers, compute, memory against the limit, bytes sent and received),
+* the strategy the plan applies, in words, with its predicted step and speed-up over one device
+  (when the plan records one),
+* a table per device (layers, compute, memory against the limit, bytes sent and received; the
+  devices of data-parallel replicas 1..R-1 are named as copies of replica 0's),
 * a table per pipeline stage when the plan pipelines (with each stage's bubble),
 * the predicted step time against the lower bound, and a comparison with each baseline,
 * where the time goes: per device and link, compute vs transfer vs idle (the pipeline bubble),
@@ -45,6 +48,7 @@ from partitioner.report.tables import (
     device_table,
     stage_table,
     strategies_table,
+    strategy_headline,
     time_table,
 )
 
@@ -87,7 +91,11 @@ def _summary_line(plan: Plan) -> str:
 
 
 def _print_tables(plan: Plan, console: Console) -> None:
-    """The devices, the stages, the step time, the comparison and where the time goes."""
+    """The strategy, the devices, the stages, the step time, the comparison and where the time
+    goes."""
+    headline = strategy_headline(plan)
+    if headline is not None:
+        console.print(f"[bold]Strategy:[/bold] {escape(headline)}")
     console.print(_rich_table(device_table(plan, Medium.TERMINAL)))
     stages = stage_table(plan, Medium.TERMINAL)
     if stages is not None:

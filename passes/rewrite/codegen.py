@@ -32,6 +32,17 @@ variables afterwards, outside every scope.)
 Pipelines: when ``stages`` are given the module lists them (``STAGES``) and marks them in ``call``;
 the module itself runs the stages one after another (no micro-batching).
 
+Strategies: ``emit_plan_module`` of a plan whose strategy has replicas writes a module that
+trains that way. Data parallel (R replicas of one stage): ``ReplicaModel`` replays the graph with
+no device scopes (a subclassed model is rebuilt from its config), ``make_strategy()`` is
+``tf.distribute.MirroredStrategy(devices=REPLICA_DEVICES)``, and the model is built, given the
+original's weights and compiled inside ``strategy.scope()`` (``train()``, or ``python module.py
+ORIGINAL.keras DATA.npz``). Replicas on several hosts: the same with
+``MultiWorkerMirroredStrategy``, run on every host with its ``TF_CONFIG`` (the docstring says
+how). Replicated pipelines (R > 1 x S > 1) have no short plain-TensorFlow form: that module calls
+partitioner's ``passes.rewrite.replicate.realise_strategy`` with every replica's layer devices
+written out (``LAYER_DEVICES_PER_REPLICA``), and says so.
+
 Safety: every string from the model (layer, input and model names, config values, device strings,
 paths) reaches the code only as a ``repr()`` literal, or as an identifier made of ``[A-Za-z0-9_]``;
 comments and the docstring carry only sanitised text.
@@ -60,12 +71,20 @@ import tensorflow as tf
 
 from cost_models.devices.catalog import DeviceKind, get_device_type
 from partitioner.core.errors import RewriteError
+from partitioner.core.strategy import Strategy
+from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan
 from passes.trace import Unit, input_specs, placement_units
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["emit_placed_module", "emit_plan_module", "plan_device_strings", "write_placed_module"]
+__all__ = [
+    "emit_placed_module",
+    "emit_plan_module",
+    "emit_replicated_module",
+    "plan_device_strings",
+    "write_placed_module",
+]
 
 LINE_WIDTH = 99
 INDENT = "    "
@@ -494,10 +513,13 @@ class _GraphWriter:
         emitter: _Emitter,
         unit_of: Mapping[int, str],
         stage_of: Mapping[str, int],
+        placed: bool = True,
     ) -> None:
         self.emitter = emitter
         self.unit_of = unit_of
         self.stage_of = stage_of
+        self.placed = placed
+        """Each call under ``with tf.device(DEVICES[...])``; else plain calls (a replica)."""
         self.lines: list[str] = []
         self.names: set[str] = set()
         self.made: dict[str, str] = {}  # unit name -> construction source (make_layers)
@@ -642,12 +664,21 @@ class _GraphWriter:
             prefix, suffix = f"{target} = keras.tree.flatten(", ")"
         else:
             prefix, suffix = "", ""
-        indent = 3 * len(INDENT)
-        call = _call_source(callee, call_args, indent, lead=len(prefix) + len(suffix))
-        self.lines.append(f"with tf.device(DEVICES[{unit!r}]):")
-        self.lines.append(f"{INDENT}{prefix}{call}{suffix}")
+        self.append_call(unit, callee, call_args, prefix, suffix)
         for t, name in zip(node.outputs, outputs):
             tensors[id(t)] = name
+
+    def append_call(
+        self, unit: str, callee: str, call_args: list[str], prefix: str, suffix: str
+    ) -> None:
+        """``prefix callee(args) suffix`` under ``with tf.device(DEVICES[unit])`` (if placed)."""
+        indent = (3 if self.placed else 2) * len(INDENT)
+        call = _call_source(callee, call_args, indent, lead=len(prefix) + len(suffix))
+        if self.placed:
+            self.lines.append(f"with tf.device(DEVICES[{unit!r}]):")
+            self.lines.append(f"{INDENT}{prefix}{call}{suffix}")
+        else:
+            self.lines.append(f"{prefix}{call}{suffix}")
 
     def emit_nested(
         self,
@@ -797,11 +828,13 @@ def _check_weight_order(model: Any, units: Sequence[Unit], made: Mapping[str, st
         )
 
 
-def _make_layers_lines(made: Mapping[str, str]) -> list[str]:
-    """``make_layers()``: every layer of the copy, keyed by its DEVICES name."""
+def _make_layers_lines(made: Mapping[str, str], placed: bool = True) -> list[str]:
+    """``make_layers()``: every layer of the copy, keyed by its DEVICES name (its layer name in a
+    replica, which has no DEVICES)."""
     body = ["def make_layers() -> dict[str, Any]:"]
+    key = "DEVICES name" if placed else "layer name"
     body.append(
-        f'{INDENT}"""The layers (and ops) of the model, keyed by DEVICES name, in the original\'s'
+        f'{INDENT}"""The layers (and ops) of the model, keyed by {key}, in the original\'s'
     )
     body.append(f"{INDENT}weight order: load_original_weights (set_weights) relies on that order.")
     body.append(f'{INDENT}"""')
@@ -815,15 +848,22 @@ def _make_layers_lines(made: Mapping[str, str]) -> list[str]:
     return [*body, "", ""]
 
 
-def _placed_model_lines(call_lines: Sequence[str], result: str) -> list[str]:
+def _placed_model_lines(call_lines: Sequence[str], result: str, placed: bool = True) -> list[str]:
     """``class PlacedModel``: its ``call`` replays the graph (``call_lines``), each layer under
-    its device."""
-    body = ["class PlacedModel(keras.Model):"]
-    body.append(
-        f'{INDENT}"""The original graph, each layer called under tf.device(DEVICES[<layer>]).'
-    )
-    body.append("")
-    body.append(f"{INDENT}Build it with build_model(): it creates every variable on its device.")
+    its device; or, not ``placed``, ``class ReplicaModel``: the graph as it is (one replica)."""
+    if placed:
+        body = ["class PlacedModel(keras.Model):"]
+        body.append(
+            f'{INDENT}"""The original graph, each layer called under tf.device(DEVICES[<layer>]).'
+        )
+        body.append("")
+        body.append(f"{INDENT}Build it with build_model(): it creates every variable on its device.")
+    else:
+        body = ["class ReplicaModel(keras.Model):"]
+        body.append(f'{INDENT}"""The original graph, layer by layer: one whole replica.')
+        body.append("")
+        body.append(f"{INDENT}Build it with build_model() inside strategy.scope(): the strategy")
+        body.append(f"{INDENT}mirrors every variable on each device of REPLICA_DEVICES.")
     body.append(f'{INDENT}"""')
     body.append("")
     body.append(f"{INDENT}def __init__(self, **kwargs: Any) -> None:")
@@ -842,10 +882,12 @@ def _graph_module_body(
     units: Sequence[Unit],
     emitter: _Emitter,
     stage_of: Mapping[str, int],
+    placed: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """(``make_layers``/``PlacedModel`` lines, and the import lines they need)."""
+    """(``make_layers``/``PlacedModel`` lines, and the import lines they need); not ``placed``:
+    ``ReplicaModel``, the graph without device scopes."""
     graph = _graph_of(model)
-    writer = _GraphWriter(emitter, {id(u.operation): u.name for u in units}, stage_of)
+    writer = _GraphWriter(emitter, {id(u.operation): u.name for u in units}, stage_of, placed)
     input_lines, input_names = _input_lines(graph, writer)
     outputs = writer.emit_graph(graph, input_names, "training", 0)
     names = {id(t): n for t, n in zip(graph.outputs, outputs)}
@@ -854,8 +896,8 @@ def _graph_module_body(
         result = outputs[0]
 
     _check_weight_order(model, units, writer.made)
-    body = _make_layers_lines(writer.made)
-    body += _placed_model_lines([*input_lines, *writer.lines], result)
+    body = _make_layers_lines(writer.made, placed)
+    body += _placed_model_lines([*input_lines, *writer.lines], result, placed)
     return body, sorted(emitter.imports)
 
 
@@ -1109,14 +1151,17 @@ def load_original_weights(model: keras.Model, original: Any) -> None:
     model.set_weights(weights)'''
 
 
-def _import_lines(graph_model: bool, loads_source: bool, imports: Sequence[str]) -> list[str]:
-    """The emitted module's imports: the standard library it uses, Keras, NumPy, TensorFlow and
-    the modules of the model's own layer classes."""
+def _import_lines(
+    graph_model: bool, loads_source: bool, imports: Sequence[str], more: Sequence[str] = ()
+) -> list[str]:
+    """The emitted module's imports: the standard library it uses (and ``more`` of it), Keras,
+    NumPy, TensorFlow and the modules of the model's own layer classes."""
     standard = ["import os"]
     if loads_source:
         standard = ["import importlib.util", "import os", "import sys"]
     if not graph_model:
         standard = ["import functools", *standard]
+    standard = sorted({*standard, *more})
     lines = ["", "from __future__ import annotations", ""]
     lines += [*standard, "from typing import Any", "", "import keras", "import numpy as np"]
     lines += ["import tensorflow as tf"]
@@ -1233,8 +1278,19 @@ def emit_plan_module(
     devices: Sequence[str] | None = None,
     model_source: str | os.PathLike[str] | None = None,
 ) -> str:
-    """:func:`emit_placed_module` for ``plan``: its devices, pipeline stages and input shape."""
+    """:func:`emit_placed_module` for ``plan``: its devices, pipeline stages and input shape.
+
+    A plan whose strategy has replicas trains that way instead: data parallel (one stage) as
+    ``tf.distribute.MirroredStrategy`` code (``MultiWorkerMirroredStrategy`` across hosts,
+    :func:`emit_replicated_module`); replicated pipelines through partitioner's own rewrite,
+    ``realise_strategy``, with every replica's layer devices written out.
+    """
     strings = plan_device_strings(plan, devices)
+    strategy = plan.strategy
+    if strategy is not None and strategy.replicas > 1:
+        if strategy.stages == 1:
+            return emit_replicated_module(model, plan, strings, model_source=model_source)
+        return _emit_hybrid_module(model, plan, strategy, strings)
     layer_devices = {name: strings[d] for name, d in plan.assignment.items()}
     stages = None
     if plan.pipeline is not None:
@@ -1250,6 +1306,357 @@ def emit_plan_module(
         stages=stages,
         input_shape=plan.input_shape,
     )
+
+
+# -- plans of replicas: data parallel, across hosts, hybrid -----------------------------------
+
+_MIRRORED_STRATEGY = '''
+
+def make_strategy() -> tf.distribute.Strategy:
+    """tf.distribute.MirroredStrategy with one replica on each device of REPLICA_DEVICES.
+
+    Gradients are all-reduced by NCCL on GPUs, else summed on the first device.
+    """
+    if all("GPU" in device.upper() for device in REPLICA_DEVICES):
+        all_reduce: tf.distribute.CrossDeviceOps = tf.distribute.NcclAllReduce()
+    else:
+        all_reduce = tf.distribute.ReductionToOneDevice(reduce_to_device=REPLICA_DEVICES[0])
+    return tf.distribute.MirroredStrategy(devices=REPLICA_DEVICES, cross_device_ops=all_reduce)'''
+
+_MULTI_WORKER_STRATEGY = '''
+
+def make_strategy() -> tf.distribute.Strategy:
+    """tf.distribute.MultiWorkerMirroredStrategy over the workers of TF_CONFIG (one replica per
+    device each worker sees; see the module docstring for how to launch the workers)."""
+    if "TF_CONFIG" not in os.environ:
+        raise RuntimeError(
+            "set TF_CONFIG for this worker first, e.g. " + json.dumps(example_tf_config(0))
+        )
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def example_tf_config(index: int) -> dict[str, Any]:
+    """The TF_CONFIG of worker ``index``: WORKERS as the cluster, this worker's task index."""
+    return {"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": index}}'''
+
+_REPLICA_GRAPH_BUILD = '''
+
+def build_model() -> keras.Model:
+    """ReplicaModel with its variables created: call it inside strategy.scope(), which mirrors
+    them on every replica's device."""
+    model = ReplicaModel(name=MODEL_NAME)
+    model(sample_batch(), training=False)
+    return model'''
+
+_REPLICA_SUBCLASSED_BUILD = '''
+
+def build_model() -> keras.Model:
+    """The original model, rebuilt from MODEL_CONFIG: call it inside strategy.scope(), which
+    mirrors its variables on every replica's device."""
+    model_class = model_source()
+    for part in MODEL_CLASS.split("."):
+        model_class = getattr(model_class, part)
+    model = model_class.from_config(MODEL_CONFIG)
+    model(sample_batch())
+    return model'''
+
+_TRAIN = '''
+
+def train(
+    original: Any, x: Any, y: Any, *, optimizer: Any, loss: Any, epochs: int = 1, **fit: Any
+) -> keras.Model:
+    """Train a copy of ``original`` (a keras.Model or .keras file) data-parallel; returns it.
+
+    The copy is built, given the original's weights and compiled inside the strategy's scope
+    (``optimizer``: a name like "sgd", or a function that makes one: an optimizer must be made
+    inside the scope); ``fit`` sees batches of GLOBAL_BATCH_SIZE, each replica an equal share.
+    """
+    strategy = make_strategy()
+    with strategy.scope():
+        model = build_model()
+        load_original_weights(model, original)
+        model.compile(
+            optimizer=optimizer if isinstance(optimizer, str) else optimizer(), loss=loss
+        )
+    model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=epochs, **fit)
+    return model
+
+
+def main(argv: list[str]) -> None:
+    """``python THIS_FILE.py ORIGINAL.keras DATA.npz``: train the saved, compiled original's copy
+    for one epoch on the arrays ``x`` and ``y`` of DATA.npz; save the original with the trained
+    weights as ORIGINAL.trained.keras."""
+    if len(argv) != 2:
+        raise SystemExit(f"usage: python {sys.argv[0]} ORIGINAL.keras DATA.npz")
+    original = keras.saving.load_model(argv[0])
+    if original.optimizer is None:
+        raise SystemExit(f"{argv[0]} was saved uncompiled: compile it, save it, run again")
+    config = original.optimizer.get_config()
+    data = np.load(argv[1])
+    model = train(
+        original,
+        data["x"],
+        data["y"],
+        optimizer=lambda: original.optimizer.__class__.from_config(config),
+        loss=original.loss,
+    )
+    original.set_weights(model.get_weights())  # the trained weights, in the original model
+    original.save(os.path.splitext(argv[0])[0] + ".trained.keras")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])'''
+
+
+def _replicas_header(
+    model: Any,
+    plan: Plan,
+    strategy: Strategy,
+    replica_devices: Sequence[str],
+    workers: Sequence[str],
+) -> list[str]:
+    """The docstring of a data-parallel module (one host, or ``workers`` across hosts)."""
+    how = "MultiWorkerMirroredStrategy" if workers else "MirroredStrategy"
+    lines = [
+        f'"""Model {_safe_text(model.name)} trained data-parallel with tf.distribute.{how}, '
+        "written by partitioner.",
+        "",
+        f"Plan: {strategy.describe()} ({len(replica_devices)} devices), predicted step "
+        f"{format_seconds(plan.step_time_s)}.",
+        "Each replica holds the whole model on its own device; a step splits the global batch",
+        "(GLOBAL_BATCH_SIZE) evenly between the replicas and all-reduces their gradients, so the",
+        "weights are updated as one device would update them on the whole batch. The replicas",
+        "must divide the batch evenly.",
+        "",
+    ]
+    if workers:
+        lines += _launch_lines(plan, workers)
+    else:
+        lines += ["REPLICA_DEVICES lists one device per replica: edit it to use others.", ""]
+    return [*lines, *_replicas_use_lines(bool(workers))]
+
+
+def _launch_lines(plan: Plan, workers: Sequence[str]) -> list[str]:
+    """How to launch the workers of a module across hosts."""
+    addresses = ", ".join(f'"{w}"' for w in workers)
+    example = f'{{"cluster": {{"worker": [{addresses}]}}, "task": {{"type": "worker", "index": 0}}}}'
+    return [
+        f"The replicas run on {len(workers)} hosts. Run this same file on every host, each with",
+        "its own TF_CONFIG (WORKERS lists the addresses: edit them to the real hosts' and",
+        "ports); worker 0 is the chief. For worker 0:",
+        "",
+        f"    TF_CONFIG='{example}' \\\\",
+        "        python THIS_FILE.py ORIGINAL.keras DATA.npz",
+        "",
+        "and the same with index 1, 2, ... on the other hosts. Every worker uses each device it",
+        "sees, one replica per device: the plan's devices per host are in WORKER_DEVICES (limit a",
+        "worker with CUDA_VISIBLE_DEVICES to match them).",
+        "",
+    ]
+
+
+def _replicas_use_lines(multi_worker: bool) -> list[str]:
+    run = "Each worker runs" if multi_worker else "Run"
+    return [
+        "Use:",
+        "",
+        "    import placed_model                          # this file",
+        "    strategy = placed_model.make_strategy()",
+        "    with strategy.scope():                       # variables mirrored on every replica",
+        "        model = placed_model.build_model()",
+        "        placed_model.load_original_weights(model, original)  # a keras.Model or .keras",
+        "        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=...)  # made in scope",
+        "    model.fit(x, y, batch_size=placed_model.GLOBAL_BATCH_SIZE)  # the global batch",
+        "",
+        "or placed_model.train(original, x, y, optimizer='sgd', loss='mse'), which does that.",
+        f"{run} `python THIS_FILE.py ORIGINAL.keras DATA.npz` to train a saved, compiled",
+        "model for one epoch on the arrays x and y of DATA.npz.",
+        '"""',
+    ]
+
+
+def _replica_devices_lines(
+    plan: Plan,
+    strategy: Strategy,
+    strings: Sequence[str],
+    replica_devices: Sequence[str],
+    workers: Sequence[str],
+) -> list[str]:
+    """``REPLICA_DEVICES`` (one host) or ``WORKERS`` and ``WORKER_DEVICES`` (several)."""
+    lines = [f"GLOBAL_BATCH_SIZE = {plan.batch_size}", ""]
+    if not workers:
+        lines.append("# One replica of the whole model on each device.")
+        return [*lines, f"REPLICA_DEVICES = {_literal(list(replica_devices), 0)}"]
+    hosts = sorted({plan.devices[g[0]].host for g in strategy.device_groups})
+    per_host = {
+        h: [strings[g[0]] for g in strategy.device_groups if plan.devices[g[0]].host == h]
+        for h in hosts
+    }
+    lines += [
+        "# The address (host:port) of each worker, worker 0 first: one per host of the plan.",
+        f"WORKERS = {_literal(list(workers), 0)}",
+        "# The plan's replica devices on each worker (index into WORKERS).",
+        f"WORKER_DEVICES = {_literal({k: per_host[h] for k, h in enumerate(hosts)}, 0)}",
+    ]
+    return lines
+
+
+def _worker_addresses(plan: Plan, strategy: Strategy) -> list[str]:
+    """A ``host:port`` placeholder per host of the strategy's devices (``[]`` on one host)."""
+    hosts = sorted({plan.devices[d].host for d in strategy.devices})
+    if len(hosts) < 2:
+        return []
+    return [f"host{h}.example:2222" for h in hosts]
+
+
+def emit_replicated_module(
+    model: keras.Model,
+    plan: Plan,
+    strings: Sequence[str],
+    *,
+    model_source: str | os.PathLike[str] | None = None,
+) -> str:
+    """The source of a module that trains ``model`` data-parallel as ``plan.strategy`` (``R``
+    replicas of one stage) says: ``tf.distribute.MirroredStrategy`` over its devices
+    (``strings[d]`` for plan device ``d``), or ``MultiWorkerMirroredStrategy`` when they are on
+    several hosts. Like :func:`emit_placed_module`'s, without device scopes."""
+    strategy = plan.strategy
+    if strategy is None or strategy.stages != 1 or strategy.replicas < 2:
+        raise RewriteError(
+            f"plan for {plan.model_name!r}: emit_replicated_module needs >= 2 replicas of one "
+            f"stage, got {'no strategy' if strategy is None else strategy.describe()}"
+        )
+    units = placement_units(model)
+    _check_plan(units, {u.name: strings[0] for u in units}, None, model.name)
+    emitter = _Emitter(None if model_source is None else os.fspath(model_source))
+    graph_model = _is_graph_model(model)
+    if graph_model:
+        body, imports = _graph_module_body(model, units, emitter, {}, placed=False)
+    else:
+        body, imports = [], []
+        _subclassed_checks(model, emitter)
+    replica_devices = [strings[g[0]] for g in strategy.device_groups]
+    workers = _worker_addresses(plan, strategy)
+    devices = (strings, replica_devices, workers)
+    text = _replicated_text(model, plan, strategy, emitter, graph_model, imports, devices)
+    text += "\n\n\n" + "\n".join(body) + "\n" if graph_model else "\n"
+    text += _REPLICA_GRAPH_BUILD if graph_model else _REPLICA_SUBCLASSED_BUILD
+    text += "\n" + (_MULTI_WORKER_STRATEGY if workers else _MIRRORED_STRATEGY)
+    text += "\n" + _LOAD_WEIGHTS + "\n" + _TRAIN + "\n"
+    _compile_check(text, "<emitted module>")
+    return text
+
+
+def _replicated_text(
+    model: Any,
+    plan: Plan,
+    strategy: Strategy,
+    emitter: _Emitter,
+    graph_model: bool,
+    imports: Sequence[str],
+    devices: tuple[Sequence[str], Sequence[str], Sequence[str]],
+) -> str:
+    """The data-parallel module up to its model code: docstring, imports, constants.
+    ``devices``: every plan device's string, the replica devices and the worker addresses."""
+    strings, replica_devices, workers = devices
+    loads_source = emitter.uses_source or not graph_model
+    lines = _replicas_header(model, plan, strategy, replica_devices, workers)
+    standard = ["import sys", *(["import json"] if workers else [])]
+    lines += _import_lines(True, loads_source, imports, standard)
+    lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}", ""]
+    if loads_source:
+        lines += _source_lines(model, emitter)
+    if not graph_model:
+        lines += _subclassed_config_lines(model)
+    lines += [*_replica_devices_lines(plan, strategy, strings, replica_devices, workers), ""]
+    sample = _sample_lines(model, plan.input_shape, graph_model)
+    sample[1] = "# of these shapes so that every layer creates its variables (in strategy.scope())."
+    lines += sample
+    text = "\n".join(lines)
+    if loads_source:
+        text += "\n" + _SOURCE_LOADER
+    return text + "\n" + _SAMPLE_FUNCTION
+
+
+_HYBRID_BODY = '''
+
+def sample_inputs() -> list[Any]:
+    """Zeros shaped like one sample of each input, in the model's input order."""
+    shapes = SAMPLE_INPUTS.values() if isinstance(SAMPLE_INPUTS, dict) else SAMPLE_INPUTS
+    return [np.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+
+
+def build_model(original: Any) -> keras.Model:
+    """The copy of ``original`` (a keras.Model or .keras file) that trains as the plan says:
+    each replica a pipeline over its devices, the replicas' gradients all-reduced. Compiled like
+    the original when the original is compiled; the original is not modified."""
+    if isinstance(original, (str, os.PathLike)):
+        original = keras.saving.load_model(original)
+    return realise_strategy(
+        original,
+        LAYER_DEVICES_PER_REPLICA,
+        num_microbatches=NUM_MICROBATCHES,
+        schedule=Schedule(SCHEDULE),
+        sample_inputs=sample_inputs(),
+    )
+'''
+
+
+def _hybrid_header(model: Any, plan: Plan, strategy: Strategy) -> list[str]:
+    """The docstring of a hybrid module: what it runs, why through partitioner, how to use it."""
+    return [
+        f'"""Model {_safe_text(model.name)} trained as {strategy.describe()}, written by '
+        "partitioner.",
+        "",
+        f"Predicted step {format_seconds(plan.step_time_s)}. Each replica is a pipeline over its own",
+        f"devices, fed {strategy.num_microbatches} micro-batch(es) of its share of the global",
+        "batch; the replicas all-reduce their gradients, so the weights are updated as one device",
+        "would update them on the whole batch.",
+        "",
+        "This module is not plain TensorFlow: replicated pipelines have no short readable form",
+        "there, so build_model() calls partitioner's own rewrite,",
+        "passes.rewrite.replicate.realise_strategy (partitioner must be installed), with the",
+        "layer -> device table of every replica written out in LAYER_DEVICES_PER_REPLICA: edit a",
+        "device string to move that layer of that replica (every replica keeps the same stages).",
+        "",
+        "Use:",
+        "",
+        "    import placed_model                          # this file",
+        "    model = placed_model.build_model(original)   # a keras.Model or .keras file",
+        "    # compile it (jit_compile=False) if the original was not compiled",
+        "    model.fit(x, y, batch_size=placed_model.GLOBAL_BATCH_SIZE)  # the global batch",
+        '"""',
+    ]
+
+
+def _emit_hybrid_module(
+    model: keras.Model, plan: Plan, strategy: Strategy, strings: Sequence[str]
+) -> str:
+    """The module of a hybrid plan (``R > 1`` replicas of ``S > 1`` stages): the layer devices
+    of every replica as literals, handed to ``realise_strategy`` (see :func:`_hybrid_header`)."""
+    units = placement_units(model)
+    per_replica = [
+        {name: strings[group[s]] for name, s in zip(plan.layer_order, strategy.stage_of_layer)}
+        for group in strategy.device_groups
+    ]
+    for layer_devices in per_replica:
+        _check_plan(units, layer_devices, None, model.name)
+    lines = _hybrid_header(model, plan, strategy)
+    lines += ["", "from __future__ import annotations", "", "import os", "from typing import Any"]
+    lines += ["", "import keras", "import numpy as np", ""]
+    lines += ["from partitioner.core.ir import Schedule"]
+    lines += ["from passes.rewrite.replicate import realise_strategy", ""]
+    lines += [f"MODEL_NAME = {_flat_literal(str(model.name))}"]
+    lines += [f"GLOBAL_BATCH_SIZE = {plan.batch_size}"]
+    lines += ["# Micro-batches per replica per step, and their order on each pipeline."]
+    lines += [f"NUM_MICROBATCHES = {strategy.num_microbatches}"]
+    lines += [f"SCHEDULE = {_flat_literal(strategy.schedule.value)}", ""]
+    lines += ["# Layer -> device of each replica (replica 0 first), from the plan."]
+    lines += [f"LAYER_DEVICES_PER_REPLICA = {_literal(per_replica, 0)}", ""]
+    lines += _sample_lines(model, plan.input_shape, _is_graph_model(model))
+    text = "\n".join(lines) + "\n" + _HYBRID_BODY
+    _compile_check(text, "<emitted module>")
+    return text
 
 
 def _subclassed_checks(model: Any, emitter: _Emitter) -> None:
