@@ -1642,6 +1642,13 @@ def _emit_hybrid_module(
     for layer_devices in per_replica:
         _check_plan(units, layer_devices, None, model.name)
     lines = _hybrid_header(model, plan, strategy)
+    if len({plan.devices[d].host for d in strategy.devices}) > 1:
+        lines[-1:-1] = [
+            "",
+            "The devices are on several hosts: serve each with `partition worker` and apply the",
+            "plan to a cluster instead (plan.apply(model, cluster=...)); realise_strategy alone",
+            "reaches the devices of this process only.",
+        ]
     lines += ["", "from __future__ import annotations", "", "import os", "from typing import Any"]
     lines += ["", "import keras", "import numpy as np", ""]
     lines += ["from partitioner.core.ir import Schedule"]

@@ -241,3 +241,13 @@ def test_the_emitted_script_trains_a_saved_model_on_saved_arrays(tmp_path: Path)
     reference.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     for a, b in zip(trained.get_weights(), reference.get_weights()):
         assert relative_error(a, b) <= REL_TOL
+
+
+def test_a_hybrid_plan_across_hosts_says_to_apply_it_to_a_cluster() -> None:
+    model = mlp()
+    strategy = Strategy(((0, 1), (2, 3)), (0, 0, 1), 2, Schedule.ONE_F_ONE_B)
+    source = emit_plan_module(model, strategy_plan(model, strategy, hosts=(0, 0, 1, 1)))
+    assert "plan.apply(model, cluster=...)" in source
+    assert "/job:worker/task:1/device:GPU:0" in source
+    one_host = emit_plan_module(model, strategy_plan(model, strategy), devices=CPU)
+    assert "cluster=" not in one_host
