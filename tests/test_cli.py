@@ -390,7 +390,7 @@ def test_pipeline_with_report_and_emitted_code(tmp_path: Path) -> None:
     source = emit.read_text()
     compile(source, str(emit), "exec")
     assert "with tf.device(" in source
-    assert "Report written to" in proc.stdout and "Placed model code written to" in proc.stdout
+    assert "Report written to" in proc.stdout and "Model code (" in proc.stdout
 
 
 # -- library errors in the command line's terms -----------------------------------------------

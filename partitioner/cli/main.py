@@ -29,6 +29,7 @@ from partitioner.core.errors import OutputError, PartitionError, UsageError
 from partitioner.core.ir import Schedule
 from partitioner.core.options import (
     AUTO_STRATEGY,
+    InputShape,
     MeasureOptions,
     SearchOptions,
     TargetOptions,
@@ -75,7 +76,7 @@ command line's spelling: a flag taking the value at ``{}``, or a switch (no ``{}
 
 _ARGUMENT = re.compile(
     r"(?<![\w.-])(?P<name>" + "|".join(sorted(map(re.escape, FLAGS), key=len, reverse=True))
-    + r")=(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|\[[^\[\]]*\]"
+    + r")=(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|\[[^\[\]]*\]|\{[^{}]*\}"
     r"|[^\s,;()\[\]'\"]*[^\s,;()\[\]'\".:])?"
 )
 """``name=value`` of an API argument in a message; the value quoted, bracketed or bare."""
@@ -94,10 +95,24 @@ def _as_flag(match: re.Match[str]) -> str:
     raw = match["value"]
     if "{}" not in template:  # a switch
         return f"no {template}" if raw == "False" else template
+    if raw is not None and raw.startswith("{"):
+        return _per_name_flags(template, raw)
     value = _flag_value(raw)
     if value is None:
         return template.replace(" {}", "").replace("{}", "")
     return template.format(value)
+
+
+def _per_name_flags(template: str, raw: str) -> str:
+    """A dict value (``input_shape={'a': (1,), 'b': (2,)}``) as the flag once per key
+    (``--input-shape a=1 --input-shape b=2``)."""
+    try:
+        per_name = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return template.format(raw)
+    if not isinstance(per_name, dict):
+        return template.format(raw)
+    return " ".join(template.format(f"{k}={_flag_value(repr(v))}") for k, v in per_name.items())
 
 
 def _flag_value(raw: str | None) -> str | None:
@@ -173,7 +188,11 @@ def _add_target_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape",
         default=None,
-        help="input shape without the batch dimension, e.g. 32,32,3 (needed for unknown dims)",
+        action="append",
+        metavar="[NAME=]SHAPE",
+        help="input shape without the batch dimension (needed for unknown dims): 32,32,3 for a "
+        "single-input model, or NAME=SHAPE once per input, e.g. --input-shape token_ids=128 "
+        "--input-shape padding_mask=128",
     )
     parser.add_argument(
         "--memory-limit",
@@ -294,16 +313,38 @@ def _options(args: argparse.Namespace) -> tuple[TargetOptions, SearchOptions, Me
     return target, search, MeasureOptions(profile=args.profile, profile_ops=args.profile_ops)
 
 
-def _parse_shape(text: str | None) -> tuple[int, ...] | None:
-    """``--input-shape 32,32,3`` (or ``32x32x3``) as a tuple; TargetOptions checks the values."""
-    if text is None:
+def _parse_shape(texts: Sequence[str] | None) -> InputShape | None:
+    """``--input-shape 32,32,3`` (or ``32x32x3``) as a tuple, or ``--input-shape NAME=SHAPE``
+    repeated as a dict of input name -> shape; TargetOptions checks the values."""
+    if not texts:
         return None
+    named = ["=" in t for t in texts]
+    if not any(named) and len(texts) == 1:
+        return _dims(texts[0])
+    if not all(named):
+        raise UsageError(
+            f"--input-shape {' --input-shape '.join(texts)}: with several inputs name each, "
+            "e.g. --input-shape token_ids=128 --input-shape padding_mask=128"
+        )
+    shapes: dict[str, tuple[int, ...]] = {}
+    for text in texts:
+        name, _, dims = text.partition("=")
+        if not name.strip() or name.strip() in shapes:
+            raise UsageError(f"--input-shape {text!r}: give each input once as NAME=SHAPE")
+        shapes[name.strip()] = _dims(dims, text)
+    return shapes
+
+
+def _dims(text: str, flag_value: str | None = None) -> tuple[int, ...]:
+    """``32,32,3`` (or ``32x32x3``) as a tuple of ints; UsageError quoting the flag's value."""
     try:
         dims = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
     except ValueError:
         dims = ()
     if not dims:
-        raise UsageError(f"--input-shape {text!r} is not a list of integers like 32,32,3")
+        raise UsageError(
+            f"--input-shape {flag_value or text!r} is not a list of integers like 32,32,3"
+        )
     return dims
 
 
@@ -489,7 +530,8 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.report is not None:
         out.print(f"Report written to {args.report}")
     if args.emit is not None:
-        out.print(f"Placed model code written to {args.emit}")
+        what = plan.strategy.describe() if plan.strategy is not None else "the placement"
+        out.print(f"Model code ({what}) written to {args.emit}")
     if args.verbose:
         out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
     return 0
