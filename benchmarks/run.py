@@ -71,8 +71,11 @@ from typing import Any, Literal
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from benchmarks.zoo import ZOO, TracedZooModel, trace_zoo_model, zoo_model
+from benchmarks import realised
+from benchmarks.realised import EVEN_PIPELINE, GroupResult, realised_group
+from benchmarks.zoo import ZOO, TracedZooModel, per_replica_batches, trace_zoo_model, zoo_model
 from cost_models.estimate.costs import cost_graph
+from partitioner.api import STRATEGY_SEARCH_LIMIT_S
 from partitioner.core.errors import InfeasibleError, PartitionError
 from partitioner.core.files import write_atomic
 from partitioner.core.ir import CostedGraph, Graph, Schedule
@@ -92,6 +95,8 @@ __all__ = [
     "readme_section",
     "record_table",
     "run_config",
+    "run_strategies",
+    "strategy_section",
     "summarize",
     "summary_lines",
 ]
@@ -272,6 +277,31 @@ def run_config(
             )
         )
     return tuple(rows)
+
+
+def run_strategies(
+    model: str,
+    graph_at: Callable[[int], Graph],
+    batch_size: int,
+    *,
+    device_type: str,
+    num_devices: int,
+    topology: Topology,
+    time_limit_s: float = STRATEGY_SEARCH_LIMIT_S,
+) -> GroupResult:
+    """The strategy search of one group on the realised objective
+    (:func:`benchmarks.realised.realised_group`); ``graph_at(b)`` is the model traced at batch
+    ``b``, costed here on ``num_devices`` x ``device_type`` over ``topology``."""
+    costed: dict[int, CostedGraph] = {}
+
+    def costed_at(batch: int) -> CostedGraph:
+        if batch not in costed:
+            costed[batch] = cost_graph(
+                graph_at(batch), device_type=device_type, num_devices=num_devices, link=topology
+            )
+        return costed[batch]
+
+    return realised_group(model, topology, costed_at, batch_size, time_limit_s=time_limit_s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,7 +550,10 @@ def _avg(xs: Sequence[float]) -> str:
 
 def summary_lines(summary: Summary) -> list[str]:
     """The printed summary block: one line per group, then the totals and checks."""
-    lines = ["auto vs the others, pipelined time per batch (ms):"]
+    lines = [
+        "placement solvers: the auto solver vs the others, pipelined time per batch (ms; a proxy "
+        "objective, NOT the step that runs: see the strategy block for that):"
+    ]
     for g in summary.groups:
         flags = []
         if not g.auto_ok:
@@ -538,7 +571,7 @@ def summary_lines(summary: Summary) -> list[str]:
     ilp_losses = [g for g in summary.groups if not g.ilp_ok]
     step_losses = [g for g in summary.groups if not g.step_ok]
     lines.append(
-        f"auto never slower than the best baseline: "
+        f"auto solver's proxy never worse than the best baseline solver's: "
         f"{'yes' if not losses else 'NO'} ({len(summary.groups) - len(losses)}/{len(summary.groups)} groups)"
         + "".join(
             f"; loses {g.model} x{g.devices} {g.topology} to {g.best_baseline}" for g in losses
@@ -560,7 +593,7 @@ def summary_lines(summary: Summary) -> list[str]:
         + "".join(f"; {g.model} x{g.devices} {g.topology}" for g in f1b_losses)
     )
     lines.append(
-        "gain over even at 4 and 8 devices, every model (model parallelism used): "
+        "proxy (not what runs): gain over even at 4 and 8 devices, every model: "
         + _avg(summary.gains(min_devices=4))
     )
     lines.append(
@@ -568,9 +601,8 @@ def summary_lines(summary: Summary) -> list[str]:
         + _avg(summary.gains(min_devices=4, one_f_one_b=True))
     )
     lines.append(
-        "gain over even at 4 and 8 devices, models that do not fit one device (model "
-        "parallelism needed for memory): "
-        + _avg(summary.gains(min_devices=4, needs_memory_split=True))
+        "proxy (not what runs): gain over even at 4 and 8 devices, models that do not fit one "
+        "device: " + _avg(summary.gains(min_devices=4, needs_memory_split=True))
     )
     return lines
 
@@ -670,6 +702,9 @@ class RunInfo:
     trace_lines: tuple[str, ...]
     table_path: str | None = None
     json_path: str | None = None
+    strategy_time_limit_s: float = STRATEGY_SEARCH_LIMIT_S
+    strategy_failures: tuple[str, ...] = ()
+    """``model xN topology: why`` of every group whose strategy search raised."""
 
 
 def _git_commit() -> str:
@@ -712,8 +747,82 @@ def _too_big_lines(records: Sequence[Record], summary: Summary) -> list[str]:
     return lines
 
 
-def readme_section(records: Sequence[Record], info: RunInfo) -> str:
-    """The README's results section, in Markdown, generated from ``records``."""
+def _strategy_cells(g: GroupResult) -> list[str]:
+    return [
+        g.model,
+        str(g.devices),
+        g.topology,
+        f"{g.chosen_description} ({g.chosen_family})" + ("" if g.chosen_fits else ", does not fit"),
+        realised.ms(g.chosen_step_s),
+        realised.entry_cell(g, "single"),
+        realised.entry_cell(g, "data_parallel"),
+        realised.entry_cell(g, EVEN_PIPELINE),
+        realised.entry_cell(g, "pipeline"),
+        realised.pct(g.gain_over(g.best_replicated_s)),
+        realised.pct(g.gain_over(g.step_s(EVEN_PIPELINE))),
+        realised.pct(g.gain_over(g.step_s("pipeline"))),
+    ]
+
+
+def strategy_section(groups: Sequence[GroupResult], cmd: str) -> list[str]:
+    """The README's headline: ``auto``'s strategy against the others on the simulated step."""
+    summary = realised.summarize_realised(groups)
+    out = [
+        f"Summary ({cmd}), on the **predicted step of what would run** (the strategy planner's "
+        "simulation of the rewritten training step, each replica at its own batch, all-reduce "
+        "and pipeline bubbles included), only against strategies that fit in memory:",
+        "",
+        *(f"- {line}." for line in realised.summary_lines(summary)),
+        "",
+        f"Per model, devices and topology, predicted step in ms ({cmd}): `auto`'s strategy and "
+        "its step; the best of each family the planner scored (one device, data parallel, "
+        "a pure pipeline); the even split pipelined (the `even` solver's layers over every "
+        "device, 1F1B, the best micro-batch count); `auto`'s gain over the faster of single "
+        "and data parallel, over the even-split pipeline and over the best pure pipeline.",
+        "",
+        _markdown(
+            [
+                "model",
+                "devices",
+                "topology",
+                "auto's strategy",
+                "auto",
+                "single",
+                "data parallel",
+                "even pipeline",
+                "best pipeline",
+                "vs single/DP",
+                "vs even pipeline",
+                "vs best pipeline",
+            ],
+            [_strategy_cells(g) for g in groups],
+            [False, True, False, False, *([True] * 8)],
+        ),
+    ]
+    return out
+
+
+def strategy_text(groups: Sequence[GroupResult]) -> list[str]:
+    """The printed block of the strategy search: one line per group, then the headline."""
+    lines = ["auto's strategy vs the others, predicted step of what would run (ms):"]
+    for g in groups:
+        cells = ", ".join(
+            f"{r.name} {realised.ms(r.step_time_s)}" + ("" if r.fits else " (does not fit)")
+            for r in g.results
+        )
+        lines.append(
+            f"  {g.model} x{g.devices} {g.topology}: auto {realised.ms(g.chosen_step_s)} = "
+            f"{g.chosen_description} ({g.chosen_family}, {g.chosen_placement}); {cells}; "
+            f"search {g.search_time_s:.1f} s" + ("" if g.ok else "  <-- auto SLOWER")
+        )
+    return lines + realised.summary_lines(realised.summarize_realised(groups))
+
+
+def readme_section(
+    records: Sequence[Record], info: RunInfo, groups: Sequence[GroupResult] = ()
+) -> str:
+    """The README's results section, in Markdown, generated from ``groups`` (the strategy
+    search, the headline) and ``records`` (each solver's placement, not what runs)."""
     predicted = [r for r in records if r.status != MEASURED_STATUS]
     measured = [r for r in records if r.status == MEASURED_STATUS]
     summary = summarize(predicted)
@@ -722,26 +831,42 @@ def readme_section(records: Sequence[Record], info: RunInfo) -> str:
         "## Benchmark results",
         "",
         f"Generated by {cmd} (git {info.git_commit}, {info.date}, {info.machine}, "
-        f"{info.wall_time_s / 60:.1f} min wall; solver time limit {info.time_limit_s:g} s). "
+        f"{info.wall_time_s / 60:.1f} min wall; solver time limit {info.time_limit_s:g} s, "
+        f"strategy search limit {info.strategy_time_limit_s:g} s). "
         "Nothing here is typed by hand: rerun the command to regenerate every number in this "
         "section."
         + (f" The full table of every solver is in `{info.table_path}`." if info.table_path else "")
-        + (f" One JSON record per row is in `{info.json_path}`." if info.json_path else ""),
+        + (
+            f" The JSON (one record per group, one per solver row) is in `{info.json_path}`."
+            if info.json_path
+            else ""
+        ),
         "",
         "Every time below is *predicted* by the cost model (roofline over the device catalog) and "
-        "the simulator; none is measured on a GPU. The **pipelined time per batch** is the slowest "
-        "device's compute plus its transfers (the steady state of a pipeline fed with many "
-        "micro-batches), which `auto` and `ilp` minimise; its lower bound is the larger of the "
-        "work per device and the largest layer. The plain step (one batch, no pipelining) is in "
-        "the full table. The **1F1B** columns simulate one training step pipelined with "
-        f"PipeDream-Flush's schedule and M = {MICROBATCHES_PER_DEVICE} x devices micro-batches "
-        "(at most the batch size): bubbles and transfers included.",
+        "the simulator; none is measured on a GPU.",
         "",
         "Models (random weights, `keras.applications` and Keras layers; nothing downloaded):",
         "",
     ]
     out += [f"- {line}" for line in info.trace_lines]
-    out += ["", "What each solver stands for:", ""]
+    if groups:
+        out += ["", *strategy_section(groups, cmd)]
+    out += [f"- Strategy search failed: {line}" for line in info.strategy_failures]
+    out += [
+        "",
+        "### Placement solvers on their own objective (not what runs)",
+        "",
+        "Each solver's layer placement of the whole batch on every device, scored on the "
+        "**pipelined time per batch** (the slowest device's compute plus its transfers: the "
+        "steady state of a pipeline fed with many micro-batches, which the `auto` and `ilp` "
+        "solvers minimise). That figure is a proxy, not the step the rewrite runs: the numbers "
+        "above are. The 1F1B columns simulate one step of the placement pipelined with "
+        f"PipeDream-Flush's schedule and M = {MICROBATCHES_PER_DEVICE} x devices micro-batches "
+        "(blank where the placement is not a pipeline).",
+        "",
+        "What each solver stands for:",
+        "",
+    ]
     names = {r.solver for r in predicted}
     out.append(
         _markdown(
@@ -751,36 +876,28 @@ def readme_section(records: Sequence[Record], info: RunInfo) -> str:
         )
     )
     losses = [g for g in summary.groups if not g.auto_ok]
-    all_gains = summary.gains(min_devices=4)
-    big_gains = summary.gains(min_devices=4, needs_memory_split=True)
     out += [
         "",
-        f"Summary ({cmd}):",
+        f"Solver checks ({cmd}; proxy objective, not what runs):",
         "",
-        f"- `auto` is never slower than the best baseline: **{'yes' if not losses else 'no'}** "
-        f"({len(summary.groups) - len(losses)} of {len(summary.groups)} model/devices/topology "
-        "groups)"
+        f"- The `auto` solver's pipelined time is never worse than the best baseline solver's: "
+        f"**{'yes' if not losses else 'no'}** "
+        f"({len(summary.groups) - len(losses)} of {len(summary.groups)} groups)"
         + "".join(
             f"; it loses {g.model} x{g.devices} {g.topology} to `{g.best_baseline}`" for g in losses
         )
         + ".",
-        "- Gain of `auto` over the even split at 4 and 8 devices, every model (every `auto` plan "
-        f"there uses all devices): {_avg(all_gains)}.",
-        "- The same where the model does not fit one device (`single` infeasible, model "
-        f"parallelism needed for memory): {_avg(big_gains)}.",
-        f"- On the simulated 1F1B step instead ({summary.pipelines} of {summary.placements} "
-        "placements are pipelines the simulator accepts; the others, where data flows both ways "
-        "between two devices, are blank): `auto` slower than the best baseline in "
-        f"{sum(not g.one_f_one_b_ok for g in summary.groups)} of {len(summary.groups)} groups; "
-        f"gain over even at 4 and 8 devices {_avg(summary.gains(min_devices=4, one_f_one_b=True))}.",
+        f"- {summary.pipelines} of {summary.placements} placements are pipelines the 1F1B "
+        "simulator accepts (the others send data both ways between two devices).",
     ]
     out += _too_big_lines(predicted, summary)
     out += [
         "",
-        f"Per model, devices and topology, ms ({cmd}): pipelined time per batch of `auto`, its "
-        "ratio to the lower bound, the best baseline's and the even split's, `auto`'s gain over "
-        "even; the simulated 1F1B step of `auto` and of even; one device's plain step; the "
-        "fullest device's memory under `auto`.",
+        f"Per model, devices and topology, ms ({cmd}; placements, not what runs): pipelined "
+        "time per batch of the `auto` solver's placement, its ratio to the lower bound, the best "
+        "baseline solver's and the even split's, the `auto` solver's gain over even on that "
+        "proxy; the simulated 1F1B step of its placement and of even's; one device's plain "
+        "step; the fullest device's memory under the `auto` solver.",
         "",
     ]
     cells = []
@@ -811,7 +928,7 @@ def readme_section(records: Sequence[Record], info: RunInfo) -> str:
                 "auto / LB",
                 "best baseline",
                 "even",
-                "auto vs even",
+                "auto vs even (proxy)",
                 "auto 1F1B",
                 "even 1F1B",
                 "single (1 device step)",
@@ -900,7 +1017,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--time-limit", type=float, help=f"solver time limit, s (default {TIME_LIMIT_S:g})"
     )
-    parser.add_argument("--json", metavar="OUT", help="write one JSON record per row to OUT")
+    parser.add_argument(
+        "--strategy-time-limit",
+        type=float,
+        help="the strategy search's time limit, s (default: the product's "
+        f"{STRATEGY_SEARCH_LIMIT_S:g}, at most the solver time limit)",
+    )
+    parser.add_argument(
+        "--no-strategies",
+        action="store_true",
+        help="skip the strategy search (only the solvers' placements, not what runs)",
+    )
+    parser.add_argument(
+        "--json", metavar="OUT", help="write the group and row records to OUT (JSON)"
+    )
     parser.add_argument("--table", metavar="OUT", help="also write the printed text to OUT")
     parser.add_argument("--readme", metavar="OUT", help="write the README results section to OUT")
     parser.add_argument(
@@ -921,6 +1051,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device_counts = args.devices or (QUICK_DEVICE_COUNTS if args.quick else DEVICE_COUNTS)
     topologies = args.topologies or TOPOLOGIES
     time_limit_s = args.time_limit or (QUICK_TIME_LIMIT_S if args.quick else TIME_LIMIT_S)
+    strategy_limit_s = args.strategy_time_limit or min(time_limit_s, STRATEGY_SEARCH_LIMIT_S)
     solvers = args.solvers or solver_names()
     unknown = sorted(set(solvers) - set(solver_names()))
     if unknown:
@@ -937,9 +1068,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     say = sys.stderr.write
     start = time.perf_counter()
     records: list[Record] = []
+    groups: list[GroupResult] = []
+    failed: list[str] = []
     trace_lines: list[str] = []
     for name in models:
-        traced: TracedZooModel = trace_zoo_model(zoo_model(name))
+        entry = zoo_model(name)
+        extra = (
+            () if args.no_strategies else per_replica_batches(entry.batch_size, max(device_counts))
+        )
+        traced: TracedZooModel = trace_zoo_model(entry, extra)
         trace_lines.append(traced.describe())
         say(traced.describe() + "\n")
         for n in device_counts:
@@ -949,14 +1086,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run_config(
                         name,
                         traced.graph,
-                        device_type=traced.entry.device_type,
+                        device_type=entry.device_type,
                         num_devices=n,
                         topology=topo,
                         solvers=solvers,
                         time_limit_s=time_limit_s,
                     )
                 )
-                say(f"  {name} x{n} {topo}: {time.perf_counter() - t0:.1f} s\n")
+                t1 = time.perf_counter()
+                if not args.no_strategies:
+                    try:
+                        groups.append(
+                            run_strategies(
+                                name,
+                                traced.graph_at,
+                                entry.batch_size,
+                                device_type=entry.device_type,
+                                num_devices=n,
+                                topology=topo,
+                                time_limit_s=strategy_limit_s,
+                            )
+                        )
+                    except PartitionError as exc:
+                        failed.append(f"{name} x{n} {topo}: {str(exc).splitlines()[0][:200]}")
+                say(
+                    f"  {name} x{n} {topo}: solvers {t1 - t0:.1f} s, strategies "
+                    f"{time.perf_counter() - t1:.1f} s\n"
+                )
+        del traced
     wall_s = time.perf_counter() - start
 
     command = " ".join(["python -m benchmarks.run", *map(shlex.quote, argv_list)])
@@ -970,16 +1127,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace_lines=tuple(trace_lines),
         table_path=args.table,
         json_path=args.json,
+        strategy_time_limit_s=strategy_limit_s,
+        strategy_failures=tuple(failed),
     )
     summary = summarize(records)
     text = [
         f"$ {command}   # {info.date}, {info.machine}, git {info.git_commit}, "
-        f"{wall_s:.0f} s wall, time limit {time_limit_s:g} s",
+        f"{wall_s:.0f} s wall, time limit {time_limit_s:g} s, strategy search "
+        f"{strategy_limit_s:g} s",
         *trace_lines,
         "",
-        record_table(records),
-        "",
     ]
+    if groups:
+        text += [*strategy_text(groups), ""]
+    text += [f"strategy search FAILED: {line}" for line in failed]
+    text += ["placements of each solver (not what runs):", record_table(records), ""]
     if measured:
         text += ["measured rows:", record_table(measured, MEASURED_COLUMNS), ""]
     text += summary_lines(summary)
@@ -990,10 +1152,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.table:
         write_atomic(args.table, output)
     if args.json:
-        write_atomic(args.json, json.dumps([r.to_json() for r in all_records], indent=1) + "\n")
+        write_atomic(args.json, results_json(groups, all_records))
     if args.readme:
-        write_atomic(args.readme, readme_section(all_records, info))
-    return 0 if summary.auto_never_slower else 1
+        write_atomic(args.readme, readme_section(all_records, info, groups))
+    strategies_ok = not failed and realised.summarize_realised(groups).losses == ()
+    return 0 if summary.auto_never_slower and strategies_ok else 1
+
+
+def results_json(groups: Sequence[GroupResult], records: Sequence[Record]) -> str:
+    """The JSON file: ``{"groups": [one per (model, devices, topology)], "records": [one per
+    solver row and measured row]}``, keys sorted (:func:`load_measured` reads its records)."""
+    data = {"groups": [g.to_json() for g in groups], "records": [r.to_json() for r in records]}
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -57,6 +57,7 @@ __all__ = [
     "mlp",
     "mobilenet_v2",
     "multi_tower",
+    "per_replica_batches",
     "resnet50",
     "trace_zoo_model",
     "transformer_1b",
@@ -301,6 +302,19 @@ class TracedZooModel:
     build_time_s: float
     trace_time_s: float
     flops_time_s: float
+    graphs_at: tuple[tuple[int, Graph], ...] = ()
+    """The model traced at other batch sizes (``(batch, graph)``, ascending): the per-replica
+    batches of the strategy search; ``graph`` is the one at the entry's batch."""
+
+    def graph_at(self, batch_size: int) -> Graph:
+        """The graph traced at ``batch_size``; ``KeyError`` naming the traced ones otherwise."""
+        if batch_size == self.graph.batch_size:
+            return self.graph
+        for batch, graph in self.graphs_at:
+            if batch == batch_size:
+                return graph
+        known = sorted({self.graph.batch_size, *(b for b, _ in self.graphs_at)})
+        raise KeyError(f"{self.entry.name} was not traced at batch {batch_size}; traced: {known}")
 
     def describe(self) -> str:
         g = self.graph
@@ -309,16 +323,37 @@ class TracedZooModel:
             f"{len(g.layers)} layers, batch {g.batch_size}, {self.entry.device_type}; built in "
             f"{self.build_time_s:.1f} s, traced in {self.trace_time_s:.1f} s "
             f"(+{self.flops_time_s:.1f} s FLOPs)"
+            + (
+                f"; also traced at batch {', '.join(str(b) for b, _ in self.graphs_at)}"
+                if self.graphs_at
+                else ""
+            )
         )
 
 
-def trace_zoo_model(entry: ZooModel) -> TracedZooModel:
-    """Build ``entry``'s model, trace one training step at its batch size, free the model."""
+def per_replica_batches(batch_size: int, max_replicas: int) -> tuple[int, ...]:
+    """Every per-replica batch ``batch_size / R`` for ``R`` in ``2..max_replicas`` dividing it
+    (descending): the batches the strategy search costs a model at."""
+    return tuple(
+        sorted(
+            {batch_size // r for r in range(2, max_replicas + 1) if batch_size % r == 0},
+            reverse=True,
+        )
+    )
+
+
+def trace_zoo_model(entry: ZooModel, extra_batch_sizes: Sequence[int] = ()) -> TracedZooModel:
+    """Build ``entry``'s model, trace one training step at its batch size (and at each of
+    ``extra_batch_sizes``, while the model is alive), free the model."""
     t0 = time.perf_counter()
     model = entry.build()
     build_time_s = time.perf_counter() - t0
     num_params = int(model.count_params())
     traced = trace_model(model, batch_size=entry.batch_size)
+    graphs_at = tuple(
+        (b, trace_model(model, batch_size=b).graph)
+        for b in sorted(set(extra_batch_sizes) - {entry.batch_size})
+    )
     del model
     keras.backend.clear_session()
     gc.collect()
@@ -330,4 +365,5 @@ def trace_zoo_model(entry: ZooModel) -> TracedZooModel:
         build_time_s=build_time_s,
         trace_time_s=traced.trace_time_s,
         flops_time_s=traced.flops_time_s,
+        graphs_at=graphs_at,
     )

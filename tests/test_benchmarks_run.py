@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 
 from benchmarks import run as bench
-from benchmarks.zoo import mlp
+from benchmarks.realised import EVEN_PIPELINE, GroupResult, even_pipeline
+from benchmarks.zoo import mlp, per_replica_batches
 from cost_models.estimate.costs import cost_graph
-from partitioner.core.ir import Graph
+from partitioner.core.ir import Graph, Schedule
+from partitioner.core.strategy import Strategy
 from partitioner.simulation.evaluate import evaluate
+from partitioner.simulation.strategy import simulate_strategy
 from partitioner.solvers import get_solver, solver_names
 from passes.trace import trace_model
 
@@ -57,6 +60,7 @@ def test_times_are_at_least_their_lower_bounds(records: tuple[bench.Record, ...]
     assert {r.solver for r in feasible} == set(solver_names())  # an MLP fits anywhere
     for r in feasible:
         assert r.lower_bound_s is not None and r.pipelined_lower_bound_s is not None
+        assert r.step_time_s is not None
         assert 0 < r.lower_bound_s <= r.step_time_s * (1 + 1e-9), r
         assert r.pipelined_time_s is not None
         assert 0 < r.pipelined_lower_bound_s <= r.pipelined_time_s * (1 + 1e-9), r
@@ -114,7 +118,8 @@ def test_summary_and_readme(records: tuple[bench.Record, ...]) -> None:
     baselines = [r for r in records if r.solver not in ("auto", "ilp")]
     best = min(r.pipelined_time_s or math.inf for r in baselines)
     assert group.best_baseline_s == best
-    assert summary.auto_never_slower == (by["auto"].pipelined_time_s <= best * (1 + 1e-9))
+    assert group.auto_s is not None and group.even_s is not None
+    assert summary.auto_never_slower == (group.auto_s <= best * (1 + 1e-9))
     assert group.gain_over_even == pytest.approx(1 - group.auto_s / group.even_s)
     assert summary.placements == len(records)
     assert 0 < summary.pipelines <= summary.placements
@@ -165,3 +170,93 @@ def test_measured_records_are_merged(tmp_path: Path) -> None:
     path.write_text(json.dumps([{"model": "mlp", "devices": 2}]))
     with pytest.raises(ValueError, match="lacks solver, measured_time_s"):
         bench.load_measured(path)
+
+
+# --------------------------------------------------------------------------------------------
+# The strategy search on the realised objective (issue 16, item 6)
+# --------------------------------------------------------------------------------------------
+
+
+def test_per_replica_batches() -> None:
+    assert per_replica_batches(32, 8) == (16, 8, 4)
+    assert per_replica_batches(8, 8) == (4, 2, 1)
+    assert per_replica_batches(12, 4) == (6, 4, 3)
+    assert per_replica_batches(7, 1) == ()
+
+
+@pytest.fixture(scope="module")
+def graphs(graph: Graph) -> dict[int, Graph]:
+    return {16: graph, 8: trace_model(mlp(), batch_size=8).graph}
+
+
+@pytest.fixture(scope="module")
+def group(graphs: dict[int, Graph]) -> GroupResult:
+    return bench.run_strategies(
+        "mlp", graphs.__getitem__, 16, device_type="h100", num_devices=2, topology="pcie",
+        time_limit_s=TIME_LIMIT_S,
+    )  # fmt: skip
+
+
+def test_the_group_reports_auto_and_every_family_on_the_simulated_step(
+    group: GroupResult, graphs: dict[int, Graph]
+) -> None:
+    names = [r.name for r in group.results]
+    assert names[:2] == ["single", "data_parallel"] and "pipeline" in names
+    assert names[-1] == EVEN_PIPELINE
+    costed = cost_graph(graphs[16], device_type="h100", num_devices=2, link="pcie")
+    single = simulate_strategy(costed, Strategy(((0,),), (0,) * len(costed.layer_memory)))
+    assert group.step_s("single") == pytest.approx(single.step_time_s, rel=1e-12)
+    data_parallel = group.result("data_parallel")
+    assert data_parallel is not None and data_parallel.description == "2 data-parallel replicas"
+    # auto is the planner's best: never slower than a family's best nor the even pipeline
+    assert group.ok and group.chosen_fits
+    assert group.chosen_step_s <= min(r.step_time_s for r in group.results) * (1 + 1e-9)
+    assert group.chosen_description in {r.description for r in group.results}
+    assert group.gain_over(group.best_replicated_s) == pytest.approx(
+        1 - group.chosen_step_s / min(single.step_time_s, data_parallel.step_time_s)
+    )
+
+
+def test_the_even_pipeline_is_evens_split_pipelined_at_its_best_micro_batch_count(
+    graphs: dict[int, Graph],
+) -> None:
+    costed = cost_graph(graphs[16], device_type="h100", num_devices=2, link="pcie")
+    even = even_pipeline(costed)
+    assert even is not None and even.placement == "even" and even.num_microbatches > 1
+    stages = get_solver("even", seed=0).solve(costed.problem()).assignment
+    steps = [
+        simulate_strategy(costed, Strategy(((0, 1),), stages, m, Schedule.ONE_F_ONE_B)).step_time_s
+        for m in (2, 4, 6, 8)
+        if 16 % m == 0
+    ]
+    assert even.step_time_s == pytest.approx(min(steps), rel=1e-12)
+    one_device = cost_graph(graphs[16], device_type="h100", num_devices=1, link="pcie")
+    assert even_pipeline(one_device) is None
+
+
+def test_the_readme_headlines_the_realised_step(
+    records: tuple[bench.Record, ...], group: GroupResult
+) -> None:
+    info = bench.RunInfo("python -m benchmarks.run --x", "2000-01-01", "abc", "m", 1.0, 0.5, ())
+    text = bench.readme_section(records, info, [group])
+    headline, solvers = text.split("### Placement solvers on their own objective (not what runs)")
+    assert "predicted step of what would run" in headline
+    assert "vs the best of single device and data parallel" in headline
+    assert "vs the even-split pipeline" in headline
+    assert f"| mlp | 2 | pcie | {group.chosen_description} ({group.chosen_family})" in headline
+    assert "pipelined time" not in headline  # the proxy is never a headline
+    assert "| mlp | 2 | pcie |" in solvers
+    assert "auto's strategy no slower" in "\n".join(bench.strategy_text([group]))
+
+
+def test_the_json_has_one_record_per_group_and_is_deterministic(
+    records: tuple[bench.Record, ...], group: GroupResult
+) -> None:
+    text = bench.results_json([group], records)
+    assert text == bench.results_json([group], records)
+    data = json.loads(text)
+    (record,) = data["groups"]
+    assert {"model", "devices", "topology", "chosen_family", "chosen_description"} <= set(record)
+    assert record["chosen_step_s"] == group.chosen_step_s
+    assert record["step_s"] == {r.name: r.step_time_s for r in group.results}
+    assert len(data["records"]) == len(records)
