@@ -186,7 +186,7 @@ def partition(
     solver: str = "auto",
     topology: str = "pcie",
     optimizer: str = "adam",
-    input_shape: Sequence[int] | None = None,
+    input_shape: Sequence[int] | dict[str, Any] | None = None,
     memory_limit_bytes: int | None = None,
     seed: int = 0,
     time_limit_s: float = 5.0,
@@ -219,7 +219,7 @@ def partition(
     """
     target = _options(
         TargetOptions, target, "target", gpus=gpus, device_type=device_type, topology=topology,
-        batch_size=batch_size, input_shape=None if input_shape is None else tuple(input_shape),
+        batch_size=batch_size, input_shape=input_shape,
         optimizer=optimizer, memory_limit_bytes=memory_limit_bytes,
     )  # fmt: skip
     # Without pipelining, one micro-batch is the whole batch and the schedule is unused.

@@ -108,7 +108,11 @@ def apply_plan(
         applied_to=getattr(model, "name", None),
     )
     specs = input_specs(model, 1, plan.input_shape)
-    sample = [np.zeros(s.shape, dtype=s.dtype.as_numpy_dtype) for s in specs]
+    # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own
+    # structure (a dict of inputs too). Masks are all true, token ids 0 (in every table).
+    sample = [
+        (np.ones if s.dtype.is_bool else np.zeros)(s.shape, s.dtype.as_numpy_dtype) for s in specs
+    ]
     layer_devices = {name: device_strings[d] for name, d in plan.assignment.items()}
     pipeline = plan.pipeline
     if strategy is not None:

@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import keras
 import networkx as nx
@@ -40,7 +40,21 @@ from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TraceResult", "Unit", "input_specs", "placement_units", "trace_model"]
+ShapeArg: TypeAlias = Sequence[int] | Mapping[str, Sequence[int]]
+"""An ``input_shape``: one shape after the batch (a single-input model), or input name -> shape
+(:class:`partitioner.core.options.TargetOptions` normalises either to tuples)."""
+
+__all__ = [
+    "ShapeArg",
+    "TraceResult",
+    "Unit",
+    "input_names",
+    "input_specs",
+    "integer_input_bounds",
+    "model_input",
+    "placement_units",
+    "trace_model",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,9 @@ class TraceResult:
     """The traced step as a ``tf.types.experimental.ConcreteFunction`` (inputs: the traced specs;
     outputs: the loss and the gradients), so a profiler can run exactly the graph that was traced
     and match its ops by name."""
+    input_bounds: tuple[int | None, ...] = ()
+    """Per input (``model.inputs`` order): the exclusive bound of valid integer values (token
+    ids: the embedding's table size), None where unknown (:func:`integer_input_bounds`)."""
 
 
 def _is_container(obj: Any) -> bool:
@@ -179,63 +196,218 @@ class _CallRecorder:
         return self.segments[lo][1]
 
 
-def input_specs(
-    model: keras.Model, batch_size: int, input_shape: Sequence[int] | None = None
-) -> list[tf.TensorSpec]:
-    """Concrete input specs for tracing: batch size first, other dims from the model.
+def _declared_inputs(model: keras.Model) -> list[Any]:
+    """The model's symbolic inputs (Keras's flat order), or [] when it has none yet."""
+    try:
+        return list(model.inputs or [])
+    except Exception:  # Keras raises on models that were never called on an input
+        return []
 
-    ``input_shape`` (without the batch dimension) overrides the model's shape for a single-input
-    model, and is required where the model leaves a non-batch dimension unknown.
+
+def input_names(model: keras.Model) -> list[str]:
+    """Each input's name, in the order of ``model.inputs`` (that of :func:`input_specs`): its key
+    where the model takes a dict, else its ``keras.Input`` name (``input_{k}`` when it has none).
+    ``input_shape`` is keyed by these names."""
+    inputs = _declared_inputs(model)
+    struct = getattr(model, "_inputs_struct", None)
+    key_of = {id(v): str(k) for k, v in struct.items()} if isinstance(struct, Mapping) else {}
+    if not inputs:
+        return [f"input_{k}" for k in range(len(_built_shapes(model) or [()]))]
+    return [
+        key_of.get(id(t)) or str(getattr(t, "name", "") or f"input_{k}")
+        for k, t in enumerate(inputs)
+    ]
+
+
+def model_input(model: keras.Model, flat: Sequence[Any]) -> Any:
+    """What ``model`` is called on for ``flat`` (one value per input, in ``model.inputs`` order):
+    the model's own structure when it takes a dict or a nested structure, else the one value or
+    the list of them."""
+    from keras.src import tree
+
+    struct = getattr(model, "_inputs_struct", None)
+    nested = isinstance(struct, Mapping) or (
+        isinstance(struct, (list, tuple))
+        and any(isinstance(s, (list, tuple, Mapping)) for s in struct)
+    )
+    if nested and len(tree.flatten(struct)) == len(flat):
+        return tree.pack_sequence_as(struct, list(flat))
+    return flat[0] if len(flat) == 1 else list(flat)
+
+
+def _built_shapes(model: keras.Model) -> list[tuple[Any, ...]] | None:
+    """A built subclassed model's input shapes from its build config (None if unknown)."""
+    build_config = model.get_build_config() if model.built else None
+    shape = (build_config or {}).get("input_shape")
+    if shape is None:
+        return None
+    if isinstance(shape, (list, tuple)) and shape and isinstance(shape[0], (list, tuple)):
+        return [tuple(s) for s in shape]
+    return [tuple(shape)]
+
+
+def _example_shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    return tuple(128 if d is None else int(d) for d in shape[1:])
+
+
+def _shape_overrides(
+    model: keras.Model,
+    names: Sequence[str],
+    shapes: list[tuple[Any, ...]],
+    input_shape: ShapeArg,
+) -> list[tuple[Any, ...]]:
+    """``shapes`` with ``input_shape`` (one shape, or one per input name) put in."""
+    if isinstance(input_shape, Mapping):
+        unknown = sorted(set(input_shape) - set(names))
+        if unknown:
+            raise TraceError(
+                f"input_shape names {unknown} but model {model.name!r} has inputs {list(names)}; "
+                "key input_shape by those names"
+            )
+        given = {n: tuple(int(d) for d in input_shape[n]) for n in input_shape}
+    elif len(shapes) != 1:
+        example = {n: _example_shape(s) for n, s in zip(names, shapes)}
+        raise TraceError(
+            f"input_shape={tuple(input_shape)} gives one shape but model {model.name!r} has "
+            f"{len(shapes)} inputs; give one per input, e.g. input_shape={example}"
+        )
+    else:
+        given = {names[0]: tuple(int(d) for d in input_shape)}
+    out = []
+    for name, shape in zip(names, shapes):
+        dims = given.get(name)
+        if dims is not None:
+            _check_given(model, names, name, shape, dims)
+        out.append(shape if dims is None else (None, *dims))
+    return out
+
+
+def _check_given(
+    model: keras.Model,
+    names: Sequence[str],
+    name: str,
+    shape: tuple[Any, ...],
+    dims: tuple[int, ...],
+) -> None:
+    """TraceError unless ``dims`` (given for input ``name``) are positive and of its rank."""
+
+    def spelled(d: tuple[int, ...]) -> Any:  # as the user passes it: a tuple, or name -> tuple
+        return d if len(names) == 1 else {name: d}
+
+    if any(d < 1 for d in dims):
+        raise TraceError(f"input_shape={spelled(dims)} of model {model.name!r}: dims must be >= 1")
+    if _known_rank(model) and len(shape) - 1 != len(dims):
+        raise TraceError(
+            f"input_shape={spelled(dims)} gives input {name!r} of model {model.name!r} "
+            f"{len(dims)} dims but it has {len(shape) - 1} after the batch "
+            f"{tuple(shape)}; e.g. input_shape={spelled(_example_shape(shape))}"
+        )
+
+
+def _known_rank(model: keras.Model) -> bool:
+    return bool(_declared_inputs(model))
+
+
+def _unknown_dims_error(
+    model: keras.Model,
+    names: Sequence[str],
+    shapes: Sequence[tuple[Any, ...]],
+    dtypes: Sequence[str],
+) -> TraceError:
+    """One line listing each input (name, dtype, known shape) and the argument to pass."""
+    unknown = [(n, s) for n, s in zip(names, shapes) if any(d is None for d in s[1:])]
+    listed = ", ".join(
+        f"{n} {dt} {tuple(s)}".replace("None", "?") for n, s, dt in zip(names, shapes, dtypes)
+    )
+    if len(names) == 1:
+        example: Any = _example_shape(shapes[0])
+    else:
+        example = {n: _example_shape(s) for n, s in unknown}
+    return TraceError(
+        f"model {model.name!r} leaves input dimensions unknown (inputs: {listed}); give every "
+        f"dimension after the batch, e.g. input_shape={example}"
+    )
+
+
+def input_specs(
+    model: keras.Model, batch_size: int, input_shape: ShapeArg | None = None
+) -> list[tf.TensorSpec]:
+    """Concrete input specs for tracing, one per model input (``model.inputs`` order): batch size
+    first, other dims from the model.
+
+    ``input_shape`` (without the batch dimension) overrides the model's shapes: one shape for a
+    single-input model, or a mapping of input name (:func:`input_names`) -> shape; it is required
+    where the model leaves a non-batch dimension unknown.
     """
     if batch_size < 1:
         raise TraceError(f"batch_size={batch_size} must be >= 1")
-    shapes: list[tuple[Any, ...]]
-    dtypes: list[str]
-    try:
-        inputs = list(model.inputs or [])
-    except Exception:  # Keras raises on models that were never called on an input
-        inputs = []
+    inputs = _declared_inputs(model)
     if inputs:
         shapes = [tuple(t.shape) for t in inputs]
         dtypes = [str(t.dtype) for t in inputs]
     else:
-        build_config = model.get_build_config() if model.built else None
-        shape = (build_config or {}).get("input_shape")
-        if shape is None and input_shape is None:
+        built = _built_shapes(model)
+        if built is None and input_shape is None:
             raise TraceError(
                 f"model {model.name!r} has no known input shape (a subclassed model that was never "
                 "built); give the shape after the batch, e.g. input_shape=(784,) or "
                 "input_shape=(32, 32, 3)"
             )
-        if (
-            shape is not None
-            and isinstance(shape, (list, tuple))
-            and shape
-            and isinstance(shape[0], (list, tuple))
-        ):
-            shapes = [tuple(s) for s in shape]
-        else:
-            shapes = [tuple(shape) if shape is not None else (None,)]
+        shapes = built if built is not None else [(None, None)]
         dtypes = ["float32"] * len(shapes)
+    names = input_names(model)
     if input_shape is not None:
-        if len(shapes) != 1:
-            raise TraceError(
-                f"input_shape={tuple(input_shape)} gives one shape but model {model.name!r} has "
-                f"{len(shapes)} inputs"
-            )
-        if any(int(d) < 1 for d in input_shape):
-            raise TraceError(f"input_shape={tuple(input_shape)} dims must be >= 1")
-        shapes = [(None, *(int(d) for d in input_shape))]
-    specs = []
-    for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-        rest = shape[1:]
-        if any(d is None for d in rest):
-            raise TraceError(
-                f"input {k} of model {model.name!r} has unknown dimensions {shape}; pass "
-                "every dimension after the batch, e.g. input_shape=(128, 64)"
-            )
-        specs.append(tf.TensorSpec((batch_size, *rest), dtype=dtype, name=f"input_{k}"))
-    return specs
+        shapes = _shape_overrides(model, names, shapes, input_shape)
+    if any(d is None for s in shapes for d in s[1:]):
+        raise _unknown_dims_error(model, names, shapes, dtypes)
+    return [
+        tf.TensorSpec((batch_size, *shape[1:]), dtype=dtype, name=f"input_{k}")
+        for k, (shape, dtype) in enumerate(zip(shapes, dtypes))
+    ]
+
+
+_EMBEDDING_SIZE_ATTRS = ("input_dim", "vocabulary_size")
+
+
+def _lookup_size(layer: Any) -> int | None:
+    """The smallest table size of the embeddings in ``layer`` (itself or its sublayers)."""
+    sizes = []
+    for sub in [layer, *getattr(layer, "_flatten_layers", lambda: [])()]:
+        if isinstance(sub, keras.layers.Embedding) or type(sub).__name__.endswith("Embedding"):
+            for attr in _EMBEDDING_SIZE_ATTRS:
+                value = getattr(sub, attr, None)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    sizes.append(value)
+    return min(sizes) if sizes else None
+
+
+def integer_input_bounds(model: keras.Model) -> tuple[int | None, ...]:
+    """For each model input (``model.inputs`` order), the exclusive upper bound of valid integer
+    values: the smallest table of the embeddings that read it (through weightless ops such as
+    casts), or None where none is found. Random token ids below it are in range for every lookup.
+    """
+    inputs = _declared_inputs(model)
+    consumers: dict[int, list[Any]] = {}
+    for op in getattr(model, "operations", []) or []:
+        for node in getattr(op, "_inbound_nodes", []):
+            for t in node.input_tensors:
+                consumers.setdefault(id(t), []).append((op, node))
+    bounds: list[int | None] = []
+    for t in inputs:
+        found: list[int] = []
+        frontier, seen = [t], {id(t)}
+        while frontier:
+            tensor = frontier.pop()
+            for op, node in consumers.get(id(tensor), []):
+                size = _lookup_size(op)
+                if size is not None:
+                    found.append(size)
+                elif not getattr(op, "weights", None):
+                    fresh = [o for o in node.output_tensors if id(o) not in seen]
+                    seen.update(id(o) for o in fresh)
+                    frontier.extend(fresh)
+        bounds.append(min(found) if found else None)
+    return tuple(bounds)
 
 
 def _synthetic_loss(outputs: Any) -> tf.Tensor:
@@ -459,7 +631,7 @@ def _trace_step(
     def step(*inputs: tf.Tensor) -> Any:
         graph = tf.compat.v1.get_default_graph()
         with recorder.recording(graph):
-            outputs = model(inputs[0] if len(inputs) == 1 else list(inputs), training=True)
+            outputs = model(model_input(model, inputs), training=True)
         loss = _synthetic_loss(outputs)
         boundary.append(len(graph.get_operations()))
         variables = [v.value for v in model.trainable_variables]
@@ -563,7 +735,7 @@ def _backward_owner(op: Any, owner: Mapping[str, str | None]) -> str | None:
 
 
 def trace_model(
-    model: keras.Model, *, batch_size: int, input_shape: Sequence[int] | None = None
+    model: keras.Model, *, batch_size: int, input_shape: ShapeArg | None = None
 ) -> TraceResult:
     """Trace one training step of ``model`` (forward, synthetic loss, backward) into a Graph."""
     t0 = time.perf_counter()
@@ -606,4 +778,5 @@ def trace_model(
         trace_time_s=trace_time_s,
         flops_time_s=flops_time_s,
         step_function=concrete,
+        input_bounds=integer_input_bounds(model),
     )

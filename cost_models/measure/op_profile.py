@@ -214,26 +214,37 @@ def _read_events(logdir: str) -> list[KernelEvent]:
     return events
 
 
-def random_inputs(specs: Iterable[Any], seed: int = 0) -> list[Any]:
-    """Tensors for ``tf.TensorSpec`` objects with static shapes: standard normal floats, zeros for the
-    other dtypes (token ids: in range for every lookup)."""
+def random_inputs(
+    specs: Iterable[Any], seed: int = 0, int_bounds: Sequence[int | None] = ()
+) -> list[Any]:
+    """Tensors for ``tf.TensorSpec`` objects with static shapes: standard normal floats; integers
+    uniform below the spec's bound in ``int_bounds`` (token ids: the embedding's table size,
+    :func:`passes.trace.integer_input_bounds`), else 0 or 1; booleans (masks) all true; zeros for
+    the other dtypes."""
     import numpy as np
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)
+    bounds = list(int_bounds)
     out = []
-    for spec in specs:
+    for k, spec in enumerate(specs):
         shape = tuple(int(d) for d in spec.shape)
         if spec.dtype.is_floating:
             out.append(tf.constant(rng.standard_normal(shape), dtype=spec.dtype))
+        elif spec.dtype.is_integer:
+            high = (bounds[k] if k < len(bounds) else None) or 2
+            out.append(tf.constant(rng.integers(0, high, shape), dtype=spec.dtype))
+        elif spec.dtype.is_bool:
+            out.append(tf.ones(shape, dtype=spec.dtype))
         else:
             out.append(tf.zeros(shape, dtype=spec.dtype))
     return out
 
 
 def step_inputs(trace: Any, seed: int = 0) -> list[Any]:
-    """Tensors matching the traced step's inputs (:func:`random_inputs`)."""
-    return random_inputs(trace.step_function.structured_input_signature[0], seed)
+    """Tensors matching the traced step's inputs (:func:`random_inputs`, token ids in range)."""
+    signature = trace.step_function.structured_input_signature[0]
+    return random_inputs(signature, seed, getattr(trace, "input_bounds", ()))
 
 
 def profile_step_ops(

@@ -57,6 +57,7 @@ from cost_models.devices.catalog import DeviceKind
 from cost_models.devices.datafiles import check_schema, parse_json, read_text
 from partitioner.core.errors import PartitionError, TraceError
 from partitioner.core.ir import CostedGraph, Phase
+from partitioner.core.options import InputShape
 
 __all__ = [
     "CACHE_SCHEMA",
@@ -437,21 +438,25 @@ def _recording(units: Sequence[Any], calls: dict[str, list[_Call]], inputs: Sequ
             cls.__call__ = original
 
 
-def _model_inputs(model: Any, batch_size: int, input_shape: Sequence[int] | None, seed: int) -> list[Any]:
+def _model_inputs(model: Any, batch_size: int, input_shape: InputShape | None, seed: int) -> list[Any]:
+    """Random values for each model input (token ids in range of the embeddings that read them)."""
     from cost_models.measure.op_profile import random_inputs
-    from passes.trace import input_specs
+    from passes.trace import input_specs, integer_input_bounds
 
-    return random_inputs(input_specs(model, batch_size, input_shape), seed)
+    specs = input_specs(model, batch_size, input_shape)
+    return random_inputs(specs, seed, integer_input_bounds(model))
 
 
 def _capture_calls(
-    model: Any, units: Sequence[Any], batch_size: int, input_shape: Sequence[int] | None, seed: int
+    model: Any, units: Sequence[Any], batch_size: int, input_shape: InputShape | None, seed: int
 ) -> dict[str, list[_Call]]:
+    from passes.trace import model_input
+
     inputs = _model_inputs(model, batch_size, input_shape, seed)
     calls: dict[str, list[_Call]] = {}
     try:
         with _recording(units, calls, inputs):
-            model(inputs[0] if len(inputs) == 1 else list(inputs), training=True)
+            model(model_input(model, inputs), training=True)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TraceError(
@@ -757,7 +762,7 @@ def profile_model(
     *,
     batch_size: int,
     devices: Sequence[str] | None = None,
-    input_shape: Sequence[int] | None = None,
+    input_shape: InputShape | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     use_cache: bool = True,
     settings: ProfileSettings | None = None,
@@ -814,7 +819,7 @@ def time_model_step(
     *,
     batch_size: int,
     device: str | None = None,
-    input_shape: Sequence[int] | None = None,
+    input_shape: InputShape | None = None,
     settings: ProfileSettings | None = None,
     seed: int = 0,
 ) -> float:
@@ -826,12 +831,14 @@ def time_model_step(
     """
     import tensorflow as tf
 
+    from passes.trace import model_input
+
     cfg = ProfileSettings() if settings is None else settings
     dev = device or default_profile_devices()[0]
     inputs = _model_inputs(model, batch_size, input_shape, seed)
 
     def step(*xs: Any) -> Any:
-        outs = model(xs[0] if len(xs) == 1 else list(xs), training=True)
+        outs = model(model_input(model, xs), training=True)
         terms = [
             tf.reduce_mean(tf.square(tf.cast(t, tf.float32)))
             for t in tf.nest.flatten(outs)

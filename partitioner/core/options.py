@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 import operator
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from partitioner.core.errors import UsageError
 from partitioner.core.ir import Schedule
@@ -26,12 +27,17 @@ from partitioner.core.units import parse_bytes
 
 __all__ = [
     "DEFAULT_SCHEDULE",
+    "InputShape",
     "MeasureOptions",
     "SearchOptions",
     "TargetOptions",
     "parse_memory_limit",
     "parse_schedule",
 ]
+
+InputShape: TypeAlias = tuple[int, ...] | dict[str, tuple[int, ...]]
+"""One sample's input shape without the batch dimension: one shape (a single-input model), or
+input name -> shape (``{"token_ids": (128,), "padding_mask": (128,)}``)."""
 
 DEFAULT_SCHEDULE = Schedule.ONE_F_ONE_B
 """The pipeline schedule when ``pipeline=True`` names none."""
@@ -108,15 +114,16 @@ class TargetOptions:
     ``nvlink``, a catalog link kind, ``tf-config`` or a JSON/TOML topology file
     (:func:`cost_models.devices.topology.load_topology`; a file names its own devices, so
     ``gpus`` may then be ``None``). ``input_shape`` is one sample's shape, for inputs whose
-    dimensions the model leaves unknown; ``optimizer`` decides the memory of its slots;
-    ``memory_limit_bytes`` overrides every device's memory (default: the catalog's figure).
+    dimensions the model leaves unknown: one shape, or a dict of input name -> shape for a model
+    with several inputs (``{"token_ids": (128,), "padding_mask": (128,)}``); ``optimizer``
+    decides the memory of its slots; ``memory_limit_bytes`` overrides every device's memory (default: the catalog's figure).
     """
 
     gpus: int | None = None
     device_type: str = "h100"
     topology: str = "pcie"
     batch_size: int = 32
-    input_shape: tuple[int, ...] | None = None
+    input_shape: InputShape | None = None
     optimizer: str = "adam"
     memory_limit_bytes: int | None = None
 
@@ -133,8 +140,23 @@ class TargetOptions:
             _positive_int("memory_limit_bytes", self.memory_limit_bytes)
 
     @staticmethod
-    def _checked_shape(shape: Any) -> tuple[int, ...]:
-        """``input_shape`` as a tuple of positive integers (any sequence of them accepted)."""
+    def _checked_shape(shape: Any) -> InputShape:
+        """``input_shape`` as a tuple of positive integers (any sequence of them accepted), or
+        a dict of input name -> such a tuple."""
+        if isinstance(shape, Mapping):
+            if not shape or not all(isinstance(k, str) and k for k in shape):
+                raise UsageError(
+                    f"input_shape={dict(shape)!r} must map input names to shapes, e.g. "
+                    "input_shape={'token_ids': (128,), 'padding_mask': (128,)}"
+                )
+            return {k: TargetOptions._one_shape(v) for k, v in shape.items()}
+        return TargetOptions._one_shape(shape)
+
+    @staticmethod
+    def _one_shape(shape: Any) -> tuple[int, ...]:
+        """One shape as a tuple of positive integers; UsageError naming ``input_shape``."""
+        if isinstance(shape, int) and not isinstance(shape, bool):
+            shape = (shape,)
         try:
             dims = tuple(operator.index(d) for d in shape if not isinstance(d, bool))
             if len(dims) != len(shape):

@@ -20,6 +20,7 @@ from typing import Any
 from partitioner.core.errors import PartitionError, PlanError
 from partitioner.core.files import write_atomic
 from partitioner.core.ir import CostedGraph, EventKind, Schedule, SolverResult, TimelineEvent
+from partitioner.core.options import InputShape
 from partitioner.core.strategy import Family, Strategy
 from partitioner.plan.schema import validate_plan_data
 from partitioner.planner.explain import FamilyRow
@@ -111,7 +112,8 @@ class Plan:
     solver: SolverInfo
     link: str
     batch_size: int
-    input_shape: tuple[int, ...] | None = None
+    input_shape: InputShape | None = None
+    """One sample's input shape (a tuple), or input name -> shape for several inputs."""
     baselines: tuple[BaselineResult, ...] = ()
     advice: tuple[str, ...] = ()
     phase_times_s: tuple[tuple[str, float], ...] = ()
@@ -236,7 +238,7 @@ class Plan:
             "schema_version": self.schema_version,
             "model": self.model_name,
             "batch_size": self.batch_size,
-            "input_shape": list(self.input_shape) if self.input_shape is not None else None,
+            "input_shape": _shape_json(self.input_shape),
             "link": self.link,
             "devices": [asdict(d) for d in self.devices],
             "assignment": dict(zip(self.layer_order, self.device_of_layer)),
@@ -554,9 +556,24 @@ def _baseline(data: Mapping[str, Any]) -> BaselineResult:
     )
 
 
-def _optional_tuple(values: Sequence[int] | None) -> tuple[int, ...] | None:
-    """``input_shape``: a tuple, or None."""
-    return None if values is None else tuple(values)
+def _optional_tuple(
+    values: Sequence[int] | Mapping[str, Sequence[int]] | None,
+) -> InputShape | None:
+    """``input_shape``: a tuple, input name -> tuple, or None."""
+    if values is None:
+        return None
+    if isinstance(values, Mapping):
+        return {str(k): tuple(v) for k, v in values.items()}
+    return tuple(values)
+
+
+def _shape_json(shape: InputShape | None) -> list[int] | dict[str, list[int]] | None:
+    """``input_shape`` as JSON: a list, an object of input name -> list, or null."""
+    if shape is None:
+        return None
+    if isinstance(shape, Mapping):
+        return {k: list(v) for k, v in shape.items()}
+    return list(shape)
 
 
 def _pipeline(data: Mapping[str, Any] | None) -> PipelineInfo | None:

@@ -29,7 +29,7 @@ import keras
 import tensorflow as tf
 
 from partitioner.core.errors import RewriteError
-from passes.trace import Unit, placement_units
+from passes.trace import Unit, model_input, placement_units
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def _rebuild_subclassed(
         ) from exc
     for unit, device in zip(placement_units(copy), devices):
         _pin(unit.operation, device)
-    copy(sample[0] if len(sample) == 1 else list(sample))
+    copy(model_input(model, sample))
     return copy
 
 
@@ -223,7 +223,8 @@ def place_model(
 ) -> PlacedModel:
     """Copy ``model`` with each placement unit on ``layer_devices[unit name]``.
 
-    ``sample_inputs`` (one array per model input, any batch size) builds the copy.
+    ``sample_inputs`` (one array per model input in ``model.inputs`` order, any batch size)
+    builds the copy; the copy takes and returns the structures ``model`` does (dicts too).
     """
     units = placement_units(model)
     names = [u.name for u in units]
@@ -265,8 +266,12 @@ def place_model(
     return placed
 
 
-def sample_batch(sample_inputs: Sequence[Any]) -> Any:
-    """What a model is called on for ``sample_inputs``: the one input, or the list of them."""
+def sample_batch(sample_inputs: Sequence[Any], model: keras.Model | None = None) -> Any:
+    """What a model is called on for ``sample_inputs`` (one array per input, ``model.inputs``
+    order): ``model``'s own input structure (a dict, a nested structure), or the one input, or
+    the list of them."""
+    if model is not None:
+        return model_input(model, sample_inputs)
     return sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs)
 
 
@@ -278,7 +283,7 @@ def finish_copy(
 ) -> None:
     """Build the rewritten ``copy`` of ``model`` on ``sample_inputs`` and compile it as ``model``
     is compiled (settings that cannot be copied are a warning on ``log``: call compile())."""
-    copy(sample_batch(sample_inputs))
+    copy(sample_batch(sample_inputs, model))
     if model.compiled:
         try:
             copy.compile_from_config(model.get_compile_config())

@@ -318,7 +318,7 @@ def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Mo
             copy = keras.models.clone_model(model)
         else:
             copy = model.__class__.from_config(model.get_config())
-        copy(sample_batch(sample_inputs))
+        copy(sample_batch(sample_inputs, model))
     except Exception as exc:
         raise RewriteError(
             f"could not copy model {model.name!r} for replication: {type(exc).__name__}: {exc}; "
@@ -380,7 +380,7 @@ def replicate_model(
     with strategy.scope():
         inner = _copy_in_scope(model, sample_inputs)
         replicated = ReplicatedModel(inner, name=f"{model.name}_replicated")
-        replicated(sample_batch(sample_inputs))
+        replicated(sample_batch(sample_inputs, model))
         if model.compiled:
             try:
                 config = model.get_compile_config()
@@ -640,11 +640,7 @@ def replicate_pipeline(
     ]
     hybrid = ReplicatedPipeline(replicas, name=f"{model.name}_replicated_pipeline")
     n = len(replicas)
-    hybrid(
-        [np.concatenate([s] * n) for s in sample_inputs]
-        if len(sample_inputs) > 1
-        else np.concatenate([sample_inputs[0]] * n)
-    )
+    hybrid(sample_batch([np.concatenate([s] * n) for s in sample_inputs], model))
     if model.compiled:
         try:
             hybrid.compile_from_config(model.get_compile_config())
