@@ -241,6 +241,13 @@ def _built_shapes(model: keras.Model) -> list[tuple[Any, ...]] | None:
     shape = (build_config or {}).get("input_shape")
     if shape is None:
         return None
+    if isinstance(shape, Mapping):  # Keras records a dict's shapes, not its dtypes
+        listed = {str(k): tuple(v)[1:] for k, v in shape.items()}
+        raise TraceError(
+            f"subclassed model {model.name!r} takes a dict of inputs {listed} whose dtypes Keras "
+            "does not record; wrap it in a functional model, one keras.Input(shape=..., "
+            "dtype=..., name=KEY) per key, and plan that"
+        )
     if isinstance(shape, (list, tuple)) and shape and isinstance(shape[0], (list, tuple)):
         return [tuple(s) for s in shape]
     return [tuple(shape)]

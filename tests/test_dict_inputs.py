@@ -330,3 +330,33 @@ def test_list_inputs_and_nested_outputs_keep_their_structure() -> None:
     assert_same_structure_and_values(copy(x), model(x))
     traced = trace_model(model, batch_size=4)
     assert {"da", "dh", "o1", "o2"} <= {op.layer for op in traced.graph.ops}
+
+
+class DictEncoder(keras.Model):  # type: ignore[misc]
+    """A subclassed model taking a dict: Keras records its shapes but not its dtypes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.embed = keras.layers.Embedding(VOCAB, 8)
+        self.dense = keras.layers.Dense(4)
+
+    def call(self, inputs: Any) -> Any:
+        mask = keras.ops.cast(inputs["padding_mask"], "float32")[..., None]
+        return {"out": self.dense(self.embed(inputs["token_ids"]) * mask)}
+
+
+def test_a_subclassed_dict_model_is_refused_in_one_line_and_its_functional_wrap_applies() -> None:
+    keras.utils.set_random_seed(2)
+    model = DictEncoder(name="dict_encoder")
+    x, _ = text_batch(4)
+    model(x)
+    with pytest.raises(TraceError) as info:
+        trace_model(model, batch_size=4, input_shape=SHAPES)
+    assert "dtypes Keras does not record; wrap it in a functional model" in one_line(info.value)
+    ids = keras.Input((SEQ,), dtype="int32", name="token_ids")
+    mask = keras.Input((SEQ,), dtype="bool", name="padding_mask")
+    inputs = {"token_ids": ids, "padding_mask": mask}
+    wrapped = keras.Model(inputs, model(inputs), name="wrapped")
+    plan = partitioner.partition(wrapped, gpus=2, device_type="cpu", batch_size=4, solver="metis")
+    copy = plan.apply(wrapped, devices=CPU[:2])
+    assert_same_structure_and_values(copy(x), wrapped(x))
