@@ -26,8 +26,9 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   :mod:`passes.rewrite.replicate`). The step is, step by step, the slower process's time
   (the median over the timed steps).
   **Predicted**: ``simulate_strategy`` of R = 2, S = 1 on ``costed_at(B / 2)`` (a replica's
-  step on one core, then the ring all-reduce of every gradient over the fitted loopback link),
-  plus the update of every variable (each replica updates its whole copy).
+  step on one core, then the all-reduce of every gradient by the topology's measured
+  all-reduce fit, see below), plus the update of every variable (each replica updates its
+  whole copy).
 * ``placed`` / ``pipeline`` (GPipe and 1F1B) -- **measured**: the plan of
   ``partition(..., pipeline=True, profile_ops=True)`` on the two workers, exactly as
   :func:`benchmarks.cluster_zoo.measure_model` runs it. **Predicted**: ``simulate_strategy`` of
@@ -41,10 +42,19 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   cost of a step on the cluster (a no-op step).
 * ``auto``'s choice -- ``search_strategies(costed_at, B, StrategyOptions(GPipe and 1F1B))`` on
   a topology of two ``cpu`` devices joined by the fitted loopback link
-  (:func:`benchmarks.cluster_zoo.loopback_topology`). When its strategy is one of the rows above
+  (:func:`benchmarks.cluster_zoo.loopback_topology`) with the measured all-reduce fit. When its strategy is one of the rows above
   (the same family and, for two stages, the same layer placement, ``M`` and schedule) that row
   is marked ``chosen``; otherwise it is one more row, realised like its family (a pipeline or a
   split through :func:`passes.cluster.runtime.place_on_cluster`) and predicted like it.
+
+The all-reduce is priced by a **measured collective fit**, not by the loopback link: before any
+model, :func:`benchmarks.collective_fit.measure_all_reduce` times
+``MultiWorkerMirroredStrategy``'s batched all-reduce (the call Keras's optimizer makes on the
+gradients) on two processes pinned to the two cores at 0.1 to 64 MB, fits ``latency + bytes /
+bandwidth`` (least squares of the relative error) and the loopback topology the predictions and
+the search use carries it (``Topology.all_reduce``, which
+:mod:`cost_models.estimate.collectives` prefers to the link estimate). The fit sees only the
+collective, never a training step; the JSON's ``all_reduce_fit`` holds it and its raw points.
 
 ``costed_at(b)`` is the model traced at batch ``b`` (:func:`passes.trace.trace_model`), costed on
 the loopback topology (:func:`cost_models.estimate.costs.cost_graph`, SGD), with every op of the
@@ -55,15 +65,15 @@ training step timed inside the step on the pinned core at that batch
 process pinned to the first core.
 
 Not modelled: Python and Keras overhead of a step outside the traced ops (Keras metrics, the
-``train_on_batch`` call; the data-parallel loop has no metrics), the collective's own
-launch/handshake beyond the link's latency, the small all-reduces ``tf.distribute`` adds, and
+``train_on_batch`` call; the data-parallel loop has no metrics), the small all-reduces
+``tf.distribute`` adds beyond the gradients', and
 any contention between the two processes beyond their cores (memory bandwidth, the loopback
 stack's CPU time). Hybrid strategies need four devices: the search may score none here.
 
 The table gives per row the predicted and measured step, the error, ``chosen`` on auto's row;
 per model whether the predicted winner (least predicted step) is the measured winner, and auto's
 measured step over the best measured one (the issue's targets: <= 1.05, winners equal, every
-error within 15%). ``--json`` writes ``{"records": [...]}`` with ``model``, ``strategy``,
+error within 15%). ``--json`` writes ``{"all_reduce_fit": {...}, "records": [...]}`` with ``model``, ``strategy``,
 ``predicted_step_s``, ``measured_step_s``, ``chosen`` and the details. The two cores must be
 otherwise idle for the numbers to mean anything (``cpu_share`` says whether each process had
 its core). ``--quick``: 3 timed steps after 1 warm-up (default 7 after 2). Exit status 0.
@@ -94,7 +104,8 @@ from benchmarks.cluster_pipeline import (
     time_steps,
     time_steps_with_cpu,
 )
-from partitioner.core.ir import Schedule
+from benchmarks.collective_fit import CollectiveFit, measure_all_reduce
+from partitioner.core.ir import AllReduceFit, Schedule
 from partitioner.core.strategy import Strategy
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -539,16 +550,23 @@ def _fixed_rows(
     return rows, auto_key
 
 
+def strategy_topology(link: LinkFit, collective: AllReduceFit | None) -> Any:
+    """The two loopback workers as the predictions see them: the fitted link and, when given,
+    the measured all-reduce."""
+    return replace(cz.loopback_topology(link), all_reduce=collective)
+
+
 def calibrate_strategies(
-    spec: cz.ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path
-) -> StrategyCalibration:
+    spec: cz.ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path,
+    collective: AllReduceFit | None = None,
+) -> StrategyCalibration:  # fmt: skip
     """Plan and time (cluster_zoo), then search and predict every row (module docstring)."""
     from partitioner.plan.model import Plan
     from partitioner.planner.search import StrategyOptions, search_strategies
 
     cal = cz.calibrate(spec, link, steps=steps, warmup=warmup, work=work)
     model = spec.build()
-    costs = ProfiledCosts(model, cz.loopback_topology(link), reps=max(3, steps // 2))
+    costs = ProfiledCosts(model, strategy_topology(link, collective), reps=max(3, steps // 2))
     for replicas in (1, 2):  # profile before the search: its time limit is for its solvers
         costs.at(spec.batch_size // replicas)
     options = StrategyOptions(schedules=SEARCH_SCHEDULES)
@@ -578,8 +596,9 @@ def calibrate_strategies(
 
 
 def calibrate_in_child(
-    spec: cz.ModelSpec, link: LinkFit, core: int, *, steps: int, warmup: int
-) -> StrategyCalibration:
+    spec: cz.ModelSpec, link: LinkFit, core: int, *, steps: int, warmup: int,
+    collective: AllReduceFit | None = None,
+) -> StrategyCalibration:  # fmt: skip
     """:func:`calibrate_strategies` in a fresh process pinned to ``core`` with one TF thread."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "calibration.json"
@@ -588,6 +607,8 @@ def calibrate_in_child(
             "--models", spec.key, "--link", json.dumps(asdict(link)), "--out", str(out),
             "--core", str(core), "--steps", str(steps), "--warmup", str(warmup),
         ]  # fmt: skip
+        if collective is not None:
+            cmd += ["--collective", json.dumps(asdict(collective))]
         done = subprocess.run(
             cmd, env=cz.child_env(), cwd=REPO_ROOT, capture_output=True, text=True
         )
@@ -599,15 +620,18 @@ def calibrate_in_child(
 
 
 def _child_calibrate(
-    spec: cz.ModelSpec, link: LinkFit, core: int, out: Path, steps: int, warmup: int
-) -> None:
+    spec: cz.ModelSpec, link: LinkFit, core: int, out: Path, steps: int, warmup: int,
+    collective: AllReduceFit | None,
+) -> None:  # fmt: skip
     os.sched_setaffinity(0, {core})
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        result = calibrate_strategies(spec, link, steps=steps, warmup=warmup, work=Path(tmp))
+        result = calibrate_strategies(
+            spec, link, steps=steps, warmup=warmup, work=Path(tmp), collective=collective
+        )
     out.write_text(result.to_json(), encoding="utf-8")
 
 
@@ -792,12 +816,15 @@ def assemble_rows(
 def measure_spec(
     spec: cz.ModelSpec, link: LinkFit, cluster: tuple[Any, Sequence[str], Sequence[int]],
     cores: Sequence[int], *, steps: int, warmup: int, say: Any,
+    collective: AllReduceFit | None = None,
 ) -> tuple[StrategyCalibration, list[StrategyRow]]:  # fmt: skip
     """Calibrate, search and predict in the pinned child, then measure every row."""
     handle, tasks, pids = cluster
     say(f"{spec.key}: planning, profiling and searching on core {cores[0]} ...\n")
     t0 = time.perf_counter()
-    scal = calibrate_in_child(spec, link, cores[0], steps=steps, warmup=warmup)
+    scal = calibrate_in_child(
+        spec, link, cores[0], steps=steps, warmup=warmup, collective=collective
+    )
     cal = cz.calibration_from_json(scal.zoo_json)
     say(f"{spec.key}: calibrated in {time.perf_counter() - t0:.0f} s; auto: {scal.auto_words}\n")
     measured = {
@@ -832,10 +859,17 @@ def header(spec: cz.ModelSpec, scal: StrategyCalibration, steps: int, warmup: in
     ]
 
 
-def run(
-    specs: Sequence[cz.ModelSpec], *, steps: int, warmup: int, say: Any
-) -> tuple[list[tuple[cz.ModelSpec, StrategyCalibration, list[StrategyRow]]], LinkFit]:
-    """Start the two workers, fit the link, then each model's rows."""
+@dataclass(frozen=True)
+class RunResult:
+    """Every model's rows, the loopback link and the measured all-reduce fit."""
+
+    models: list[tuple[cz.ModelSpec, StrategyCalibration, list[StrategyRow]]]
+    link: LinkFit
+    collective: CollectiveFit
+
+
+def run(specs: Sequence[cz.ModelSpec], *, steps: int, warmup: int, say: Any) -> RunResult:
+    """Fit the all-reduce, start the two workers, fit the link, then each model's rows."""
     from partitioner.cli.worker import start_local_workers
     from passes.cluster.runtime import connect, remote_device_strings
 
@@ -843,6 +877,9 @@ def run(
     if len(cores) < 2:
         raise SystemExit(f"needs two cores; this process may use {cores}")
     pair = (cores[0], cores[1])
+    say("all-reduce: timing MultiWorkerMirroredStrategy collectives on two processes ...\n")
+    collective = measure_all_reduce(pair, reps=max(5, steps), warmup=warmup, env=cz.child_env())
+    say(f"all-reduce: {fit_words(collective)}\n")
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         workers = start_local_workers(
@@ -855,10 +892,23 @@ def run(
             cluster = (handle, tasks, [p.pid for p in workers.processes])
             for spec in specs:
                 scal, rows = measure_spec(
-                    spec, link, cluster, pair, steps=steps, warmup=warmup, say=say
-                )
+                    spec, link, cluster, pair, steps=steps, warmup=warmup, say=say,
+                    collective=collective.to_ir(),
+                )  # fmt: skip
                 out.append((spec, scal, rows))
-    return out, link
+    return RunResult(out, link, collective)
+
+
+def fit_words(fit: CollectiveFit) -> str:
+    """The fit in one line: latency, bandwidth and each point against it."""
+    points = ", ".join(
+        f"{b / 1e6:g} MB {t * 1e3:.1f} ms ({_pct((fit.predict_s(b) - t) / t)})"
+        for b, t in fit.points
+    )
+    return (
+        f"measured MWMS all-reduce fit: latency {fit.latency_s * 1e3:.2f} ms, "
+        f"{fit.bandwidth_bytes_per_s / 1e6:.0f} MB/s [{points}]"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -873,7 +923,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", default=None, help="write the records here")
     hidden = argparse.SUPPRESS
     parser.add_argument("--role", default="main", choices=["main", "calibrate", "dp"], help=hidden)
-    for name in ("--link", "--out", "--done", "--ports"):
+    for name in ("--link", "--collective", "--out", "--done", "--ports"):
         parser.add_argument(name, default=None, help=hidden)
     parser.add_argument("--core", type=int, default=0, help=hidden)
     parser.add_argument("--index", type=int, default=0, help=hidden)
@@ -899,25 +949,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.warmup = args.warmup or (1 if args.quick else 2)
     if args.role == "calibrate":
         link = _link_from_json(args.link)
-        _child_calibrate(SPECS[keys[0]], link, args.core, Path(args.out), args.steps, args.warmup)
+        fit = AllReduceFit(**json.loads(args.collective)) if args.collective else None
+        _child_calibrate(
+            SPECS[keys[0]], link, args.core, Path(args.out), args.steps, args.warmup, fit
+        )
         return 0
     if args.role == "dp":
         ports = [int(p) for p in args.ports.split(",")]
         _dp_worker(SPECS[keys[0]], args.index, ports, args.core, args)
         return 0
-    results, _ = run(
+    result = run(
         [SPECS[k] for k in keys], steps=args.steps, warmup=args.warmup, say=sys.stderr.write
     )
     text = "\n\n".join(
         format_table(rows, header(spec, scal, args.steps, args.warmup))
-        for spec, scal, rows in results
+        for spec, scal, rows in result.models
     )
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(fit_words(result.collective) + "\n\n" + text + "\n")
     if args.json:
         from partitioner.core.files import write_atomic
 
-        out = [rec for _, _, rows in results for rec in records(rows)]
-        write_atomic(args.json, json.dumps({"records": out}, indent=1) + "\n")
+        out = [rec for _, _, rows in result.models for rec in records(rows)]
+        doc = {"all_reduce_fit": result.collective.to_json_dict(), "records": out}
+        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     sys.stdout.flush()
     return 0
 

@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks import collective_fit as cf
 from benchmarks import strategies as st
-from partitioner.core.ir import Schedule
+from cost_models.estimate.collectives import all_reduce_s
+from partitioner.core.ir import AllReduceFit, Schedule
 from partitioner.core.strategy import Family, Strategy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -164,6 +166,28 @@ def test_specs_cover_the_issue_models() -> None:
     assert all(s.batch_size % 2 == 0 for s in st.SPECS.values())  # two replicas split it
 
 
+def test_the_collective_fit_recovers_a_line_and_round_trips() -> None:
+    points = [(b, 2e-3 + b / 2e8) for b in cf.SIZES_BYTES]
+    latency, bandwidth = cf.fit_latency_bandwidth(points)
+    assert (latency, bandwidth) == pytest.approx((2e-3, 2e8))
+    through_origin = cf.fit_latency_bandwidth([(1000, 1e-3), (2000, 4e-3)])
+    assert through_origin[0] == 0.0 and through_origin[1] > 0  # a negative intercept is refitted
+    with pytest.raises(ValueError, match="two or more sizes"):
+        cf.fit_latency_bandwidth([(1000, 1e-3), (1000, 2e-3)])
+    fit = cf.CollectiveFit(latency, bandwidth, tuple(points), ((1.0, 2.0),) * 6, "measured")
+    assert cf.CollectiveFit.from_json_dict(json.loads(json.dumps(fit.to_json_dict()))) == fit
+    assert fit.to_ir() == AllReduceFit(latency, bandwidth, 2, "measured")
+
+
+def test_the_strategy_topology_carries_the_fit_into_the_all_reduce() -> None:
+    link = st.LinkFit(1e-5, 1e10, 1e-4, ())
+    fit = AllReduceFit(3e-3, 1e8, 2, "measured")
+    assert st.strategy_topology(link, None).all_reduce is None
+    topology = st.strategy_topology(link, fit)
+    assert all_reduce_s(topology, (0, 1), 10**7) == pytest.approx(3e-3 + 0.1)
+    assert all_reduce_s(st.strategy_topology(link, None), (0, 1), 10**7) < 0.01
+
+
 @pytest.mark.slow
 def test_end_to_end_tiny_mlp(tmp_path: Path) -> None:
     if len(os.sched_getaffinity(0)) < 2:
@@ -177,7 +201,11 @@ def test_end_to_end_tiny_mlp(tmp_path: Path) -> None:
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    recs = json.loads(out.read_text())["records"]
+    doc = json.loads(out.read_text())
+    recs = doc["records"]
+    fit = doc["all_reduce_fit"]
+    assert fit["latency_s"] >= 0 and fit["bandwidth_bytes_per_s"] > 0
+    assert [b for b, _ in fit["points"]] == list(cf.SIZES_BYTES)
     keys = [r["key"] for r in recs]
     # the plan's rows exist when partition() made a two-device pipeline of the tiny model
     # (noisy profiles on a busy machine can put it on one device)

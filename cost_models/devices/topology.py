@@ -33,6 +33,13 @@ Topology file format (TOML shown; JSON has the same structure, see ``examples/to
     devices = [0, 1]
     link = { latency_s = 5e-6, bandwidth_bytes_per_s = 50e9, name = "measured" }
 
+    [all_reduce]                  # optional: a measured all-reduce that replaces the estimate
+    latency_s = 2e-3              #   from the links (cost_models.estimate.collectives)
+    bandwidth_bytes_per_s = 4e8
+    members = 2                   # the number of devices it was measured among (>= 2)
+    source = "MWMS on 2 loopback workers"   # how it was measured
+    algorithm = "ring"            # optional: ring | reduce_to_one; omitted: whichever ran
+
 Instead of ``hosts``, a single-host file may list ``devices`` at the top level. A link is a
 catalog kind (string) or a table with ``latency_s`` (>= 0), ``bandwidth_bytes_per_s`` (> 0) and an
 optional ``name``. Devices are numbered host by host, in file order.
@@ -64,7 +71,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -85,11 +92,12 @@ from cost_models.devices.tf_config import (
     tf_config_text,
 )
 from partitioner.core.errors import CatalogError, UnknownDeviceError, UsageError
-from partitioner.core.ir import Device, Link, Topology
+from partitioner.core.ir import AllReduceFit, Device, Link, Topology
 from partitioner.core.units import parse_bytes
 
 __all__ = [
     "TF_CONFIG_SPEC",
+    "all_reduce_fit_to_dict",
     "check_memory_limit",
     "load_topology",
     "parse_topology",
@@ -444,6 +452,36 @@ def _pair_overrides(
     return overrides
 
 
+def _all_reduce_fit(where: _Where, value: Mapping[str, Any], num_devices: int) -> AllReduceFit:
+    """The ``all_reduce`` table (its structure checked by the schema) as a fit."""
+    members = int(value["members"])
+    if members > num_devices:
+        raise where.fail(
+            "all_reduce.members", f"is {members}, more than the topology's {num_devices} devices"
+        )
+    return AllReduceFit(
+        latency_s=float(value["latency_s"]),
+        bandwidth_bytes_per_s=float(value["bandwidth_bytes_per_s"]),
+        members=members,
+        source=str(value["source"]).strip(),
+        algorithm=value.get("algorithm"),
+    )
+
+
+def all_reduce_fit_to_dict(fit: AllReduceFit) -> dict[str, Any]:
+    """The ``all_reduce`` table of a topology file for ``fit`` (what :func:`parse_topology`
+    reads back)."""
+    out: dict[str, Any] = {
+        "latency_s": fit.latency_s,
+        "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
+        "members": fit.members,
+        "source": fit.source,
+    }
+    if fit.algorithm is not None:
+        out["algorithm"] = fit.algorithm
+    return out
+
+
 def parse_topology(
     data: object,
     *,
@@ -473,7 +511,7 @@ def parse_topology(
     pair_overrides = _pair_overrides(where, top.get("links", []), hosts)
     if len(hosts) == 1 and inter is not None:
         logger.debug("%s: one host; inter_host_link is not used", origin)
-    return _build(
+    topology = _build(
         where,
         hosts,
         inter=inter,
@@ -481,6 +519,10 @@ def parse_topology(
         pair_overrides=pair_overrides,
         memory_limit_bytes=memory_limit_bytes,
     )
+    if "all_reduce" not in top:
+        return topology
+    fit = _all_reduce_fit(where, top["all_reduce"], topology.num_devices)
+    return replace(topology, all_reduce=fit)
 
 
 def _load_file(path: Path, *, device_type: str | None, memory_limit_bytes: int | None) -> Topology:

@@ -30,6 +30,19 @@ host's devices together). A hybrid strategy all-reduces every stage's gradients 
 stage's replicas at the same time: :func:`concurrent_all_reduce_s` adds the chunks of all the
 rings step by step on the channels they share.
 
+**Measured** (``topology.all_reduce``, an :class:`~partitioner.core.ir.AllReduceFit`): when the
+topology carries a fit of the runtime's own all-reduce (``latency_s + bytes / bandwidth``,
+measured among ``members`` devices, e.g. ``MultiWorkerMirroredStrategy``'s gRPC collective),
+it replaces both estimates above for its algorithm (for either when its ``algorithm`` is
+``None``). Groups of another size ``R`` scale it as a ring does (``2 (R - 1)`` latencies,
+``2 (R - 1) / R`` of the bytes per device)::
+
+    measured_s = latency_s * (R - 1) / (m - 1)
+                 + bytes / bandwidth * ((R - 1) / R) / ((m - 1) / m)
+
+and all-reduces running at the same time (a hybrid strategy's stages) add their bytes: they go
+through the same runtime's collective executors on the same hosts.
+
 Pure Python, no TensorFlow.
 """
 
@@ -39,13 +52,14 @@ import enum
 from collections.abc import Sequence
 
 from partitioner.core.errors import PlanError
-from partitioner.core.ir import Topology
+from partitioner.core.ir import AllReduceFit, Topology
 
 __all__ = [
     "AllReduceAlgorithm",
     "all_reduce_s",
     "concurrent_all_reduce_s",
     "concurrent_reduce_to_one_s",
+    "measured_all_reduce_s",
     "ring_order",
 ]
 
@@ -55,6 +69,37 @@ class AllReduceAlgorithm(enum.Enum):
 
     RING = "ring"
     REDUCE_TO_ONE = "reduce_to_one"
+
+
+def _fit_for(topology: Topology, algorithm: AllReduceAlgorithm) -> AllReduceFit | None:
+    """The topology's measured all-reduce when it applies to ``algorithm``."""
+    fit = topology.all_reduce
+    if fit is None or fit.algorithm not in (None, algorithm.value):
+        return None
+    return fit
+
+
+def measured_all_reduce_s(fit: AllReduceFit, members: int, num_bytes: float) -> float:
+    """Seconds of an all-reduce of ``num_bytes`` among ``members`` devices by a measured fit,
+    scaled from the fit's group size as a ring (see the module docstring)."""
+    if members < 2 or num_bytes <= 0:
+        return 0.0
+    m = fit.members
+    latency_scale = (members - 1) / (m - 1)
+    bytes_scale = ((members - 1) / members) / ((m - 1) / m)
+    return (
+        fit.latency_s * latency_scale + num_bytes * bytes_scale / fit.bandwidth_bytes_per_s
+    )
+
+
+def _measured_concurrent_s(
+    fit: AllReduceFit, groups: Sequence[tuple[Sequence[int], int]]
+) -> float:
+    """All-reduces at the same time by the measured fit: their bytes add (module docstring)."""
+    active = [(len(g), b) for g, b in groups if len(g) > 1 and b > 0]
+    if not active:
+        return 0.0
+    return measured_all_reduce_s(fit, max(n for n, _ in active), sum(b for _, b in active))
 
 
 def ring_order(topology: Topology, group: Sequence[int]) -> tuple[int, ...]:
@@ -69,6 +114,9 @@ def concurrent_all_reduce_s(
 
     Every ring has the same number of members (replicas); a ring of one device, or of no bytes,
     costs nothing. See the module docstring for the model."""
+    fit = _fit_for(topology, AllReduceAlgorithm.RING)
+    if fit is not None:
+        return _measured_concurrent_s(fit, rings)
     active = [(ring_order(topology, g), b) for g, b in rings if len(g) > 1 and b > 0]
     if not active:
         return 0.0
@@ -101,6 +149,9 @@ def concurrent_reduce_to_one_s(
 ) -> float:
     """Seconds for reduce-to-one-then-broadcast all-reduces of ``(group, num_bytes)`` at once;
     each group's root is its first device. See the module docstring for the model."""
+    fit = _fit_for(topology, AllReduceAlgorithm.REDUCE_TO_ONE)
+    if fit is not None:
+        return _measured_concurrent_s(fit, groups)
     load: dict[tuple[str, int, int], float] = {}
     latency: dict[tuple[str, int, int], float] = {}
     bandwidth: dict[tuple[str, int, int], float] = {}

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from partitioner.core.errors import InvalidGraphError
 
 __all__ = [
+    "AllReduceFit",
     "CostedGraph",
     "Device",
     "Edge",
@@ -460,6 +461,36 @@ class Device:
 
 
 @dataclass(frozen=True)
+class AllReduceFit:
+    """A measured all-reduce among ``members`` devices: ``latency_s + bytes / bandwidth``.
+
+    Fitted by least squares from timed all-reduces of gradient-like tensor lists as the runtime
+    runs them (e.g. ``MultiWorkerMirroredStrategy``'s batched collective); ``algorithm`` is the
+    algorithm it measured (``"ring"``, ``"reduce_to_one"``) or ``None`` for whichever the runtime
+    chose. :mod:`cost_models.estimate.collectives` uses it instead of the link-derived estimate.
+    """
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    members: int
+    source: str
+    algorithm: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.latency_s >= 0 and self.bandwidth_bytes_per_s > 0 and self.members >= 2):
+            raise InvalidGraphError(
+                f"all-reduce fit: latency_s={self.latency_s} must be >= 0, "
+                f"bandwidth_bytes_per_s={self.bandwidth_bytes_per_s} > 0 and "
+                f"members={self.members} >= 2"
+            )
+        if self.algorithm not in (None, "ring", "reduce_to_one"):
+            raise InvalidGraphError(
+                f"all-reduce fit: algorithm={self.algorithm!r} must be 'ring', 'reduce_to_one' "
+                "or None"
+            )
+
+
+@dataclass(frozen=True)
 class Topology:
     """Devices and the links between them.
 
@@ -471,12 +502,16 @@ class Topology:
     the queue a transfer waits in. Intra-host pairs each have their own directed channel
     (point-to-point PCIe/NVLink); all traffic from host ``h`` to host ``g`` shares one
     channel (one NIC per host and direction).
+
+    ``all_reduce`` is an optional measured all-reduce (:class:`AllReduceFit`) that replaces the
+    estimate from the links when present.
     """
 
     devices: tuple[Device, ...]
     link: Link
     inter_host_link: Link | None = None
     links: tuple[tuple[int, int, Link], ...] = ()
+    all_reduce: AllReduceFit | None = None
 
     def __post_init__(self) -> None:
         if not self.devices:
