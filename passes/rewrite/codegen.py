@@ -74,7 +74,7 @@ from partitioner.core.errors import RewriteError
 from partitioner.core.strategy import Strategy
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan
-from passes.trace import Unit, input_specs, placement_units
+from passes.trace import ShapeArg, Unit, input_specs, placement_units
 
 logger = logging.getLogger(__name__)
 
@@ -988,7 +988,7 @@ def _stages_lines(stages: Sequence[Sequence[str]] | None) -> list[str]:
     return lines
 
 
-def _sample_lines(model: Any, input_shape: Sequence[int] | None, graph_model: bool) -> list[str]:
+def _sample_lines(model: Any, input_shape: ShapeArg | None, graph_model: bool) -> list[str]:
     specs = input_specs(model, 1, input_shape)
     samples = [(tuple(int(d) for d in s.shape), s.dtype.name) for s in specs]
     value: Any = samples
@@ -1199,7 +1199,7 @@ def emit_placed_module(
     *,
     model_source: str | os.PathLike[str] | None = None,
     stages: Sequence[Sequence[str]] | None = None,
-    input_shape: Sequence[int] | None = None,
+    input_shape: ShapeArg | None = None,
 ) -> str:
     """The source of a module that rebuilds ``model`` with each layer on ``layer_devices[name]``.
 
