@@ -297,6 +297,8 @@ def summary_lines(summary: RealisedSummary) -> list[str]:
         f"auto chose: {counts or '-'}",
         "auto's predicted step vs the best of single device and data parallel: "
         + avg(summary.gains("replicated")),
+        "auto's predicted step vs one device: " + avg(summary.gains("single")),
+        "auto's predicted step vs the best data parallel: " + avg(summary.gains("data_parallel")),
         "auto's predicted step vs the even-split pipeline (1F1B, best M): "
         + avg(summary.gains(EVEN_PIPELINE))
         + f"; {len(summary.unpipelinable())} of {len(multi)} groups have no even-split "

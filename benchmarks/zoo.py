@@ -25,8 +25,10 @@ batch size it is traced at and the device type of the catalog it is planned for:
   resident memory for the process; 11 s to build and 3 s to trace on an idle core of the
   2-core reference machine, up to 50 s under load).
 
-:func:`trace_zoo_model` builds and traces one entry (one training step, forward and backward) and
-frees the Keras model, keeping only the IR graph.
+:func:`trace_zoo_model` builds and traces one entry (one training step, forward and backward), at
+its batch size and at any other batch sizes asked for (the per-replica batches of the strategy
+search, :func:`per_replica_batches`) while the model is alive, and frees the Keras model,
+keeping only the IR graphs.
 """
 
 from __future__ import annotations
@@ -305,6 +307,8 @@ class TracedZooModel:
     graphs_at: tuple[tuple[int, Graph], ...] = ()
     """The model traced at other batch sizes (``(batch, graph)``, ascending): the per-replica
     batches of the strategy search; ``graph`` is the one at the entry's batch."""
+    extra_trace_time_s: float = 0.0
+    """Wall time of the traces at the other batch sizes (with their FLOPs)."""
 
     def graph_at(self, batch_size: int) -> Graph:
         """The graph traced at ``batch_size``; ``KeyError`` naming the traced ones otherwise."""
@@ -324,7 +328,8 @@ class TracedZooModel:
             f"{self.build_time_s:.1f} s, traced in {self.trace_time_s:.1f} s "
             f"(+{self.flops_time_s:.1f} s FLOPs)"
             + (
-                f"; also traced at batch {', '.join(str(b) for b, _ in self.graphs_at)}"
+                f"; also traced at batch {', '.join(str(b) for b, _ in self.graphs_at)} in "
+                f"{self.extra_trace_time_s:.1f} s"
                 if self.graphs_at
                 else ""
             )
@@ -350,10 +355,12 @@ def trace_zoo_model(entry: ZooModel, extra_batch_sizes: Sequence[int] = ()) -> T
     build_time_s = time.perf_counter() - t0
     num_params = int(model.count_params())
     traced = trace_model(model, batch_size=entry.batch_size)
+    t1 = time.perf_counter()
     graphs_at = tuple(
         (b, trace_model(model, batch_size=b).graph)
         for b in sorted(set(extra_batch_sizes) - {entry.batch_size})
     )
+    extra_trace_time_s = time.perf_counter() - t1
     del model
     keras.backend.clear_session()
     gc.collect()
@@ -366,4 +373,5 @@ def trace_zoo_model(entry: ZooModel, extra_batch_sizes: Sequence[int] = ()) -> T
         trace_time_s=traced.trace_time_s,
         flops_time_s=traced.flops_time_s,
         graphs_at=graphs_at,
+        extra_trace_time_s=extra_trace_time_s,
     )
