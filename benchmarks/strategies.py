@@ -59,10 +59,17 @@ collective, never a training step; the JSON's ``all_reduce_fit`` holds it and it
 ``costed_at(b)`` is the model traced at batch ``b`` (:func:`passes.trace.trace_model`), costed on
 the loopback topology (:func:`cost_models.estimate.costs.cost_graph`, SGD), with every op of the
 training step timed inside the step on the pinned core at that batch
-(:func:`cost_models.measure.op_profile.profile_step_ops`, the least of several steps) merged by
+(:func:`cost_models.measure.op_profile.profile_step_ops`, the median of several steps) merged by
 :func:`~cost_models.measure.op_profile.apply_op_profile` with the calibrated executor cost per op
-(what ``partition --profile-ops`` does). Everything predicted is computed in a calibration
-process pinned to the first core.
+(what ``partition --profile-ops`` does). **Whole-step calibration**: the same profiling run
+times the whole traced step (forward, loss, backward; no update) without the profiler, at the
+same batch (the median, less an empty call's cost); the time no kernel explains (the gaps
+between kernels, allocations) is spread over the profiled ops in proportion
+(:func:`step_calibration`: the factor that makes the one-device simulated step of that batch
+equal its measured step). Each profiled batch (``B``, ``B / 2``, a micro-batch ``B / M``) gets
+its own factor, and every row that uses that batch's profile uses it: it is measured on the
+traced step alone, never fitted to a row's measurement (the JSON's ``step_calibration`` lists
+them). Everything predicted is computed in a calibration process pinned to the first core.
 
 Not modelled: Python and Keras overhead of a step outside the traced ops (Keras metrics, the
 ``train_on_batch`` call; the data-parallel loop has no metrics), the small all-reduces
@@ -375,6 +382,8 @@ class StrategyCalibration:
     """Per family the search scored: its best predicted step and the strategy in words."""
     search_summary: str = ""
     """How many candidates the search scored and why it could not score others."""
+    step_calibration: tuple[tuple[int, float, float], ...] = ()
+    """Per profiled batch: the factor on its op times and its measured whole step (seconds)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -393,21 +402,41 @@ class StrategyCalibration:
             for r in data["rows"]
         )
         best = tuple((str(f), float(s), str(w)) for f, s, w in data["family_best"])
-        return cls(**{**data, "rows": rows, "family_best": best})
+        steps = tuple((int(b), float(f), float(s)) for b, f, s in data.get("step_calibration", []))
+        return cls(**{**data, "rows": rows, "family_best": best, "step_calibration": steps})
+
+
+def step_calibration(costed: Any, op_time_s: Mapping[str, float], step_time_s: float) -> float:
+    """The factor on the profiled op times that makes the one-device simulated step of
+    ``costed`` (profiled ops, every op's dispatch cost, estimates of unprofiled ops) equal the
+    measured whole step ``step_time_s``: the time no kernel explains (gaps between kernels,
+    allocations, the step's variance) spread over the profiled ops in proportion. 1.0 when
+    nothing is profiled or the rest already exceeds the step."""
+    ids = [op.id for op in costed.graph.ops]
+    total = sum(costed.op_compute_time_s[0])
+    profiled = sum(op_time_s[i] for i in ids if i in op_time_s)
+    rest = total - profiled
+    if profiled <= 0 or step_time_s <= rest:
+        return 1.0
+    return (step_time_s - rest) / profiled
 
 
 class ProfiledCosts:
     """``costed_at(b)``: the model traced at ``b``, costed on ``topology``, its ops profiled at a
-    batch on this process's core (memoised per batch)."""
+    batch on this process's core (memoised per batch), each batch's op times calibrated to that
+    batch's measured whole step (:func:`step_calibration`) when ``whole_step`` is set."""
 
-    def __init__(self, model: Any, topology: Any, reps: int) -> None:
+    def __init__(self, model: Any, topology: Any, reps: int, whole_step: bool = True) -> None:
         from cost_models.estimate.analytic import calibrated_roofline
 
         self._model, self._topology, self._reps = model, topology, reps
+        self._whole_step = whole_step
         self._dispatch_s = calibrated_roofline("cpu").dispatch_overhead_s
         self._traces: dict[int, Any] = {}
         self._profiles: dict[int, Mapping[str, float]] = {}
         self._costed: dict[tuple[int, int], Any] = {}
+        self.step_factors: dict[int, tuple[float, float]] = {}
+        """Per profiled batch: (the factor on its op times, the measured whole step)."""
 
     def _trace(self, batch: int) -> Any:
         from passes.trace import trace_model
@@ -421,29 +450,36 @@ class ProfiledCosts:
 
         if batch not in self._profiles:
             traced = self._trace(batch)
+            statistic: Any = "median" if self._whole_step else "min"
             prof = profile_step_ops(
-                traced, step_inputs(traced), steps=self._reps, warmup=2, statistic="min"
+                traced, step_inputs(traced), steps=self._reps, warmup=2, statistic=statistic
             )
-            self._profiles[batch] = prof.op_time_s
+            times = dict(prof.op_time_s)
+            factor = 1.0
+            if self._whole_step:
+                factor = step_calibration(self._apply(batch, times, 1.0), times, prof.step_time_s)
+            self.step_factors[batch] = (factor, prof.step_time_s)
+            self._profiles[batch] = {k: v * factor for k, v in times.items()}
         return self._profiles[batch]
+
+    def _apply(self, batch: int, times: Mapping[str, float], scale: float) -> Any:
+        from cost_models.estimate.costs import cost_graph
+        from cost_models.measure.op_profile import apply_op_profile
+
+        costed = cost_graph(self._trace(batch).graph, topology=self._topology, optimizer="sgd")
+        return apply_op_profile(
+            costed,
+            {k: v * scale for k, v in times.items()},
+            range(self._topology.num_devices),
+            dispatch_s=self._dispatch_s * scale,
+        )
 
     def at(self, batch: int, profile_batch: int | None = None) -> Any:
         """Costed at ``batch``; op times profiled at ``profile_batch`` (default ``batch``) times
         ``batch / profile_batch`` (the same graph at another batch has the same op names)."""
-        from cost_models.estimate.costs import cost_graph
-        from cost_models.measure.op_profile import apply_op_profile
-
         pb = profile_batch or batch
         if (batch, pb) not in self._costed:
-            scale = batch / pb
-            costed = cost_graph(self._trace(batch).graph, topology=self._topology, optimizer="sgd")
-            times = {k: v * scale for k, v in self._profile(pb).items()}
-            self._costed[(batch, pb)] = apply_op_profile(
-                costed,
-                times,
-                range(self._topology.num_devices),
-                dispatch_s=self._dispatch_s * scale,
-            )
+            self._costed[(batch, pb)] = self._apply(batch, self._profile(pb), batch / pb)
         return self._costed[(batch, pb)]
 
     @property
@@ -592,6 +628,7 @@ def calibrate_strategies(
     return StrategyCalibration(
         cz.calibration_to_json(cal), tuple(rows), auto_key, auto.describe(),
         search.best.step_time_s, family_best, _search_summary(search),
+        tuple((b, f, t) for b, (f, t) in sorted(costs.step_factors.items())),
     )  # fmt: skip
 
 
@@ -856,6 +893,8 @@ def header(spec: cz.ModelSpec, scal: StrategyCalibration, steps: int, warmup: in
         f"searched step {scal.search_step_s * 1e3:.1f} ms (no update/feed/client terms)",
         f"search's best per family: {families}",
         f"search: {scal.search_summary}",
+        "whole-step calibration of profiled op times (batch: factor, measured step): "
+        + ", ".join(f"{b}: x{f:.3f}, {t * 1e3:.1f} ms" for b, f, t in scal.step_calibration),
     ]
 
 
@@ -970,7 +1009,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from partitioner.core.files import write_atomic
 
         out = [rec for _, _, rows in result.models for rec in records(rows)]
-        doc = {"all_reduce_fit": result.collective.to_json_dict(), "records": out}
+        doc = {
+            "all_reduce_fit": result.collective.to_json_dict(),
+            "step_calibration": {
+                spec.key: [list(x) for x in scal.step_calibration]
+                for spec, scal, _ in result.models
+            },
+            "records": out,
+        }
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     sys.stdout.flush()
     return 0

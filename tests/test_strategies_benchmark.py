@@ -127,6 +127,7 @@ def test_calibration_json_round_trip() -> None:
         rows=(st.PlannedRow("1f1b", "pipeline", "x", 4, "1f1b", (("a", 0), ("b", 1)), pred),),
         auto_key="1f1b", auto_words="2 stages, 1F1B, 4 micro-batches", search_step_s=0.09,
         family_best=(("pipeline", 0.09, "2 stages"),),
+        step_calibration=((4096, 1.12, 0.5), (512, 1.3, 0.07)),
     )  # fmt: skip
     assert st.StrategyCalibration.from_json(cal.to_json()) == cal
 
@@ -215,3 +216,16 @@ def test_end_to_end_tiny_mlp(tmp_path: Path) -> None:
     assert all(r["strategy"] in FAMILIES for r in recs)
     assert all(r["measured_step_s"] > 0 and r["predicted_step_s"] > 0 for r in recs)
     assert "predicted winner:" in done.stdout
+
+
+def test_step_calibration_spreads_the_unexplained_time_over_profiled_ops() -> None:
+    ops = [SimpleNamespace(id=i) for i in ("a", "b", "c")]
+    # a and b profiled (3 ms + 1 ms), c an estimate of 1 ms, each with 0.5 ms dispatch
+    costed = SimpleNamespace(
+        graph=SimpleNamespace(ops=ops), op_compute_time_s=((3.5e-3, 1.5e-3, 1.5e-3),)
+    )
+    times = {"a": 3e-3, "b": 1e-3}
+    factor = st.step_calibration(costed, times, 10.5e-3)
+    assert factor == pytest.approx(2.0)  # 2.5 ms not profiled + 2 x 4 ms = 10.5 ms
+    assert st.step_calibration(costed, times, 2e-3) == 1.0  # the rest already exceeds the step
+    assert st.step_calibration(costed, {}, 10e-3) == 1.0
