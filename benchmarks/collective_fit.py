@@ -11,7 +11,7 @@ tensors of that total size: the batched collective Keras's optimizer runs on a m
 (``keras/src/backend/tensorflow/optimizer.py``, ``_all_reduce_sum_gradients``; a ring over gRPC
 on CPUs). A point is, per size, the median over ``reps`` timed calls (after warm-up) of the
 slower process's time of each call. ``latency_s + bytes / bandwidth_bytes_per_s`` is fitted to
-the points by least squares of the relative error (the intercept kept >= 0), and :meth:`CollectiveFit.to_ir` gives the
+the points by ordinary least squares (the intercept kept >= 0), and :meth:`CollectiveFit.to_ir` gives the
 :class:`~partitioner.core.ir.AllReduceFit` a :class:`~partitioner.core.ir.Topology` carries
 (``all_reduce``), which :mod:`cost_models.estimate.collectives` then uses for every all-reduce
 between the two devices. The fit never sees a training step: it is the collective alone.
@@ -82,21 +82,19 @@ class CollectiveFit:
 
 
 def fit_latency_bandwidth(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """Least squares of the relative error, ``seconds = latency + bytes / bandwidth`` (weights
-    ``1 / seconds**2``, so 0.1 MB counts as much as 64 MB); a negative intercept is refitted
-    through the origin. Raises ``ValueError`` for fewer than two sizes or a slope <= 0."""
+    """Ordinary least squares ``seconds = latency + bytes / bandwidth`` (absolute errors: a
+    step's prediction suffers from the seconds an all-reduce is off, so the large all-reduces
+    that take the time weigh most); a negative intercept is refitted through the origin.
+    Raises ``ValueError`` for fewer than two sizes or a slope <= 0."""
     xs = [float(b) for b, _ in points]
     ts = [float(t) for _, t in points]
-    if len(set(xs)) < 2 or min(ts) <= 0:
-        raise ValueError(f"need two or more sizes with positive times, got {list(points)}")
-    ws = [1.0 / (t * t) for t in ts]
-    sw, sx, st = sum(ws), sum(w * x for w, x in zip(ws, xs)), sum(w * t for w, t in zip(ws, ts))
-    sxx = sum(w * x * x for w, x in zip(ws, xs))
-    sxt = sum(w * x * t for w, x, t in zip(ws, xs, ts))
-    slope = (sw * sxt - sx * st) / (sw * sxx - sx * sx)
-    latency = (st - slope * sx) / sw
+    if len(set(xs)) < 2:
+        raise ValueError(f"need two or more sizes, got {list(points)}")
+    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
+    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sum((x - mx) ** 2 for x in xs)
+    latency = mt - slope * mx
     if latency < 0:
-        latency, slope = 0.0, sxt / sxx
+        latency, slope = 0.0, sum(x * t for x, t in zip(xs, ts)) / sum(x * x for x in xs)
     if slope <= 0:
         raise ValueError(f"all-reduce times do not grow with size: {list(points)}")
     return latency, 1.0 / slope
@@ -212,7 +210,7 @@ def measure_all_reduce(
     source = (
         f"MultiWorkerMirroredStrategy all_reduce(SUM) of {NUM_TENSORS} float32 tensors, 2 "
         f"loopback workers on cores {list(cores)}, {len(points)} sizes "
-        f"{SIZES_BYTES[0] / 1e6:g}-{SIZES_BYTES[-1] / 1e6:g} MB, median of {reps}, relative least squares "
+        f"{SIZES_BYTES[0] / 1e6:g}-{SIZES_BYTES[-1] / 1e6:g} MB, median of {reps}, least squares "
         "(benchmarks.collective_fit)"
     )
     return CollectiveFit(latency, bandwidth, points, samples, source)

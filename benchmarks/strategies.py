@@ -51,7 +51,7 @@ The all-reduce is priced by a **measured collective fit**, not by the loopback l
 model, :func:`benchmarks.collective_fit.measure_all_reduce` times
 ``MultiWorkerMirroredStrategy``'s batched all-reduce (the call Keras's optimizer makes on the
 gradients) on two processes pinned to the two cores at 0.1 to 64 MB, fits ``latency + bytes /
-bandwidth`` (least squares of the relative error) and the loopback topology the predictions and
+bandwidth`` (ordinary least squares) and the loopback topology the predictions and
 the search use carries it (``Topology.all_reduce``, which
 :mod:`cost_models.estimate.collectives` prefers to the link estimate). The fit sees only the
 collective, never a training step; the JSON's ``all_reduce_fit`` holds it and its raw points.
