@@ -32,6 +32,7 @@ from dataclasses import replace
 from partitioner.core.errors import PartitionError
 from partitioner.core.ir import CostedGraph
 from partitioner.core.strategy import Strategy
+from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
 
 __all__ = ["boundary_moves", "refine_strategy"]
@@ -51,14 +52,18 @@ def boundary_moves(stage_of_layer: tuple[int, ...]) -> tuple[tuple[int, int], ..
     return tuple(sorted(moves))
 
 
-def _try(costed: CostedGraph, strategy: Strategy, move: tuple[int, int]) -> StrategySimulation | None:
+def _try(
+    costed: CostedGraph, strategy: Strategy, move: tuple[int, int], bounds: LowerBounds
+) -> StrategySimulation | None:
     layer, stage = move
     stages = list(strategy.stage_of_layer)
     if stages.count(stages[layer]) == 1:
         return None  # the move would empty a stage: another family, scored by the search
     stages[layer] = stage
     try:
-        sim = simulate_strategy(costed, replace(strategy, stage_of_layer=tuple(stages)))
+        sim = simulate_strategy(
+            costed, replace(strategy, stage_of_layer=tuple(stages)), bounds=bounds
+        )
     except PartitionError:
         return None
     return sim if sim.fits else None
@@ -78,6 +83,7 @@ def refine_strategy(
     deadline = time.monotonic() + time_limit_s
     current = best = start
     since_best = 0
+    bounds = costed_lower_bounds(costed)
     for _ in range(max_moves):
         if time.monotonic() > deadline or since_best >= patience:
             break
@@ -85,7 +91,7 @@ def refine_strategy(
         moves = boundary_moves(current.strategy.stage_of_layer)
         if not moves:
             break
-        candidate = _try(costed, current.strategy, rng.choice(moves))
+        candidate = _try(costed, current.strategy, rng.choice(moves), bounds)
         if candidate is None:
             continue
         delta = candidate.step_time_s - current.step_time_s

@@ -48,6 +48,7 @@ from partitioner.core.options import DEFAULT_SCHEDULE
 from partitioner.core.strategy import Family, Strategy
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.planner.refine import refine_strategy
+from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
 from partitioner.solvers import get_solver
 from partitioner.solvers.stages import make_acyclic
@@ -274,6 +275,7 @@ class _Scorer:
         self._costed_at = costed_at
         self.batch_size = batch_size
         self._costed: dict[int, CostedGraph] = {}
+        self._bounds: dict[int, LowerBounds] = {}
         self.deadline = deadline
         self.candidates: list[StrategyCandidate] = []
         self.rejected: list[tuple[str, str]] = []
@@ -284,9 +286,19 @@ class _Scorer:
             self._costed[batch] = self._costed_at(batch)
         return self._costed[batch]
 
+    def bounds(self, replicas: int) -> LowerBounds:
+        """The lower bounds of :meth:`costed`'s graph, computed once per per-replica batch."""
+        batch = self.batch_size // replicas
+        if batch not in self._bounds:
+            self._bounds[batch] = costed_lower_bounds(self.costed(replicas))
+        return self._bounds[batch]
+
     def score(self, strategy: Strategy, placement: str) -> StrategyCandidate | None:
         try:
-            sim = simulate_strategy(self.costed(strategy.replicas), strategy)
+            replicas = strategy.replicas
+            sim = simulate_strategy(
+                self.costed(replicas), strategy, bounds=self.bounds(replicas)
+            )
         except PartitionError as exc:
             self.rejected.append((f"{strategy.describe()} ({placement})", str(exc)))
             return None

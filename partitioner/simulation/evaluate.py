@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from partitioner.core.ir import CostedGraph, Schedule, peak_bytes
-from partitioner.simulation.bounds import costed_lower_bounds
+from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.pipeline import PipelineSimulation, simulate_pipeline
 from partitioner.simulation.step import StepSimulation, resolve_layer_devices, simulate_step
 
@@ -84,8 +84,12 @@ def lower_bound_s(costed: CostedGraph) -> float:
     return costed_lower_bounds(costed).best_s
 
 
-def evaluate(costed: CostedGraph, assignment: Sequence[int]) -> PlanEvaluation:
-    """Simulate ``assignment`` (device of each layer, in layer/problem order) on ``costed``."""
+def evaluate(
+    costed: CostedGraph, assignment: Sequence[int], *, bounds: LowerBounds | None = None
+) -> PlanEvaluation:
+    """Simulate ``assignment`` (device of each layer, in layer/problem order) on ``costed``;
+    ``bounds``: ``costed``'s lower bounds when the caller has them (a search scoring many
+    placements of one graph computes them once)."""
     devices = resolve_layer_devices(costed, assignment)
     sim = simulate_step(costed, devices)
     layer_names = tuple(n.name for n in costed.graph.layer_graph.nodes)
@@ -106,16 +110,22 @@ def evaluate(costed: CostedGraph, assignment: Sequence[int]) -> PlanEvaluation:
     return PlanEvaluation(
         step_time_s=sim.step_time_s,
         per_device=tuple(per_device),
-        lower_bound_s=lower_bound_s(costed),
+        lower_bound_s=(bounds or costed_lower_bounds(costed)).best_s,
         cross_device_bytes=sum(sim.bytes_sent),
         simulation=sim,
     )
 
 
 def evaluate_pipeline(
-    costed: CostedGraph, assignment: Sequence[int], *, schedule: Schedule, num_microbatches: int
+    costed: CostedGraph,
+    assignment: Sequence[int],
+    *,
+    schedule: Schedule,
+    num_microbatches: int,
+    bounds: LowerBounds | None = None,
 ) -> PlanEvaluation:
-    """Simulate ``assignment`` as a pipeline of ``num_microbatches`` under ``schedule``."""
+    """Simulate ``assignment`` as a pipeline of ``num_microbatches`` under ``schedule``
+    (``bounds`` as for :func:`evaluate`)."""
     devices = resolve_layer_devices(costed, assignment)
     sim = simulate_pipeline(
         costed, devices, schedule=schedule, num_microbatches=num_microbatches
@@ -139,7 +149,7 @@ def evaluate_pipeline(
         )
         for d, dev in enumerate(costed.topology.devices)
     )
-    bounds = costed_lower_bounds(costed)
+    bounds = bounds or costed_lower_bounds(costed)
     return PlanEvaluation(
         step_time_s=sim.step_time_s,
         per_device=per_device,

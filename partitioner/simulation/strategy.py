@@ -40,6 +40,7 @@ from cost_models.estimate.collectives import (
 from partitioner.core.errors import PlanError
 from partitioner.core.ir import CostedGraph, Topology
 from partitioner.core.strategy import Strategy
+from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
 
 __all__ = [
@@ -102,7 +103,9 @@ def all_reduce_algorithm(topology: Topology, strategy: Strategy) -> AllReduceAlg
     return AllReduceAlgorithm.REDUCE_TO_ONE
 
 
-def _replica(costed: CostedGraph, strategy: Strategy, replica: int) -> PlanEvaluation:
+def _replica(
+    costed: CostedGraph, strategy: Strategy, replica: int, bounds: LowerBounds
+) -> PlanEvaluation:
     assignment = strategy.layer_devices(replica)
     if strategy.num_microbatches > 1:
         return evaluate_pipeline(
@@ -110,19 +113,25 @@ def _replica(costed: CostedGraph, strategy: Strategy, replica: int) -> PlanEvalu
             assignment,
             schedule=strategy.schedule,
             num_microbatches=strategy.num_microbatches,
+            bounds=bounds,
         )
-    return evaluate(costed, assignment)
+    return evaluate(costed, assignment, bounds=bounds)
 
 
-def simulate_strategy(costed: CostedGraph, strategy: Strategy) -> StrategySimulation:
-    """Simulate one training step of ``strategy``; ``costed`` is costed at the per-replica batch."""
+def simulate_strategy(
+    costed: CostedGraph, strategy: Strategy, *, bounds: LowerBounds | None = None
+) -> StrategySimulation:
+    """Simulate one training step of ``strategy``; ``costed`` is costed at the per-replica batch.
+    ``bounds``: ``costed``'s lower bounds, when a search scoring many strategies of one graph
+    has them (:func:`~partitioner.simulation.bounds.costed_lower_bounds`)."""
     if len(strategy.stage_of_layer) != len(costed.layer_memory):
         raise PlanError(
             f"the strategy places {len(strategy.stage_of_layer)} layers, the graph has "
             f"{len(costed.layer_memory)}"
         )
     topology = costed.topology
-    replicas = [_replica(costed, strategy, r) for r in range(strategy.replicas)]
+    bounds = bounds or costed_lower_bounds(costed)
+    replicas = [_replica(costed, strategy, r, bounds) for r in range(strategy.replicas)]
     peak = [0] * topology.num_devices
     for evaluation, group in zip(replicas, strategy.device_groups):
         for d in group:
