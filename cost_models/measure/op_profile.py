@@ -14,9 +14,13 @@ A kernel event is named ``"<node name>:<op type>"``. The node names are the trac
 names, except for nodes grappler made (``.../ArithmeticOptimizer/AddOpsRewrite_...``) and ops it
 fused into another (their time appears under the fused node's name, for example a Dense layer's
 ``MatMul`` + ``BiasAdd`` + ``Relu`` under ``.../Relu``). An event whose node is a traced op is
-that op's; any other is given to the traced op whose name scope is the longest prefix of the node
-name (grappler keeps the scope of the ops it rewrote), in the phase of that op; what matches no
-scope is left unattributed and reported. Per layer and phase, times are summed over its ops, so
+that op's; an event inside a function a traced op runs (a ``While`` loop's body, a
+``PartitionedCall``: the node name starts with that op's name and ``/``) is that op's, the
+innermost such op; any other is given to the traced op whose name scope is the longest prefix of
+the node name (grappler keeps the scope of the ops it rewrote), in the phase of that op; what
+matches no scope is left unattributed and reported. (Giving a loop body's kernels to the first op
+of the loop's scope instead put an LSTM's whole recurrence on an op that has none of the loop's
+inputs, so the step simulation ran a decoder before its encoder.) Per layer and phase, times are summed over its ops, so
 fusion within a layer loses nothing.
 
 The wall time of the step is measured separately, without the profiler (which slows small
@@ -127,6 +131,17 @@ def _scope_owners(graph: Graph) -> dict[str, str]:
     return owners
 
 
+def _enclosing_op(node: str, known: Mapping[str, int]) -> str | None:
+    """The traced op named ``node``, else the innermost traced op whose function runs it (the
+    longest ``/``-prefix of ``node`` that is a traced op's name)."""
+    prefix = node
+    while prefix:
+        if prefix in known:
+            return prefix
+        prefix = prefix.rpartition("/")[0]
+    return None
+
+
 def attribute_events(
     graph: Graph, events: Iterable[KernelEvent], steps: int, statistic: Statistic = "median"
 ) -> tuple[dict[str, float], float]:
@@ -146,7 +161,7 @@ def attribute_events(
     per_op: dict[str, list[KernelEvent]] = {}
     lost = 0.0
     for ev in events:
-        target: str | None = ev.node if ev.node in known else None
+        target = _enclosing_op(ev.node, known)
         if target is None:
             scope = ev.node.rpartition("/")[0]
             while scope and scope not in owners:

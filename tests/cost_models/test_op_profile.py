@@ -119,3 +119,29 @@ def test_measured_op_times_replace_the_estimates_on_the_given_rows() -> None:
         apply_op_profile(costed, measured, [2])
     with pytest.raises(PartitionError, match="dispatch_s"):
         apply_op_profile(costed, measured, [0], dispatch_s=-1.0)
+
+
+def test_a_loop_bodys_kernels_go_to_the_loop_op_not_the_first_op_of_its_scope() -> None:
+    """The kernels of a While's body (named under the While op) are the While's time: given to
+    the first op of the layer's scope instead, an op without the loop's inputs, the simulator ran
+    a decoder's recurrence before its encoder had finished."""
+    from dataclasses import replace
+
+    from cost_model_graphs import op
+
+    g = mlp()
+    b = 32
+    loop = (
+        op("d2/zeros", "Fill", "dense2", shape=(b, 10)),  # first op of scope d2, no inputs
+        op("d2/while", "While", "dense2", shape=(b, 10)),
+    )
+    g = replace(g, ops=(*g.ops[:3], *loop, *g.ops[3:]))
+    events = [
+        ev("d2/while/body/_1/d2/while/MatMul", 4.0),
+        ev("d2/while/body/_1/d2/while/Tanh", 1.0),
+        ev("d2/ArithmeticOptimizer/AddOpsRewrite_x", 0.5),  # grappler's, in d2's scope
+    ]
+    times, lost = attribute_events(g, events, steps=1)
+    assert times["d2/while"] == pytest.approx(5e-3)
+    assert times["d2/zeros"] == pytest.approx(0.5e-3)
+    assert lost == 0.0
