@@ -1,8 +1,10 @@
 """The library entry point: ``partitioner.partition(model, gpus=2) -> Plan``.
 
-Orchestrates the one-way flow: check the options (:func:`prepare`, before any slow work), trace
-the model, cost the graph, solve, evaluate the chosen plan beside the baselines, and write advice
-(:func:`partition_prepared`). The options travel as three groups
+Orchestrates the one-way flow: check the options (:func:`prepare`, before any slow work), refuse
+a model no plan could apply to (:func:`passes.checks.check_model`: its own training step, layers
+that cannot be rebuilt), trace the model, cost the graph, solve, evaluate the chosen plan beside
+the baselines, write advice, and put the layers that emit no ops beside a neighbour and check that
+the plan applies before returning it (:func:`partition_prepared`). The options travel as three groups
 (:mod:`partitioner.core.options`): what to plan for, how to search, how to measure. Nothing
 imports this module but the package's lazy ``__init__`` and the CLI.
 """
@@ -20,7 +22,7 @@ from cost_models.devices.catalog import DeviceKind, get_device_type
 from cost_models.devices.topology import load_topology, topology_summary
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, parse_optimizer
-from partitioner.core.errors import PartitionError, PlanError, UsageError
+from partitioner.core.errors import PartitionError, PlanError, RewriteError, UsageError
 from partitioner.core.ir import (
     CostedGraph,
     PartitionProblem,
@@ -31,7 +33,7 @@ from partitioner.core.ir import (
     Topology,
     peak_bytes,
 )
-from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES
+from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES, InexactLayer
 from partitioner.core.options import (
     DEFAULT_SCHEDULE,
     MeasureOptions,
@@ -70,6 +72,9 @@ from partitioner.solvers.stages import make_acyclic
 
 if TYPE_CHECKING:
     from passes.trace import TraceResult
+
+_Inexact = tuple[tuple[InexactLayer, str], ...]
+"""The layers not exact under a split batch: ``(why, layer name)`` (``passes.checks``)."""
 
 __all__ = [
     "BASELINES",
@@ -171,8 +176,7 @@ def _options(
     for name, value in keywords.items():
         if value != getattr(defaults, name):
             raise UsageError(
-                f"partition() got {label}= and also {name}={value!r}; give {name} in {label}= "
-                "only"
+                f"partition() got {label}= and also {name}={value!r}; give {name} in {label}= only"
             )
     return given
 
@@ -244,18 +248,17 @@ def _timed(phases: list[tuple[str, float]], name: str) -> Iterator[None]:
     phases.append((name, time.perf_counter() - t0))
 
 
-def partition_prepared(
-    model: Any, prepared: Prepared, *, progress: Progress | None = None
-) -> Plan:
+def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | None = None) -> Plan:
     """Plan ``model`` with options already checked by :func:`prepare` (the CLI checks them
     before it imports TensorFlow; :func:`partition` is the two in one)."""
     say: Progress = progress or _no_progress
     phases: list[tuple[str, float]] = []
+    inexact = _check_model(model)
     traced = _trace(model, prepared.target, say, phases)
     costed, cost_notes = _cost(model, traced, prepared, say, phases)
     say(f"solving with {prepared.solver.name}")
     with _timed(phases, "solve"):
-        solved = _solve(costed, prepared)
+        solved = _solve(costed, prepared, inexact)
     say("comparing with baselines")
     with _timed(phases, "baselines"):
         baselines = _all_baselines(costed, solved, prepared)
@@ -273,11 +276,58 @@ def partition_prepared(
         "measured_layers": costed.measured,
         "cost_notes": cost_notes,
     }
+    note: tuple[str, ...] = ()
     if compared is not None and compared.applied is not None:
-        return _strategy_plan(compared, compared.applied, prepared, common)
+        chosen = _strategy_plan(compared, compared.applied, prepared, common, inexact)
+        try:
+            return _applyable(model, chosen, costed)
+        except RewriteError as exc:
+            if set(prepared.search.strategy_families or ()) != set(Family):
+                raise
+            note = (
+                f"The fastest strategy ({compared.applied.strategy.describe()}) cannot be applied "
+                f"to this model ({exc}); the plan applies {prepared.solver.name}'s split instead.",
+            )
     for line in solved.warnings:
         logger.warning("%s", line)
-    return _split_plan(costed, solved, compared, common)
+    plan = _split_plan(costed, solved, compared, common)
+    return _applyable(model, replace(plan, advice=(*note, *plan.advice)), costed)
+
+
+def _check_model(model: Any) -> _Inexact:
+    """Refuse, in one line and before the slow work, a Keras model no plan could be applied to
+    (its own training step, layers that cannot be rebuilt: :func:`passes.checks.check_model`);
+    the layers, nested ones too, that are not exact under a split batch."""
+    import keras
+
+    from passes.checks import check_model, inexact_layers
+
+    if not isinstance(model, keras.Model):
+        return ()
+    check_model(model)
+    return inexact_layers(model)
+
+
+def _applyable(model: Any, plan: Plan, costed: CostedGraph) -> Plan:
+    """``plan`` with every layer that emits no op on the device (stage) of a neighbour in the
+    Keras graph (:func:`passes.checks.join_neighbours`; such a layer costs nothing, so the
+    predictions stand), checked applyable (:func:`passes.checks.check_applyable`): a plan that
+    cannot be applied is refused here in one line, never written."""
+    from passes.checks import check_applyable, join_neighbours, opless_layers
+
+    opless = opless_layers(costed.graph)
+    strategy = plan.strategy
+    if opless and strategy is not None:
+        stages = join_neighbours(
+            model, dict(zip(plan.layer_order, strategy.stage_of_layer)), opless
+        )
+        strategy = replace(strategy, stage_of_layer=tuple(stages[n] for n in plan.layer_order))
+        plan = replace(plan, strategy=strategy, device_of_layer=strategy.layer_devices(0))
+    elif opless:
+        devices = join_neighbours(model, plan.assignment, opless)
+        plan = replace(plan, device_of_layer=tuple(devices[n] for n in plan.layer_order))
+    check_applyable(model, plan)
+    return plan
 
 
 def _split_plan(
@@ -315,6 +365,7 @@ def _strategy_plan(
     chosen: StrategyCandidate,
     prepared: Prepared,
     common: dict[str, Any],
+    inexact: _Inexact = (),
 ) -> Plan:
     """The plan that applies the chosen strategy: replica 0's simulation on the graph costed at
     the per-replica batch, the step with the all-reduce (:func:`plan_from_candidate`)."""
@@ -326,7 +377,7 @@ def _strategy_plan(
         timeline = pipeline.timeline
     else:
         timeline = simulate_step(costed, assignment, timeline=True).timeline
-    warnings = _microbatch_warnings(costed, strategy.num_microbatches, strategy.replicas)
+    warnings = _microbatch_warnings(inexact, strategy.num_microbatches, strategy.replicas)
     for line in warnings:
         logger.warning("%s", line)
     over = [d for d in chosen.simulation.replica.per_device if not d.fits]
@@ -485,7 +536,7 @@ class _Solved:
     warnings: tuple[str, ...] = ()
 
 
-def _solve(costed: CostedGraph, prepared: Prepared) -> _Solved:
+def _solve(costed: CostedGraph, prepared: Prepared, inexact: _Inexact = ()) -> _Solved:
     """The solver's placement, simulated op by op; with pipelining, the best pipelined placement
     (:func:`_pipeline_choice`) with its schedule, stages and micro-batching warnings."""
     result, evaluation = solve(costed, prepared.solver)
@@ -507,7 +558,7 @@ def _solve(costed: CostedGraph, prepared: Prepared) -> _Solved:
         timeline=sim.timeline if sim is not None else (),
         pipeline=info,
         plain_step_time_s=evaluate(costed, result.assignment).step_time_s,
-        warnings=_microbatch_warnings(costed, micro),
+        warnings=_microbatch_warnings(inexact, micro),
     )
 
 
@@ -605,7 +656,10 @@ def _auto_pipeline(pipelining: _Pipelining, own: SolverResult) -> _Evaluated:
     for name in PIPELINE_CANDIDATES:
         candidate = pipelining.candidate(name, tried)
         if candidate is not None and _better(candidate[1], best):
-            best = (replace(candidate[0], solver="auto", status=SolveStatus.HEURISTIC), candidate[1])
+            best = (
+                replace(candidate[0], solver="auto", status=SolveStatus.HEURISTIC),
+                candidate[1],
+            )
             tried[-1] += " (chosen)"
     if best is None:
         raise PlanError(
@@ -700,9 +754,7 @@ def _profile(
 
 def _cpu_rows(topo: Topology) -> list[int]:
     """The topology's cpu devices, which ``profile_ops`` measures; UsageError when none."""
-    rows = [
-        d.index for d in topo.devices if get_device_type(d.device_type).kind is DeviceKind.CPU
-    ]
+    rows = [d.index for d in topo.devices if get_device_type(d.device_type).kind is DeviceKind.CPU]
     if not rows:
         types = ", ".join(sorted({d.device_type for d in topo.devices}))
         raise UsageError(
@@ -743,10 +795,12 @@ def _profile_ops(
 
 
 def _microbatch_warnings(
-    costed: CostedGraph, num_microbatches: int, replicas: int = 1
+    inexact: _Inexact, num_microbatches: int, replicas: int = 1
 ) -> tuple[str, ...]:
     """One loud line per layer class that is not exact when the batch is split into micro-batches
-    or replicas' shares (statistics over a part of the batch)."""
+    or replicas' shares (statistics over a part of the batch, random draws): ``inexact`` from
+    :func:`passes.checks.inexact_layers` (nested layers too; a rate 0 or a frozen
+    BatchNormalization is exact)."""
     if num_microbatches * replicas <= 1:
         return ()
     parts = [f"{replicas} replicas"] if replicas > 1 else []
@@ -754,16 +808,14 @@ def _microbatch_warnings(
         parts.append(f"{num_microbatches} micro-batches")
     split = " x ".join(parts)
     by_class: dict[str, list[str]] = {}
-    for layer in costed.graph.layers:
-        if layer.class_name in INEXACT_UNDER_MICROBATCHES:
-            by_class.setdefault(layer.class_name, []).append(layer.name)
+    why: dict[str, str] = {}
+    for entry, name in inexact:
+        by_class.setdefault(entry.class_name, []).append(name)
+        why[entry.class_name] = INEXACT_UNDER_MICROBATCHES.get(entry.class_name, entry.why)
     out = []
     for cls, names in sorted(by_class.items()):
         shown = ", ".join(names[:3]) + (f" +{len(names) - 3} more" if len(names) > 3 else "")
-        out.append(
-            f"NOT EXACT: {cls} ({shown}) {INEXACT_UNDER_MICROBATCHES[cls]} "
-            f"({split})."
-        )
+        out.append(f"NOT EXACT: {cls} ({shown}) {why[cls]} ({split}).")
     return tuple(out)
 
 

@@ -8,9 +8,17 @@ gradient exactly for layers that treat samples independently. Two kinds of layer
 * **randomness** (``Dropout`` and the noise layers) draw their masks or noise per micro-batch, so
   the random stream differs from the unpipelined model's (the same in distribution).
 
-Read by the planner's warnings (``partitioner.api``, by the traced layers' class names) and by
-the pipeline rewrite (``passes.rewrite.pipeline``, by the Keras classes of the built model), so
-both name the same classes; ``tests/simulation/test_inexact_layers.py`` checks that they agree.
+A layer of those classes is exact when it does not do what makes it inexact
+(:func:`inexact_reason`, from :class:`LayerFacts` that ``passes.checks.layer_facts`` reads off a
+Keras layer): a random layer whose every rate is 0 draws nothing, and a frozen
+``BatchNormalization`` (``trainable=False``) runs in inference mode in Keras 3, normalising with
+its moving statistics. Any other layer that draws random numbers with a rate above 0 (an LSTM's
+dropout) is inexact too.
+
+Read by the planner's warnings (``partitioner.api``, through ``passes.checks.inexact_layers``,
+which walks nested layers) and by the pipeline rewrite (``passes.rewrite.pipeline``, by the Keras
+classes of the built model), so both name the same classes;
+``tests/simulation/test_inexact_layers.py`` checks that they agree.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ __all__ = [
     "INEXACT_UNDER_MICROBATCHES",
     "InexactKind",
     "InexactLayer",
+    "LayerFacts",
     "inexact_class_names",
+    "inexact_reason",
 ]
 
 
@@ -81,3 +91,33 @@ INEXACT_UNDER_MICROBATCHES: Mapping[str, str] = MappingProxyType(
 def inexact_class_names(kind: InexactKind) -> frozenset[str]:
     """The class names of :data:`INEXACT_LAYERS` of one kind."""
     return frozenset(layer.class_name for layer in INEXACT_LAYERS if layer.kind is kind)
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What decides whether one layer is exact under a split batch (read off a Keras layer by
+    ``passes.checks.layer_facts``)."""
+
+    class_names: tuple[str, ...]
+    """The layer's class and its bases (most derived first)."""
+    rates: tuple[float, ...] = ()
+    """Its dropout / noise rates (``rate``, ``dropout``, ``recurrent_dropout``, ``stddev``)."""
+    trainable: bool = True
+    draws_randomness: bool = False
+    """It has a seed generator (draws random numbers in training when a rate is above 0)."""
+
+
+def inexact_reason(facts: LayerFacts) -> InexactLayer | None:
+    """The table's entry (or, for another random layer, one of the same kind) that makes the
+    layer inexact under a split batch; ``None`` when it is exact: every rate 0, or a frozen
+    batch-statistics layer (inference mode)."""
+    by_name = {layer.class_name: layer for layer in INEXACT_LAYERS}
+    entry = next((by_name[c] for c in facts.class_names if c in by_name), None)
+    random = entry.kind is InexactKind.RANDOMNESS if entry is not None else facts.draws_randomness
+    if random:
+        if facts.rates and all(r == 0 for r in facts.rates):
+            return None
+        return entry or InexactLayer(facts.class_names[0], InexactKind.RANDOMNESS, _MASKS)
+    if entry is not None and entry.kind is InexactKind.BATCH_STATISTICS and facts.trainable:
+        return entry
+    return None

@@ -371,8 +371,10 @@ def _draws_randomness(layer: Any) -> bool:
 
 def _uses_batch_statistics(layer: Any) -> bool:
     """Whether ``layer`` is (a subclass of) a batch-statistics class of the inexact-layer table
-    (:data:`partitioner.core.microbatch.INEXACT_LAYERS`)."""
-    return any(cls.__name__ in _BATCH_STATISTICS for cls in type(layer).__mro__)
+    (:data:`partitioner.core.microbatch.INEXACT_LAYERS`) and trainable (a frozen one runs in
+    inference mode, on its moving statistics: exact)."""
+    trainable = bool(getattr(layer, "trainable", True))
+    return trainable and any(cls.__name__ in _BATCH_STATISTICS for cls in type(layer).__mro__)
 
 
 def _inexact_warnings(units: Sequence[Any], num_microbatches: int) -> tuple[str, ...]:

@@ -72,3 +72,82 @@ def test_a_model_with_an_inexact_layer_is_warned_about_it(layer: Any) -> None:
     warned = rewrite.pipeline_warnings(model, 2)
     assert len(warned) == 1 and model.layers[1].name in warned[0], warned
     assert rewrite.pipeline_warnings(model, 1) == ()
+
+
+# -- nested layers and exact ones (issue 17, group 6) -------------------------------------------
+
+
+class Block(keras.layers.Layer):
+    """A block holding a Dense and a layer of the table in attributes."""
+
+    def __init__(self, inner: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(4)
+        self.inner = inner if inner is not None else keras.layers.Dropout(0.5)
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        return self.inner(self.dense(inputs), training=training)
+
+
+def _frozen_batchnorm() -> Any:
+    layer = keras.layers.BatchNormalization()
+    layer.trainable = False
+    return layer
+
+
+def _model(kind: str) -> keras.Model:
+    inputs = keras.Input((4,))
+    if kind == "block-dropout":
+        h = Block(name="block")(inputs)
+    elif kind == "block-batchnorm":
+        h = Block(keras.layers.BatchNormalization(), name="block")(inputs)
+    elif kind == "nested-model":
+        inner = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dropout(0.5, name="drop")],
+            name="inner",
+        )
+        h = inner(inputs)
+    elif kind == "rate-0":
+        h = keras.layers.Dropout(0.0)(inputs)
+    elif kind == "noise-0":
+        h = keras.layers.GaussianNoise(0.0)(inputs)
+    elif kind == "frozen-batchnorm":
+        h = _frozen_batchnorm()(inputs)
+    elif kind == "block-frozen-batchnorm":
+        h = Block(_frozen_batchnorm(), name="block")(inputs)
+    else:
+        raise KeyError(kind)
+    return keras.Model(inputs, keras.layers.Dense(2)(h), name=kind.replace("-", "_"))
+
+
+INEXACT = {
+    "block-dropout": ("Dropout", "block/dropout"),
+    "block-batchnorm": ("BatchNormalization", "block/batch_normalization"),
+    "nested-model": ("Dropout", "drop"),
+}
+EXACT = ("rate-0", "noise-0", "frozen-batchnorm", "block-frozen-batchnorm")
+
+
+@pytest.mark.parametrize("kind", list(INEXACT))
+def test_nested_inexact_layers_are_found_by_the_planner_and_the_rewrite(kind: str) -> None:
+    from passes.checks import inexact_layers
+
+    keras.backend.clear_session()
+    model = _model(kind)
+    found = [(why.class_name, name) for why, name in inexact_layers(model)]
+    cls, name = INEXACT[kind]
+    assert len(found) == 1 and found[0][0] == cls and found[0][1].startswith(name.split("/")[0])
+    warned = api._microbatch_warnings(inexact_layers(model), 2)
+    assert len(warned) == 1 and warned[0].startswith(f"NOT EXACT: {cls} (")
+    rewrite_warned = rewrite.pipeline_warnings(model, 2)
+    assert len(rewrite_warned) == 1, rewrite_warned
+
+
+@pytest.mark.parametrize("kind", EXACT)
+def test_exact_layers_are_warned_about_by_neither(kind: str) -> None:
+    from passes.checks import inexact_layers
+
+    model = _model(kind)
+    assert inexact_layers(model) == ()
+    assert api._microbatch_warnings(inexact_layers(model), 4, 2) == ()
+    assert rewrite.pipeline_warnings(model, 2) == ()

@@ -1,0 +1,262 @@
+"""Plan-time checks on the Keras model: what the rewrites would refuse, found before the slow work
+or before a plan is returned, each in one line (issue 17).
+
+* :func:`check_model`: a model class that overrides ``train_step`` / ``compute_loss`` /
+  ``test_step`` (the rewrites run their own step, which would silently train another loss), and
+  layers the rewrites cannot rebuild from their config (they rebuild every layer with the
+  rewrite's own ``_fresh_copy``, called here on every layer: one home for the condition).
+* :func:`join_neighbours`: layers that emit no ops have no edge in the traced graph, so a solver
+  places them anywhere; each joins the device (or stage) of the layer feeding it in the Keras
+  graph, else of the layer it feeds.
+* :func:`check_applyable`: a plan that trains in stages is split into stages by the pipeline
+  rewrite's own code (``passes.rewrite.pipeline._split``, the one home of what it
+  refuses: a subclassed model, a nested model over several devices, devices that feed each other
+  in a cycle, a stage order other than the plan's) before the plan is returned.
+* :func:`inexact_layers`: the layers, nested ones too, that are not exact when the batch is split
+  (micro-batches or replicas), by :func:`partitioner.core.microbatch.inexact_reason`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import keras
+
+from partitioner.core.errors import RewriteError
+from partitioner.core.ir import Graph
+from partitioner.core.microbatch import InexactLayer, LayerFacts, inexact_reason
+from partitioner.plan.model import Plan
+from passes.trace import Unit, placement_units
+
+__all__ = [
+    "OWN_STEPS",
+    "check_applyable",
+    "check_model",
+    "inexact_layers",
+    "join_neighbours",
+    "layer_facts",
+    "opless_layers",
+]
+
+OWN_STEPS = ("train_step", "compute_loss", "test_step")
+"""The methods of ``keras.Model`` a model class may override that the rewrites replace."""
+
+_LABEL = TypeVar("_LABEL")
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message on one line: Keras's own reason when it wraps one, else the whole
+    message with its line breaks folded, cut at ``limit`` characters."""
+    text = str(exc)
+    if "Exception encountered:" in text:
+        text = text.rsplit("Exception encountered:", 1)[1]
+    flat = " ".join(text.split()) or type(exc).__name__
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def check_own_steps(model: Any) -> None:
+    """RewriteError when ``model``'s class overrides a step of :data:`OWN_STEPS`."""
+    cls = type(model)
+    for name in OWN_STEPS:
+        if getattr(cls, name, None) is getattr(keras.Model, name, None):
+            continue
+        owner = next((c for c in cls.__mro__ if name in vars(c)), cls)
+        raise RewriteError(
+            f"model class {owner.__name__} overrides {name}: partitioner's rewrites run their "
+            f"own training step (gradients colocated with their layers, micro-batches, "
+            f"replicas), which would silently replace yours and train another loss; plan a "
+            f"model whose loss is given to compile() without overriding {name}, or place its "
+            "layers yourself with tf.device"
+        )
+
+
+def check_rebuildable(model: Any) -> None:
+    """RewriteError naming the first layer (or the subclassed model) that the rewrites cannot
+    rebuild from its config, and why: the rewrite's own rebuild (``_fresh_copy``) of every layer
+    of a Sequential or Functional model, of the model itself when it is subclassed."""
+    from passes.rewrite.device_placement import _fresh_copy, _is_graph_model
+
+    if _is_graph_model(model):
+        targets = [
+            (u.name, u.operation)
+            for u in placement_units(model)
+            if isinstance(u.operation, keras.Layer)
+        ]
+    else:
+        targets = [(getattr(model, "name", "model"), model)]
+    for name, layer in targets:
+        try:
+            _fresh_copy(layer)
+        except Exception as exc:
+            raise RewriteError(
+                f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its config, "
+                f"which placing it on a device needs ({type(exc).__name__}: {one_line(exc)}); "
+                "pass **kwargs to super().__init__ and implement get_config (and from_config "
+                "for layer arguments), or plan a model without it"
+            ) from None
+
+
+def check_model(model: Any) -> None:
+    """Everything about ``model`` that no plan could apply to, before the slow work."""
+    check_own_steps(model)
+    check_rebuildable(model)
+
+
+# -- layers that emit no ops -------------------------------------------------------------------
+
+
+def opless_layers(graph: Graph) -> frozenset[str]:
+    """The layers of ``graph`` that own no op (identity-like layers, reshapes folded away)."""
+    owning = {op.layer for op in graph.ops}
+    return frozenset(layer.name for layer in graph.layers if layer.name not in owning)
+
+
+def _source(tensor: Any, unit_of: Mapping[int, str], outer: Mapping[int, Any]) -> str | None:
+    """The placement unit that produces ``tensor`` (through nested models), or None for a
+    model input."""
+    for _ in range(1000):
+        history = getattr(tensor, "_keras_history", None)
+        if history is None:
+            return None
+        op, _node, index = history
+        if id(op) in unit_of:
+            return unit_of[id(op)]
+        if isinstance(op, keras.Model) and getattr(op, "outputs", None):
+            tensor = keras.tree.flatten(op.outputs)[index]
+        elif id(tensor) in outer:
+            tensor = outer[id(tensor)]
+        else:
+            return None
+    return None
+
+
+def _producers(model: Any, units: Sequence[Unit]) -> dict[str, list[str]]:
+    """Each unit's producing units in the Keras graph (empty for a subclassed model)."""
+    unit_of = {id(u.operation): u.name for u in units}
+    outer: dict[int, Any] = {}
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.Model) and getattr(layer, "inputs", None):
+            for node in layer._inbound_nodes[:1]:
+                for inner, given in zip(keras.tree.flatten(layer.inputs), node.input_tensors):
+                    outer.setdefault(id(inner), given)
+    producers: dict[str, list[str]] = {}
+    for unit in units:
+        found: list[str] = []
+        for node in getattr(unit.operation, "_inbound_nodes", []) or []:
+            for tensor in node.input_tensors:
+                name = _source(tensor, unit_of, outer)
+                if name is not None and name != unit.name and name not in found:
+                    found.append(name)
+        producers[unit.name] = found
+    return producers
+
+
+def join_neighbours(
+    model: Any, labels: Mapping[str, _LABEL], opless: frozenset[str]
+) -> dict[str, _LABEL]:
+    """``labels`` (layer -> device or stage) with every layer of ``opless`` moved to the label of
+    the first layer feeding it in the Keras graph, else of the first layer it feeds."""
+    out = dict(labels)
+    if not opless:
+        return out
+    units = placement_units(model)
+    producers = _producers(model, units)
+    consumers: dict[str, list[str]] = {u.name: [] for u in units}
+    for name, feeding in producers.items():
+        for p in feeding:
+            consumers[p].append(name)
+    joined: set[str] = set()
+    for unit in units:  # producers first, in order, so a chain of op-less layers follows along
+        fed = [p for p in producers[unit.name] if p not in opless or p in joined]
+        if unit.name in opless and fed:
+            out[unit.name] = out[fed[0]]
+            joined.add(unit.name)
+    for unit in reversed(units):  # then, fed by model inputs only: the layer it feeds
+        fed_to = [c for c in consumers[unit.name] if c not in opless or c in joined]
+        if unit.name in opless and unit.name not in joined and fed_to:
+            out[unit.name] = out[fed_to[0]]
+            joined.add(unit.name)
+    return out
+
+
+# -- is the plan applyable ---------------------------------------------------------------------
+
+
+def check_applyable(model: Any, plan: Plan) -> None:
+    """RewriteError (one line) when the rewrite would refuse ``plan`` on ``model``: a pipelined
+    plan is split into stages by the pipeline rewrite's own code (``_split``), and a one-replica
+    pipeline's stage order must be the plan's, as ``pipeline_model`` requires."""
+    from passes.rewrite.pipeline import _split
+
+    strategy = plan.strategy
+    replicated = strategy is not None and strategy.replicas > 1 and strategy.stages > 1
+    if replicated and strategy is not None and strategy.num_microbatches == 1:
+        raise RewriteError(
+            f"the plan runs {strategy.describe()}: replicas of a plain split are not supported "
+            "by the rewrite; plan with strategy='pipeline' or strategy='data_parallel'"
+        )
+    if plan.pipeline is not None:
+        labels = dict(zip(plan.layer_order, plan.device_of_layer))
+        expected: list[int] | None = list(plan.pipeline.stage_devices)
+    elif replicated and strategy is not None:
+        labels, expected = dict(zip(plan.layer_order, strategy.stage_of_layer)), None
+    else:
+        return
+    by_unit = {
+        id(u.operation): f"device {labels[u.name]}"
+        for u in placement_units(model)
+        if u.name in labels
+    }
+    try:
+        order = [stage.device for stage in _split(model, by_unit).stages]
+    except RewriteError as exc:
+        raise RewriteError(f"the plan cannot be pipelined: {one_line(exc, 400)}") from None
+    if expected is not None and order != [f"device {d}" for d in expected]:
+        raise RewriteError(
+            f"the plan's stage order {expected} is not the dataflow order of {model.name!r}'s "
+            f"layers on those devices {order}; plan with pipeline=False or another solver"
+        )
+
+
+# -- layers not exact under a split batch ------------------------------------------------------
+
+
+def layer_facts(layer: Any) -> LayerFacts:
+    """What :func:`~partitioner.core.microbatch.inexact_reason` needs to know about ``layer``."""
+    rates = tuple(
+        float(getattr(layer, a))
+        for a in ("rate", "dropout", "recurrent_dropout", "stddev")
+        if isinstance(getattr(layer, a, None), (int, float))
+        and not isinstance(getattr(layer, a), bool)
+    )
+    return LayerFacts(
+        class_names=tuple(c.__name__ for c in type(layer).__mro__),
+        rates=rates,
+        trainable=bool(getattr(layer, "trainable", True)),
+        draws_randomness=getattr(layer, "seed_generator", None) is not None,
+    )
+
+
+def inexact_layers(
+    model: Any, units: Sequence[Unit] | None = None
+) -> tuple[tuple[InexactLayer, str], ...]:
+    """``(why, layer name)`` of every layer of ``model`` (nested ones too: blocks, nested models,
+    named ``unit/inner``) that is not exact when the batch is split, in layer order."""
+    found: list[tuple[InexactLayer, str]] = []
+    seen: set[int] = set()
+    for unit in units if units is not None else placement_units(model):
+        op = unit.operation
+        layers = (
+            op._flatten_layers(include_self=True, recursive=True)
+            if hasattr(op, "_flatten_layers")
+            else [op]
+        )
+        for layer in layers:
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            why = inexact_reason(layer_facts(layer))
+            if why is not None:
+                found.append((why, unit.name if layer is op else f"{unit.name}/{layer.name}"))
+    return tuple(found)
