@@ -41,7 +41,7 @@ from partitioner.core.options import (
     TargetOptions,
     parse_schedule,
 )
-from partitioner.core.strategy import Family
+from partitioner.core.strategy import Family, Strategy
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import (
     BaselineResult,
@@ -336,12 +336,7 @@ def _split_plan(
     """The plan that applies the solver's split (pipelined when asked), written as a strategy of
     one replica, beside the families table when the strategies were compared."""
     pipeline = solved.pipeline
-    strategy = strategy_of_split(
-        solved.result.assignment,
-        stage_devices=pipeline.stage_devices if pipeline is not None else (),
-        num_microbatches=pipeline.num_microbatches if pipeline is not None else 1,
-        schedule=pipeline.schedule if pipeline is not None else Schedule.NONE,
-    )
+    strategy = solved.strategy
     advice = _advice(costed, solved.evaluation, common["baselines"], pipeline)
     rows = compared.rows if compared is not None else ()
     if rows:
@@ -468,13 +463,7 @@ def _with_own_split(search: StrategySearch, costed: CostedGraph, solved: _Solved
     """``search`` with the solver's own split (at the whole batch, one replica) as one more
     candidate, chosen when it beats the search's best (fitting first, then the step), if its
     family was asked for."""
-    pipeline = solved.pipeline
-    strategy = strategy_of_split(
-        solved.result.assignment,
-        stage_devices=pipeline.stage_devices if pipeline is not None else (),
-        num_microbatches=pipeline.num_microbatches if pipeline is not None else 1,
-        schedule=pipeline.schedule if pipeline is not None else Schedule.NONE,
-    )
+    strategy = solved.strategy
     families = {c.strategy.family for c in search.candidates}
     if strategy.family not in families or any(c.strategy == strategy for c in search.candidates):
         return search
@@ -534,6 +523,17 @@ class _Solved:
     plain_step_time_s: float | None = None
     """With pipelining, the step time of the same placement without it."""
     warnings: tuple[str, ...] = ()
+
+    @property
+    def strategy(self) -> Strategy:
+        """The split as a strategy of one replica (its pipeline's stages and schedule)."""
+        pipeline = self.pipeline
+        return strategy_of_split(
+            self.result.assignment,
+            stage_devices=pipeline.stage_devices if pipeline is not None else (),
+            num_microbatches=pipeline.num_microbatches if pipeline is not None else 1,
+            schedule=pipeline.schedule if pipeline is not None else Schedule.NONE,
+        )
 
 
 def _solve(costed: CostedGraph, prepared: Prepared, inexact: _Inexact = ()) -> _Solved:
