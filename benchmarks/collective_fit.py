@@ -122,8 +122,9 @@ def _all_reduce_step(strategy: Any, total_bytes: int) -> Any:
     return step
 
 
-def _worker(index: int, ports: Sequence[int], core: int, args: argparse.Namespace) -> None:
-    """One SPMD process: per size, ``warmup`` then ``reps`` timed all-reduces."""
+def join_loopback_workers(index: int, ports: Sequence[int], core: int) -> Any:
+    """This process as worker ``index`` of a ``MultiWorkerMirroredStrategy`` over 127.0.0.1
+    ``ports``, pinned to ``core`` with one intra-op and two inter-op threads; the strategy."""
     os.sched_setaffinity(0, {core})
     os.environ["TF_CONFIG"] = json.dumps(
         {
@@ -135,7 +136,12 @@ def _worker(index: int, ports: Sequence[int], core: int, args: argparse.Namespac
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _worker(index: int, ports: Sequence[int], core: int, args: argparse.Namespace) -> None:
+    """One SPMD process: per size, ``warmup`` then ``reps`` timed all-reduces."""
+    strategy = join_loopback_workers(index, ports, core)
     samples: dict[str, list[float]] = {}
     for size in SIZES_BYTES:
         step = _all_reduce_step(strategy, size)

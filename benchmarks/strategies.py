@@ -111,7 +111,7 @@ from benchmarks.cluster_pipeline import (
     time_steps,
     time_steps_with_cpu,
 )
-from benchmarks.collective_fit import CollectiveFit, measure_all_reduce
+from benchmarks.collective_fit import CollectiveFit, join_loopback_workers, measure_all_reduce
 from partitioner.core.ir import AllReduceFit, Schedule
 from partitioner.core.strategy import Strategy
 
@@ -702,19 +702,9 @@ def _dp_worker(
     spec: cz.ModelSpec, index: int, ports: Sequence[int], core: int, args: argparse.Namespace
 ) -> None:
     """One SPMD process of the data-parallel row: time ``steps`` steps on its half batch."""
-    os.sched_setaffinity(0, {core})
-    os.environ["TF_CONFIG"] = json.dumps(
-        {
-            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-            "task": {"type": "worker", "index": index},
-        }
-    )
+    strategy = join_loopback_workers(index, ports, core)
     import keras
     import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
         model = spec.build()
         optimizer = keras.optimizers.SGD(0.01)
