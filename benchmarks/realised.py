@@ -39,7 +39,11 @@ from partitioner.planner.search import (
     search_strategies,
     sub_problem,
 )
-from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
+from partitioner.simulation.strategy import (
+    StrategySimulation,
+    microbatch_costed,
+    simulate_strategy,
+)
 from partitioner.solvers import get_solver
 from partitioner.solvers.stages import make_acyclic
 
@@ -138,9 +142,12 @@ def _candidate_result(name: str, sim: StrategySimulation, placement: str) -> Fam
     )
 
 
-def even_pipeline(costed: CostedGraph) -> FamilyResult | None:
+def even_pipeline(costed_at: Callable[[int], CostedGraph], batch_size: int) -> FamilyResult | None:
     """One replica over every device, layers placed by ``even`` (made acyclic), the default
-    schedule at the best of the planner's micro-batch counts; ``None`` when it cannot run."""
+    schedule at the best of the planner's micro-batch counts, each priced at its micro-batch as
+    the planner prices it (:func:`~partitioner.simulation.strategy.microbatch_costed`); ``None``
+    when it cannot run."""
+    costed = costed_at(batch_size)
     n = costed.topology.num_devices
     if n < 2:
         return None
@@ -157,7 +164,8 @@ def even_pipeline(costed: CostedGraph) -> FamilyResult | None:
         if m == 1:
             continue
         try:
-            sim = simulate_strategy(costed, Strategy(layout, stages, m, DEFAULT_SCHEDULE))
+            priced = microbatch_costed(costed, costed_at(batch_size // m), m)
+            sim = simulate_strategy(priced, Strategy(layout, stages, m, DEFAULT_SCHEDULE))
         except PartitionError:
             continue
         if best is None or (not sim.fits, sim.step_time_s) < (not best.fits, best.step_time_s):
@@ -186,7 +194,7 @@ def realised_group(
         if f in per_family
     ]
     costed = costed_at(batch_size)
-    even = even_pipeline(costed)
+    even = even_pipeline(costed_at, batch_size)
     if even is not None:
         results.append(even)
     best = search.best

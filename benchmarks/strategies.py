@@ -33,9 +33,10 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   ``partition(..., pipeline=True, profile_ops=True)`` on the two workers, exactly as
   :func:`benchmarks.cluster_zoo.measure_model` runs it. **Predicted**: ``simulate_strategy`` of
   R = 1, S = 2 with the plan's layer placement and ``M`` (``M = 1`` for ``placed``), on the
-  graph costed at ``B`` with op times profiled at the micro-batch ``B / M`` times ``M`` (a
-  micro-batch is not ``1/M`` of a batch; ``linear`` in the JSON uses ``costed_at(B)``, the
-  simulator's linear scaling), plus the slower worker's update, ``(M - 1)`` additions of a
+  graph costed at ``B`` with each op's time that of the micro-batch ``B / M`` times ``M``
+  (:func:`~partitioner.simulation.strategy.microbatch_costed`, as the planner prices a pipeline:
+  a micro-batch is not ``1/M`` of a batch; ``linear`` in the JSON uses ``costed_at(B)`` alone,
+  the simulator's linear scaling), plus the slower worker's update, ``(M - 1)`` additions of a
   micro-batch's gradients into the running sums on the slower worker (added to the step, not
   inside the schedule; ``cluster_zoo_predicted_s`` is the cluster_zoo prediction that puts them
   in each backward), feeding the batch from the client over the link, and the client's fixed
@@ -434,7 +435,7 @@ class ProfiledCosts:
         self._dispatch_s = calibrated_roofline("cpu").dispatch_overhead_s
         self._traces: dict[int, Any] = {}
         self._profiles: dict[int, Mapping[str, float]] = {}
-        self._costed: dict[tuple[int, int], Any] = {}
+        self._costed: dict[int, Any] = {}
         self.step_factors: dict[int, tuple[float, float]] = {}
         """Per profiled batch: (the factor on its op times, the measured whole step)."""
 
@@ -457,30 +458,28 @@ class ProfiledCosts:
             times = dict(prof.op_time_s)
             factor = 1.0
             if self._whole_step:
-                factor = step_calibration(self._apply(batch, times, 1.0), times, prof.step_time_s)
+                factor = step_calibration(self._apply(batch, times), times, prof.step_time_s)
             self.step_factors[batch] = (factor, prof.step_time_s)
             self._profiles[batch] = {k: v * factor for k, v in times.items()}
         return self._profiles[batch]
 
-    def _apply(self, batch: int, times: Mapping[str, float], scale: float) -> Any:
+    def _apply(self, batch: int, times: Mapping[str, float]) -> Any:
         from cost_models.estimate.costs import cost_graph
         from cost_models.measure.op_profile import apply_op_profile
 
         costed = cost_graph(self._trace(batch).graph, topology=self._topology, optimizer="sgd")
         return apply_op_profile(
             costed,
-            {k: v * scale for k, v in times.items()},
+            times,
             range(self._topology.num_devices),
-            dispatch_s=self._dispatch_s * scale,
+            dispatch_s=self._dispatch_s,
         )
 
-    def at(self, batch: int, profile_batch: int | None = None) -> Any:
-        """Costed at ``batch``; op times profiled at ``profile_batch`` (default ``batch``) times
-        ``batch / profile_batch`` (the same graph at another batch has the same op names)."""
-        pb = profile_batch or batch
-        if (batch, pb) not in self._costed:
-            self._costed[(batch, pb)] = self._apply(batch, self._profile(pb), batch / pb)
-        return self._costed[(batch, pb)]
+    def at(self, batch: int) -> Any:
+        """Costed at ``batch``, its op times profiled at ``batch``."""
+        if batch not in self._costed:
+            self._costed[batch] = self._apply(batch, self._profile(batch))
+        return self._costed[batch]
 
     @property
     def layer_names(self) -> tuple[str, ...]:
@@ -523,11 +522,13 @@ def predict_strategy(
     strategy: Strategy, costs: ProfiledCosts, batch_size: int, terms: StepTerms
 ) -> Prediction:
     """``simulate_strategy`` at the per-replica batch (micro-batch profile for a pipeline)."""
-    from partitioner.simulation.strategy import simulate_strategy
+    from partitioner.simulation.strategy import microbatch_costed, simulate_strategy
 
     per_replica = batch_size // strategy.replicas
     m = strategy.num_microbatches
-    sim = simulate_strategy(costs.at(per_replica, per_replica // m), strategy)
+    sim = simulate_strategy(
+        microbatch_costed(costs.at(per_replica), costs.at(per_replica // m), m), strategy
+    )
     pred = predict_terms(strategy, max(sim.replica_step_s), sim.all_reduce_s, terms)
     if m == 1:
         return pred
@@ -603,8 +604,6 @@ def calibrate_strategies(
     cal = cz.calibrate(spec, link, steps=steps, warmup=warmup, work=work)
     model = spec.build()
     costs = ProfiledCosts(model, strategy_topology(link, collective), reps=max(3, steps // 2))
-    for replicas in (1, 2):  # profile before the search: its time limit is for its solvers
-        costs.at(spec.batch_size // replicas)
     options = StrategyOptions(schedules=SEARCH_SCHEDULES)
     search = search_strategies(costs.at, spec.batch_size, options)
     names = costs.layer_names

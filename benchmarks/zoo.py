@@ -45,6 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 
 from partitioner.core.ir import Graph
+from partitioner.planner.search import search_batches
 from passes.trace import trace_model
 
 __all__ = [
@@ -336,15 +337,11 @@ class TracedZooModel:
         )
 
 
-def per_replica_batches(batch_size: int, max_replicas: int) -> tuple[int, ...]:
-    """Every per-replica batch ``batch_size / R`` for ``R`` in ``2..max_replicas`` dividing it
-    (descending): the batches the strategy search costs a model at."""
-    return tuple(
-        sorted(
-            {batch_size // r for r in range(2, max_replicas + 1) if batch_size % r == 0},
-            reverse=True,
-        )
-    )
+def per_replica_batches(batch_size: int, max_devices: int) -> tuple[int, ...]:
+    """Every batch but ``batch_size`` the strategy search costs a model at on up to
+    ``max_devices`` devices (descending: each replica's share, each micro-batch;
+    :func:`partitioner.planner.search.search_batches`)."""
+    return tuple(b for b in search_batches(max_devices, batch_size) if b != batch_size)
 
 
 def trace_zoo_model(entry: ZooModel, extra_batch_sizes: Sequence[int] = ()) -> TracedZooModel:

@@ -56,7 +56,6 @@ from partitioner.planner.explain import advice as strategy_advice
 from partitioner.planner.search import (
     StrategyCandidate,
     StrategyOptions,
-    StrategySearch,
     search_strategies,
 )
 from partitioner.simulation.evaluate import (
@@ -66,7 +65,7 @@ from partitioner.simulation.evaluate import (
     evaluate_pipeline,
 )
 from partitioner.simulation.step import simulate_step
-from partitioner.simulation.strategy import simulate_strategy
+from partitioner.simulation.strategy import microbatch_costed
 from partitioner.solvers import Solver, fast_solver_names, get_solver, solve
 from partitioner.solvers.stages import make_acyclic
 
@@ -256,17 +255,19 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
     inexact = _check_model(model)
     traced = _trace(model, prepared.target, say, phases)
     costed, cost_notes = _cost(model, traced, prepared, say, phases)
+    costed_at = _CostedAt(model, prepared, costed)
+    pipelined = _pipelined_costs(costed_at, prepared, say, phases)
     say(f"solving with {prepared.solver.name}")
     with _timed(phases, "solve"):
-        solved = _solve(costed, prepared, inexact)
+        solved = _solve(costed, prepared, inexact, pipelined)
     say("comparing with baselines")
     with _timed(phases, "baselines"):
-        baselines = _all_baselines(costed, solved, prepared)
+        baselines = _all_baselines(costed, solved, prepared, pipelined)
     compared = None
     if prepared.search.compare_strategies and prepared.topology.num_devices > 1:
         say("comparing strategies")
         with _timed(phases, "strategies"):
-            compared = _compare(model, costed, prepared, solved)
+            compared = _compare(costed_at, prepared, solved)
     common: dict[str, Any] = {
         "link": topology_summary(costed.topology),
         "batch_size": prepared.target.batch_size,
@@ -414,25 +415,46 @@ class _Compared:
     search_time_s: float
 
 
-def _compare(
-    model: Any, costed: CostedGraph, prepared: Prepared, solved: _Solved
-) -> _Compared | None:
+class _CostedAt:
+    """``costed_at(b)``: the model traced and costed again at batch ``b`` (a replica's share, a
+    micro-batch), measured as this run was; each batch once."""
+
+    def __init__(self, model: Any, prepared: Prepared, costed: CostedGraph) -> None:
+        self._model, self._prepared = model, prepared
+        self.graphs = {prepared.target.batch_size: costed}
+
+    def __call__(self, batch: int) -> CostedGraph:
+        if batch not in self.graphs:
+            target = replace(self._prepared.target, batch_size=batch)
+            traced = _trace(self._model, target, _no_progress, [])
+            at = replace(self._prepared, target=target)
+            self.graphs[batch], _ = _cost(self._model, traced, at, _no_progress, [])
+        return self.graphs[batch]
+
+
+def _pipelined_costs(
+    costed_at: _CostedAt, prepared: Prepared, say: Progress, phases: list[tuple[str, float]]
+) -> CostedGraph | None:
+    """With a pipeline asked for, the batch's graph with its ops priced at the micro-batch
+    (:func:`~partitioner.simulation.strategy.microbatch_costed`): what the pipeline's step is
+    simulated on. ``None`` without one."""
+    if prepared.schedule is None:
+        return None
+    batch, micro = prepared.target.batch_size, prepared.num_microbatches
+    if micro == 1:
+        return costed_at(batch)
+    say(f"costing a micro-batch of {batch // micro}")
+    with _timed(phases, "micro-batch cost"):
+        return microbatch_costed(costed_at(batch), costed_at(batch // micro), micro)
+
+
+def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Compared | None:
     """Every strategy family scored by the predicted step of what it would run
     (:func:`partitioner.planner.search.search_strategies`, the model traced and costed again at
-    each per-replica batch, measured as this run was), with the solver's own split as one more
-    candidate. ``None`` when the comparison fails and the plan applies the solver's split anyway
-    (a warning says why); a forced family's failure raises."""
+    each per-replica batch and micro-batch, measured as this run was), with the solver's own
+    split as one more candidate. ``None`` when the comparison fails and the plan applies the
+    solver's split anyway (a warning says why); a forced family's failure raises."""
     batch, families = prepared.target.batch_size, prepared.search.strategy_families
-    graphs = {batch: costed}
-
-    def costed_at(per_replica_batch: int) -> CostedGraph:
-        if per_replica_batch not in graphs:
-            target = replace(prepared.target, batch_size=per_replica_batch)
-            traced = _trace(model, target, _no_progress, [])
-            at = replace(prepared, target=target)
-            graphs[per_replica_batch], _ = _cost(model, traced, at, _no_progress, [])
-        return graphs[per_replica_batch]
-
     solver = prepared.solver.name
     options = StrategyOptions(
         families=families or tuple(Family),
@@ -440,10 +462,11 @@ def _compare(
         + ((solver,) if solver not in (*STRATEGY_SOLVERS, "auto") else ()),
         seed=prepared.search.seed,
         time_limit_s=min(prepared.search.time_limit_s, STRATEGY_SEARCH_LIMIT_S),
+        also_score=((solved.strategy, solved.result.solver),),
     )
     t0 = time.perf_counter()
     try:
-        search = _with_own_split(search_strategies(costed_at, batch, options), costed, solved)
+        search = search_strategies(costed_at, batch, options)
     except PartitionError as exc:
         if families is not None and set(families) != set(Family):
             raise
@@ -452,26 +475,11 @@ def _compare(
     applied = None if families is None else search.best
     return _Compared(
         rows=family_rows(search),
-        graphs=graphs,
+        graphs=costed_at.graphs,
         applied=applied,
         notes=search.notes,
         search_time_s=time.perf_counter() - t0,
     )
-
-
-def _with_own_split(search: StrategySearch, costed: CostedGraph, solved: _Solved) -> StrategySearch:
-    """``search`` with the solver's own split (at the whole batch, one replica) as one more
-    candidate, chosen when it beats the search's best (fitting first, then the step), if its
-    family was asked for."""
-    strategy = solved.strategy
-    families = {c.strategy.family for c in search.candidates}
-    if strategy.family not in families or any(c.strategy == strategy for c in search.candidates):
-        return search
-    own = StrategyCandidate(
-        simulation=simulate_strategy(costed, strategy), placement=solved.result.solver
-    )
-    best = min((search.best, own), key=StrategyCandidate.rank)
-    return replace(search, best=best, candidates=(*search.candidates, own))
 
 
 def _trace(
@@ -536,15 +544,21 @@ class _Solved:
         )
 
 
-def _solve(costed: CostedGraph, prepared: Prepared, inexact: _Inexact = ()) -> _Solved:
+def _solve(
+    costed: CostedGraph,
+    prepared: Prepared,
+    inexact: _Inexact = (),
+    pipelined: CostedGraph | None = None,
+) -> _Solved:
     """The solver's placement, simulated op by op; with pipelining, the best pipelined placement
-    (:func:`_pipeline_choice`) with its schedule, stages and micro-batching warnings."""
+    (:func:`_pipeline_choice`, on ``pipelined``: the graph priced at the micro-batch) with its
+    schedule, stages and micro-batching warnings."""
     result, evaluation = solve(costed, prepared.solver)
     schedule, micro = prepared.schedule, prepared.num_microbatches
     if schedule is None:
         timeline = simulate_step(costed, result.assignment, timeline=True).timeline
         return _Solved(result=result, evaluation=evaluation, timeline=timeline)
-    result, evaluation = _pipeline_choice(costed, result, prepared, schedule)
+    result, evaluation = _pipeline_choice(pipelined or costed, result, prepared, schedule)
     sim = evaluation.pipeline
     info = PipelineInfo(
         schedule=schedule,
@@ -820,11 +834,12 @@ def _microbatch_warnings(
 
 
 def _all_baselines(
-    costed: CostedGraph, solved: _Solved, prepared: Prepared
+    costed: CostedGraph, solved: _Solved, prepared: Prepared, pipelined: CostedGraph | None = None
 ) -> tuple[BaselineResult, ...]:
     """The baselines of :data:`BASELINES` (but the solver's own), after a pipelined plan's own
-    placement without pipelining."""
-    baselines = _baselines(costed, prepared)
+    placement without pipelining (``pipelined``: the graph priced at the micro-batch, which a
+    pipelined baseline is simulated on)."""
+    baselines = _baselines(costed, prepared, pipelined)
     if solved.plain_step_time_s is None:
         return baselines
     plain = BaselineResult(
@@ -847,15 +862,21 @@ def _fastest_alone(costed: CostedGraph) -> CostedGraph:
     )
 
 
-def _baselines(costed: CostedGraph, prepared: Prepared) -> tuple[BaselineResult, ...]:
-    """``single`` (one device, no pipeline) and ``even`` (pipelined like the plan when it is)."""
+def _baselines(
+    costed: CostedGraph, prepared: Prepared, pipelined: CostedGraph | None = None
+) -> tuple[BaselineResult, ...]:
+    """``single`` (one device, no pipeline) and ``even`` (pipelined like the plan when it is, on
+    ``pipelined``)."""
     search, schedule = prepared.search, prepared.schedule
     out = []
     for name in BASELINES:
         if name == prepared.solver.name:
             continue
         baseline = get_solver(name, seed=search.seed, time_limit_s=search.time_limit_s)
-        target = _fastest_alone(costed) if name == "single" else costed
+        if name == "single":
+            target = _fastest_alone(costed)
+        else:
+            target = pipelined if schedule is not None and pipelined is not None else costed
         try:
             result, ev = solve(target, baseline)
             if schedule is not None and name != "single":

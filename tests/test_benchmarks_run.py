@@ -12,10 +12,10 @@ from benchmarks import run as bench
 from benchmarks.realised import EVEN_PIPELINE, GroupResult, even_pipeline
 from benchmarks.zoo import mlp, per_replica_batches
 from cost_models.estimate.costs import cost_graph
-from partitioner.core.ir import Graph, Schedule
+from partitioner.core.ir import CostedGraph, Graph, Schedule
 from partitioner.core.strategy import Strategy
 from partitioner.simulation.evaluate import evaluate
-from partitioner.simulation.strategy import simulate_strategy
+from partitioner.simulation.strategy import microbatch_costed, simulate_strategy
 from partitioner.solvers import get_solver, solver_names
 from passes.trace import trace_model
 
@@ -177,16 +177,18 @@ def test_measured_records_are_merged(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_per_replica_batches() -> None:
-    assert per_replica_batches(32, 8) == (16, 8, 4)
-    assert per_replica_batches(8, 8) == (4, 2, 1)
-    assert per_replica_batches(12, 4) == (6, 4, 3)
+def test_per_replica_batches_are_every_batch_the_search_costs_but_the_whole() -> None:
+    # replica shares and micro-batches: on 2 devices 16 -> R = 2 (8), M = 2, 4, 8 (8, 4, 2)
+    assert per_replica_batches(16, 2) == (8, 4, 2)
+    assert per_replica_batches(32, 8) == (16, 8, 4, 2, 1)
+    assert per_replica_batches(12, 4) == (6, 4, 3, 2, 1)
     assert per_replica_batches(7, 1) == ()
 
 
 @pytest.fixture(scope="module")
 def graphs(graph: Graph) -> dict[int, Graph]:
-    return {16: graph, 8: trace_model(mlp(), batch_size=8).graph}
+    model = mlp()
+    return {16: graph, **{b: trace_model(model, batch_size=b).graph for b in (8, 4, 2)}}
 
 
 @pytest.fixture(scope="module")
@@ -220,18 +222,23 @@ def test_the_group_reports_auto_and_every_family_on_the_simulated_step(
 def test_the_even_pipeline_is_evens_split_pipelined_at_its_best_micro_batch_count(
     graphs: dict[int, Graph],
 ) -> None:
-    costed = cost_graph(graphs[16], device_type="h100", num_devices=2, link="pcie")
-    even = even_pipeline(costed)
+    def costed_at(batch: int) -> CostedGraph:
+        return cost_graph(graphs[batch], device_type="h100", num_devices=2, link="pcie")
+
+    even = even_pipeline(costed_at, 16)
     assert even is not None and even.placement == "even" and even.num_microbatches > 1
+    costed = costed_at(16)
     stages = get_solver("even", seed=0).solve(costed.problem()).assignment
-    steps = [
-        simulate_strategy(costed, Strategy(((0, 1),), stages, m, Schedule.ONE_F_ONE_B)).step_time_s
-        for m in (2, 4, 6, 8)
-        if 16 % m == 0
+    steps = [  # each micro-batch count priced at its own micro-batch
+        simulate_strategy(
+            microbatch_costed(costed, costed_at(16 // m), m),
+            Strategy(((0, 1),), stages, m, Schedule.ONE_F_ONE_B),
+        ).step_time_s
+        for m in (2, 4, 8)
     ]
     assert even.step_time_s == pytest.approx(min(steps), rel=1e-12)
     one_device = cost_graph(graphs[16], device_type="h100", num_devices=1, link="pcie")
-    assert even_pipeline(one_device) is None
+    assert even_pipeline(lambda b: one_device, 16) is None
 
 
 def test_the_readme_headlines_the_realised_step(

@@ -49,7 +49,11 @@ from partitioner.core.strategy import Family, Strategy
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.planner.refine import refine_strategy
 from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
-from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
+from partitioner.simulation.strategy import (
+    StrategySimulation,
+    microbatch_costed,
+    simulate_strategy,
+)
 from partitioner.solvers import get_solver
 from partitioner.solvers.stages import make_acyclic
 
@@ -59,6 +63,7 @@ __all__ = [
     "StrategySearch",
     "device_layouts",
     "microbatch_choices",
+    "search_batches",
     "search_strategies",
     "sub_problem",
     "uneven_share_reason",
@@ -81,6 +86,9 @@ class StrategyOptions:
     refine: bool = True
     seed: int = 0
     time_limit_s: float = 5.0
+    also_score: tuple[tuple[Strategy, str], ...] = ()
+    """Strategies placed elsewhere (a plan's own solver's split), each with the name of what placed
+    it, scored beside the search's own when their family is asked for."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,20 @@ def microbatch_choices(batch_per_replica: int, stages: int, most_per_stage: int)
     return (1, *sorted(set(wanted)))
 
 
+def search_batches(
+    num_devices: int, batch_size: int, options: StrategyOptions | None = None
+) -> tuple[int, ...]:
+    """Every batch :func:`search_strategies` costs the model at on ``num_devices`` devices
+    (descending): ``batch_size`` itself, each replica count's share, each micro-batch."""
+    options = options or StrategyOptions()
+    batches = {batch_size}
+    for replicas, stages in _shapes(num_devices, batch_size, options.families):
+        per_replica = batch_size // replicas
+        most = options.max_microbatches_per_stage
+        batches.update(per_replica // m for m in microbatch_choices(per_replica, stages, most))
+    return tuple(sorted(batches, reverse=True))
+
+
 def sub_problem(problem: PartitionProblem, devices: tuple[int, ...]) -> PartitionProblem:
     """``problem`` on ``devices`` only, renumbered ``0..len(devices)-1`` in that order."""
     topo = problem.topology
@@ -269,40 +291,48 @@ def _families_of(replicas: int, stages: int) -> tuple[Family, ...]:
 
 
 class _Scorer:
-    """Scores strategies, remembering the costed graph of each per-replica batch."""
+    """Scores strategies, remembering the costed graph of each batch (a replica's, a
+    micro-batch's) and the lower bounds of each graph a strategy is simulated on."""
 
     def __init__(self, costed_at: CostedAt, batch_size: int, deadline: float) -> None:
         self._costed_at = costed_at
         self.batch_size = batch_size
         self._costed: dict[int, CostedGraph] = {}
-        self._bounds: dict[int, LowerBounds] = {}
+        self._priced: dict[tuple[int, int], tuple[CostedGraph, LowerBounds]] = {}
         self.deadline = deadline
         self.candidates: list[StrategyCandidate] = []
         self.rejected: list[tuple[str, str]] = []
 
-    def costed(self, replicas: int) -> CostedGraph:
-        batch = self.batch_size // replicas
+    def at(self, batch: int) -> CostedGraph:
+        """The model costed at ``batch`` (``costed_at``, once per batch)."""
         if batch not in self._costed:
             self._costed[batch] = self._costed_at(batch)
         return self._costed[batch]
 
-    def bounds(self, replicas: int) -> LowerBounds:
-        """The lower bounds of :meth:`costed`'s graph, computed once per per-replica batch."""
-        batch = self.batch_size // replicas
-        if batch not in self._bounds:
-            self._bounds[batch] = costed_lower_bounds(self.costed(replicas))
-        return self._bounds[batch]
+    def costed(self, replicas: int) -> CostedGraph:
+        return self.at(self.batch_size // replicas)
+
+    def priced(self, replicas: int, num_microbatches: int) -> tuple[CostedGraph, LowerBounds]:
+        """The graph a strategy of ``replicas`` and ``num_microbatches`` is simulated on (a
+        replica's batch, its ops priced at the micro-batch: :func:`microbatch_costed`) and its
+        lower bounds, each computed once."""
+        key = (replicas, num_microbatches)
+        if key not in self._priced:
+            costed = self.costed(replicas)
+            if num_microbatches > 1:
+                micro = self.at(costed.graph.batch_size // num_microbatches)
+                costed = microbatch_costed(costed, micro, num_microbatches)
+            self._priced[key] = (costed, costed_lower_bounds(costed))
+        return self._priced[key]
 
     def score(self, strategy: Strategy, placement: str) -> StrategyCandidate | None:
         try:
-            replicas = strategy.replicas
-            sim = simulate_strategy(
-                self.costed(replicas), strategy, bounds=self.bounds(replicas)
-            )
+            costed, bounds = self.priced(strategy.replicas, strategy.num_microbatches)
+            sim = simulate_strategy(costed, strategy, bounds=bounds)
         except PartitionError as exc:
             self.rejected.append((f"{strategy.describe()} ({placement})", str(exc)))
             return None
-        candidate = _candidate(sim, placement, self.costed(strategy.replicas).topology)
+        candidate = _candidate(sim, placement, costed.topology)
         self.candidates.append(candidate)
         return candidate
 
@@ -338,7 +368,8 @@ def _score_placements(
     replicas: int,
 ) -> None:
     costed = scorer.costed(replicas)
-    want_plain = Family.PLACED in options.families or replicas > 1
+    # replicas of a plain split: the rewrite runs a hybrid's replicas as pipelines only
+    want_plain = Family.PLACED in options.families and replicas == 1
     pipelined_counts = [m for m in micro if m > 1]
     for pipelined in (False, True):
         counts = pipelined_counts if pipelined else ([1] if want_plain else [])
@@ -372,11 +403,13 @@ def search_strategies(
     num_devices = costed_at(batch_size).topology.num_devices
     shapes = _checked_shapes(num_devices, batch_size, options)
     scorer = _Scorer(costed_at, batch_size, deadline=0.0)
-    for replicas in sorted({r for r, _ in shapes}):
-        scorer.costed(replicas)
+    _cost_first(scorer, shapes, options)
     scorer.deadline = time.monotonic() + options.time_limit_s
     for replicas, stages in shapes:
         _score_shape(scorer, replicas, stages, options)
+    for strategy, placement in options.also_score:
+        if strategy.family in options.families and strategy not in _scored(scorer):
+            scorer.score(strategy, placement)
     if not scorer.candidates and not scorer.rejected:
         raise UsageError(_microbatch_message(batch_size, num_devices, options))
     if not scorer.candidates:
@@ -395,6 +428,19 @@ def search_strategies(
     )
 
 
+def _scored(scorer: _Scorer) -> set[Strategy]:
+    return {c.strategy for c in scorer.candidates}
+
+
+def _cost_first(scorer: _Scorer, shapes: list[tuple[int, int]], options: StrategyOptions) -> None:
+    """Cost every batch the shapes will be scored at (a replica's, each micro-batch's) before the
+    search's time limit starts: the limit bounds the search, not the costing."""
+    for replicas, stages in shapes:
+        per_replica = scorer.batch_size // replicas
+        for m in microbatch_choices(per_replica, stages, options.max_microbatches_per_stage):
+            scorer.priced(replicas, m)
+
+
 def _refined(
     scorer: _Scorer, best: StrategyCandidate, options: StrategyOptions
 ) -> tuple[StrategyCandidate, tuple[str, ...]]:
@@ -402,7 +448,7 @@ def _refined(
     if not options.refine or best.strategy.stages == 1:
         return best, ()
     refined = refine_strategy(
-        scorer.costed(best.strategy.replicas),
+        scorer.priced(best.strategy.replicas, best.strategy.num_microbatches)[0],
         best.simulation,
         seed=options.seed,
         time_limit_s=max(0.0, scorer.deadline - time.monotonic()),

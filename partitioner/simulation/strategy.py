@@ -29,7 +29,7 @@ Pure Python, no TensorFlow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.devices.catalog import DeviceKind, get_device_type
 from cost_models.estimate.collectives import (
@@ -47,6 +47,7 @@ __all__ = [
     "StrategySimulation",
     "all_reduce_algorithm",
     "gradient_bytes_per_stage",
+    "microbatch_costed",
     "simulate_strategy",
 ]
 
@@ -85,6 +86,35 @@ class StrategySimulation:
     @property
     def fits(self) -> bool:
         return not self.over_memory
+
+
+def microbatch_costed(costed: CostedGraph, micro: CostedGraph, num_microbatches: int) -> CostedGraph:
+    """``costed`` (a replica's batch) with each op's time that of ``micro`` (the same model costed
+    at the micro-batch, ``batch / num_microbatches``) times ``num_microbatches``.
+
+    The pipeline simulation runs each stage's ops once per micro-batch at ``1 / M`` of the
+    graph's op times; a micro-batch is not ``1 / M`` of a batch (a kernel's fixed cost and its
+    lower efficiency on small operands stay), so a pipeline is priced on the ops the rewrite runs,
+    at the micro-batch. Memory and the tensors between stages stay ``costed``'s (the simulator
+    divides them by ``M``, which is exact for tensors with a batch dimension). Ops are matched by
+    id (a model traced at two batch sizes names its ops alike); an op the micro-batch graph does
+    not have keeps ``costed``'s time, and two graphs on different topologies raise PlanError."""
+    if num_microbatches == 1:
+        return costed
+    if micro.topology.num_devices != costed.topology.num_devices:
+        raise PlanError(
+            f"the micro-batch graph is costed on {micro.topology.num_devices} devices, the "
+            f"replica's on {costed.topology.num_devices}: cost both on one topology"
+        )
+    index = {op.id: i for i, op in enumerate(micro.graph.ops)}
+    rows = tuple(
+        tuple(
+            micro_row[index[op.id]] * num_microbatches if op.id in index else t
+            for op, t in zip(costed.graph.ops, row)
+        )
+        for row, micro_row in zip(costed.op_compute_time_s, micro.op_compute_time_s)
+    )
+    return replace(costed, op_compute_time_s=rows)
 
 
 def gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> tuple[int, ...]:

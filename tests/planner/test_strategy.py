@@ -3,21 +3,24 @@ the search over families and its refinement (pure Python, milliseconds)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cost_models.estimate.collectives import all_reduce_s, concurrent_all_reduce_s, ring_order
-from partitioner.core.errors import InvalidGraphError
-from partitioner.core.ir import Schedule
+from partitioner.core.errors import InvalidGraphError, PlanError
+from partitioner.core.ir import CostedGraph, Schedule
 from partitioner.core.strategy import Family, Strategy
 from partitioner.planner.refine import boundary_moves, refine_strategy
 from partitioner.planner.search import (
     StrategyOptions,
     device_layouts,
     microbatch_choices,
+    search_batches,
     search_strategies,
 )
 from partitioner.simulation.evaluate import evaluate
-from partitioner.simulation.strategy import simulate_strategy
+from partitioner.simulation.strategy import microbatch_costed, simulate_strategy
 from tests.planner.strategy_graphs import (
     FAST_LINK,
     SLOW_LINK,
@@ -279,3 +282,82 @@ def test_a_hybrid_bubble_counts_only_its_own_stage_devices() -> None:
     # devices 2 and 3 are idle in replica 0's simulation; the bubble is replica 0's stages'.
     assert sim.replica.pipeline is not None and sim.replica.pipeline.bubble_fraction[2] == 1.0
     assert 0.0 < _bubble(sim) < 0.5
+
+
+# -- a pipeline priced at its micro-batch ------------------------------------------------------
+
+
+def _with_overhead(costed: CostedGraph, overhead_s: float) -> CostedGraph:
+    """``costed`` with a fixed cost per op: a small batch is not proportionally cheaper."""
+    rows = tuple(tuple(t + overhead_s for t in row) for row in costed.op_compute_time_s)
+    return replace(costed, op_compute_time_s=rows)
+
+
+def test_microbatch_costed_prices_each_op_at_the_micro_batch_times_m() -> None:
+    topo = uniform_topology(2, FAST_LINK)
+    whole = _with_overhead(chain_at(16, full_batch=16, topology=topo, **CHAIN), 0.5)  # type: ignore[arg-type]
+    micro = _with_overhead(chain_at(4, full_batch=16, topology=topo, **CHAIN), 0.5)  # type: ignore[arg-type]
+    priced = microbatch_costed(whole, micro, 4)
+    for row, micro_row in zip(priced.op_compute_time_s, micro.op_compute_time_s):
+        assert row == pytest.approx([4 * t for t in micro_row])
+    # four micro-batches pay the fixed cost four times: dearer than the batch's linear share
+    assert sum(priced.op_compute_time_s[0]) > sum(whole.op_compute_time_s[0])
+    assert priced.layer_memory == whole.layer_memory and priced.graph == whole.graph
+    assert microbatch_costed(whole, micro, 1) is whole
+    # an op the micro-batch graph lacks keeps the batch's time
+    def renamed(op_id: str) -> str:
+        return op_id + "'" if op_id == "L0/f" else op_id
+
+    graph = micro.graph
+    renamed_micro = replace(micro, graph=replace(
+        graph,
+        ops=tuple(replace(op, id=renamed(op.id)) for op in graph.ops),
+        edges=tuple(replace(e, src=renamed(e.src), dst=renamed(e.dst)) for e in graph.edges),
+    ))  # fmt: skip
+    kept = microbatch_costed(whole, renamed_micro, 4)
+    assert kept.op_compute_time_s[0][0] == whole.op_compute_time_s[0][0]
+    assert kept.op_compute_time_s[0][1] == pytest.approx(4 * micro.op_compute_time_s[0][1])
+    other = chain_at(4, full_batch=16, topology=uniform_topology(3, FAST_LINK), **CHAIN)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="3 devices, the replica's on 2"):
+        microbatch_costed(whole, other, 4)
+
+
+def test_the_search_prices_every_pipeline_at_its_micro_batch() -> None:
+    topo = uniform_topology(2, FAST_LINK)
+    inner = chain_costs(16, topology=topo, **CHAIN)
+    asked: list[int] = []
+
+    def costed_at(batch: int) -> CostedGraph:
+        asked.append(batch)
+        return _with_overhead(inner(batch), 0.05)
+
+    found = search_strategies(costed_at, 16, StrategyOptions(refine=False))
+    assert sorted(set(asked), reverse=True) == list(search_batches(2, 16)) == [16, 8, 4, 2]
+    pipelines = [c for c in found.candidates if c.strategy.num_microbatches > 1]
+    assert pipelines
+    for c in pipelines:
+        m = c.strategy.num_microbatches
+        priced = microbatch_costed(costed_at(16), costed_at(16 // m), m)
+        assert c.step_time_s == pytest.approx(simulate_strategy(priced, c.strategy).step_time_s)
+        linear = simulate_strategy(costed_at(16), c.strategy).step_time_s
+        assert c.step_time_s > linear  # the fixed cost is paid per micro-batch
+
+
+def test_replicas_of_a_plain_split_are_not_scored_the_rewrite_cannot_run_them() -> None:
+    topo = uniform_topology(4, FAST_LINK)
+    found = search_strategies(chain_costs(32, topology=topo, **CHAIN), 32, StrategyOptions())
+    hybrids = [c.strategy for c in found.candidates if c.strategy.family is Family.HYBRID]
+    assert hybrids and all(s.num_microbatches > 1 for s in hybrids)
+
+
+def test_strategies_placed_elsewhere_are_scored_beside_the_search() -> None:
+    topo = uniform_topology(2, FAST_LINK)
+    costed_at = chain_costs(16, topology=topo, **CHAIN)
+    odd = Strategy(((0, 1),), (0, 1, 1, 1), 2, Schedule.GPIPE)
+    found = search_strategies(
+        costed_at, 16, StrategyOptions(schedules=(Schedule.ONE_F_ONE_B,), also_score=((odd, "mine"),))
+    )
+    mine = [c for c in found.candidates if c.placement == "mine"]
+    assert [c.strategy for c in mine] == [odd]
+    single_only = StrategyOptions(families=(Family.SINGLE,), also_score=((odd, "mine"),))
+    assert all(c.placement != "mine" for c in search_strategies(costed_at, 16, single_only).candidates)
