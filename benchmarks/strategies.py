@@ -350,6 +350,74 @@ def format_table(rows: Sequence[StrategyRow], header: Sequence[str] = ()) -> str
     return "\n".join(lines)
 
 
+# -- the README's row, from the JSON -------------------------------------------------------------
+
+README_ROW_START = "| every strategy family on two single-core loopback workers"
+"""How the README's "Measured" row of this benchmark starts (:func:`readme_row` writes it)."""
+
+_FAMILY_WORDS = {"single": "one process", "data_parallel": "data parallel"}
+
+
+def _error_range(rows: Sequence[StrategyRow]) -> str:
+    errors = [e for r in rows if (e := r.error) is not None]
+    if not errors:
+        return "not measured"
+    low, high = min(errors), max(errors)
+    return _pct(low) if low == high else f"{_pct(low)} to {_pct(high)}"
+
+
+def row_of_record(rec: Mapping[str, Any]) -> StrategyRow:
+    """A row back from its JSON record (:func:`records`)."""
+    return StrategyRow(
+        model=rec["model"], key=rec["key"], strategy=rec["strategy"], label=rec["label"],
+        predicted=Prediction(**rec["predicted_terms_s"]), measured_step_s=rec["measured_step_s"],
+        num_microbatches=rec["num_microbatches"], schedule=rec["schedule"], chosen=rec["chosen"],
+    )  # fmt: skip
+
+
+def readme_row(doc: Mapping[str, Any]) -> str:
+    """The README's "Measured" row of this benchmark, from its JSON (``--json``): the winners
+    and auto's place per model (:func:`verdict`), and the prediction errors per family."""
+    rows = [row_of_record(rec) for rec in doc["records"]]
+    by_model: dict[str, list[StrategyRow]] = {}
+    for r in rows:
+        by_model.setdefault(r.model.split(" ")[0], []).append(r)
+    verdicts = {name: verdict(model_rows) for name, model_rows in by_model.items()}
+    agree = [name for name, v in verdicts.items() if v.winners_agree]
+    autos = {n: v for n, v in verdicts.items() if v.auto_over_best is not None}
+    auto_ok = sum(v.auto_over_best is not None and v.auto_over_best <= AUTO_TARGET for v in autos.values())
+    auto_words = ", ".join(
+        f"{n} {v.auto_over_best:.2f}x ({(v.auto_label or '').removeprefix('auto: ')})"
+        for n, v in autos.items()
+    )
+    errors = [e for r in rows if (e := r.error) is not None]
+    within = sum(abs(e) <= ERROR_TARGET for e in errors)
+    families = "; ".join(
+        f"{_FAMILY_WORDS.get(f, f)} {_error_range([r for r in rows if r.strategy == f])}"
+        for f in dict.fromkeys(r.strategy for r in rows)
+    )
+    wall = doc.get("wall_time_s")
+    command = "`python -m benchmarks.strategies --json benchmarks/results/strategies.json`" + (
+        f" ({wall / 60:.1f} min)" if wall else ""
+    )
+    result = (
+        f"predicted winner = measured winner on {len(agree)} of {len(verdicts)}"
+        f"{' (' + ', '.join(agree) + ')' if agree else ''}; `auto`'s measured step within "
+        f"{AUTO_TARGET}x of the best measured row on {auto_ok} of {len(autos)}: {auto_words}; "
+        f"errors (predicted vs measured): {families}; {within} of {len(errors)} rows within "
+        f"{ERROR_TARGET:.0%}"
+    )
+    return f"| {README_ROW_WHAT} | {command} | {result} |"
+
+
+README_ROW_WHAT = (
+    "every strategy family on two single-core loopback workers (issue 16): one process, data "
+    "parallel (`MultiWorkerMirroredStrategy`), placed, GPipe / 1F1B and `auto`'s choice, "
+    "predicted (op times profiled inside the step with a whole-step calibration, a pipeline "
+    "priced at its micro-batch, the all-reduce from a measured MWMS fit) beside measured"
+)
+
+
 # -- the calibration process: plan, profile, search and predict on one pinned core ---------------
 
 
@@ -986,9 +1054,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ports = [int(p) for p in args.ports.split(",")]
         _dp_worker(SPECS[keys[0]], args.index, ports, args.core, args)
         return 0
+    t0 = time.perf_counter()
     result = run(
         [SPECS[k] for k in keys], steps=args.steps, warmup=args.warmup, say=sys.stderr.write
     )
+    wall_time_s = time.perf_counter() - t0
     text = "\n\n".join(
         format_table(rows, header(spec, scal, args.steps, args.warmup))
         for spec, scal, rows in result.models
@@ -1005,6 +1075,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for spec, scal, _ in result.models
             },
             "records": out,
+            "wall_time_s": wall_time_s,
         }
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     sys.stdout.flush()

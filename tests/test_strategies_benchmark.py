@@ -229,3 +229,17 @@ def test_step_calibration_spreads_the_unexplained_time_over_profiled_ops() -> No
     assert factor == pytest.approx(2.0)  # 2.5 ms not profiled + 2 x 4 ms = 10.5 ms
     assert st.step_calibration(costed, times, 2e-3) == 1.0  # the rest already exceeds the step
     assert st.step_calibration(costed, {}, 10e-3) == 1.0
+
+
+def test_the_readme_row_is_the_json_s_verdicts() -> None:
+    rows = four_rows(auto="1f1b")
+    doc = {"records": st.records(rows), "wall_time_s": 90.0}
+    assert [st.row_of_record(r) for r in doc["records"]] == [
+        st.StrategyRow(**{**r.__dict__, "samples_s": (), "cpu_share": ()}) for r in rows
+    ]
+    line = st.readme_row(doc)
+    assert line.startswith(st.README_ROW_START) and "(1.5 min)" in line
+    # data parallel wins by prediction (0.60) and by measurement (0.62)
+    assert "predicted winner = measured winner on 1 of 1 (m)" in line
+    assert "within 1.05x of the best measured row on 0 of 1: m 1.06x (1f1b)" in line
+    assert "data parallel -3.2%; placed -4.5%; pipeline +6.1%; 4 of 4 rows within 15%" in line
