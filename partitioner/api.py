@@ -67,7 +67,7 @@ from partitioner.simulation.evaluate import (
 from partitioner.simulation.step import simulate_step
 from partitioner.simulation.strategy import microbatch_costed
 from partitioner.solvers import Solver, fast_solver_names, get_solver, solve
-from partitioner.solvers.stages import make_acyclic
+from partitioner.solvers.stages import acyclic_on_devices
 
 if TYPE_CHECKING:
     from passes.trace import TraceResult
@@ -596,12 +596,12 @@ class _Pipelining:
 
     def staged(self, result: SolverResult) -> _Evaluated:
         """``result`` with its stages reordered into a pipeline, and its pipelined step."""
-        assignment = make_acyclic(result.assignment, self.problem)
+        assignment = acyclic_on_devices(result.assignment, self.problem)
         if assignment != result.assignment:
             result = replace(
                 result,
                 assignment=assignment,
-                notes=(*result.notes, "stages reordered into a pipeline (make_acyclic)"),
+                notes=(*result.notes, "stages reordered into a pipeline (acyclic_on_devices)"),
             )
         return result, evaluate_pipeline(
             self.costed,
@@ -880,7 +880,7 @@ def _baselines(
         try:
             result, ev = solve(target, baseline)
             if schedule is not None and name != "single":
-                staged = make_acyclic(result.assignment, target.problem())
+                staged = acyclic_on_devices(result.assignment, target.problem())
                 ev = evaluate_pipeline(
                     target, staged, schedule=schedule, num_microbatches=prepared.num_microbatches
                 )

@@ -115,6 +115,18 @@ def test_topology_file_gives_the_faster_device_more_work() -> None:
     assert "h100" in plan.link and "v100" in plan.link
     on = [len([n for n in d.layers if n.startswith("dense_")]) for d in plan.per_device]
     assert on[0] > on[1] >= 1, on
+    # the pipeline starts on the device the solver gave the first layer, whichever index it has
+    assert plan.pipeline is not None
+    assert plan.pipeline.stage_devices[0] == plan.assignment["dense_0"]
+    placed = plan.apply(model, devices=CPUS)
+    reference = keras.models.clone_model(model)
+    reference.set_weights(model.get_weights())
+    x = np.random.default_rng(0).normal(size=(256, 2048)).astype("float32")
+    for m in (placed, reference):
+        m.compile(optimizer="sgd", loss="mse")
+        m.train_on_batch(x, np.zeros((256, 2048), "float32"))
+    for got, want in zip(placed.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_plan_for_another_model_is_refused_naming_layers(pipelined: Plan) -> None:

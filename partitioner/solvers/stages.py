@@ -27,7 +27,9 @@ reads best when every arc goes from a lower to a higher device index (device ``s
 
 Stage ``s`` runs on device ``s``; with devices of different types or memories the relabelling
 changes which device a layer runs on, and no step checks memory -- callers that need it check
-(:func:`~partitioner.solvers.base.check_memory`). Cost ``O(L + E + D log D)``.
+(:func:`~partitioner.solvers.base.check_memory`). :func:`acyclic_on_devices` keeps the devices
+instead: stage ``s`` on the device step 1 relabelled ``s`` (a solver that gave the heavier first
+layers to the faster device keeps that choice). Cost ``O(L + E + D log D)``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import networkx as nx
 from partitioner.core.ir import PartitionProblem
 from partitioner.solvers.base import checked_assignment
 
-__all__ = ["is_acyclic_stages", "make_acyclic", "stage_graph"]
+__all__ = ["acyclic_on_devices", "is_acyclic_stages", "make_acyclic", "stage_graph"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,3 +121,11 @@ def make_acyclic(assignment: Sequence[int], problem: PartitionProblem) -> tuple[
             stage[k] = new
             prev = new
     return tuple(stage)
+
+
+def acyclic_on_devices(assignment: Sequence[int], problem: PartitionProblem) -> tuple[int, ...]:
+    """:func:`make_acyclic`'s stages, each on the device step 1 relabelled to it (not on the
+    device of the stage's index): the same pipeline, on the devices the assignment chose."""
+    label = _relabel(checked_assignment(assignment, problem), problem)
+    device_of_stage = {stage: device for device, stage in enumerate(label)}
+    return tuple(device_of_stage[s] for s in make_acyclic(assignment, problem))

@@ -8,7 +8,12 @@ from hypothesis import strategies as st
 
 from partitioner.core.errors import SolverError
 from partitioner.core.ir import Device, Link, PartitionProblem, Topology
-from partitioner.solvers.stages import is_acyclic_stages, make_acyclic, stage_graph
+from partitioner.solvers.stages import (
+    acyclic_on_devices,
+    is_acyclic_stages,
+    make_acyclic,
+    stage_graph,
+)
 
 LINK = Link("nvlink", latency_s=1e-5, bandwidth_bytes_per_s=1e11)
 
@@ -33,6 +38,15 @@ def test_acyclic_placement_is_only_renumbered() -> None:
     # Devices used in reverse order: relabelled, nothing moves between devices' groups.
     assert make_acyclic((1, 1, 0, 0), chain) == (0, 0, 1, 1)
     assert is_acyclic_stages((1, 1, 0, 0), chain)
+
+
+def test_acyclic_on_devices_keeps_the_devices_the_assignment_chose() -> None:
+    chain = make(4, 2, [(0, 1), (1, 2), (2, 3)])
+    # the first two layers on device 1: the same pipeline, still starting on device 1
+    assert acyclic_on_devices((1, 1, 0, 0), chain) == (1, 1, 0, 0)
+    assert acyclic_on_devices((0, 1, 0, 1), chain) == (0, 1, 1, 1)  # repaired like make_acyclic
+    three = make(3, 3, [(0, 1), (1, 2)])
+    assert acyclic_on_devices((2, 1, 0), three) == (2, 1, 0)
 
 
 def test_cycle_is_repaired() -> None:
@@ -87,6 +101,9 @@ def test_make_acyclic_properties(case: tuple[PartitionProblem, tuple[int, ...]])
     if p.num_layers >= p.num_devices:
         assert set(out) == set(range(p.num_devices))  # no empty stage
     assert make_acyclic(out, p) == out  # idempotent
+    on_devices = acyclic_on_devices(assignment, p)  # the same stages, on a permutation of devices
+    assert len({(s, d) for s, d in zip(out, on_devices)}) == len(set(out))
+    assert is_acyclic_stages(on_devices, p)
     if is_acyclic_stages(assignment, p) and len(set(assignment)) == p.num_devices:
         # Already a DAG using every device: only a renumbering, the groups stay together.
         groups = {
