@@ -12,8 +12,8 @@ install:  ## install the package with its dev tools (the README's install comman
 test:  ## the fast test set (the default: slow TensorFlow, Chromium and cluster cases left out)
 	$(PYTHON) -m pytest -q
 
-test-all:  ## every test, as CI runs them
-	$(PYTHON) -m pytest -q --all
+test-all:  ## every test, as CI runs them (over two processes: pytest-xdist)
+	$(PYTHON) -m pytest -q --all -n 2 --dist loadgroup
 
 lint:  ## ruff
 	ruff check .

@@ -18,7 +18,23 @@ NUM_LOGICAL_DEVICES = 4
 TESTS = Path(__file__).resolve().parent
 
 
+def _share_the_cores() -> None:
+    """Under pytest-xdist (``-n N``), give each worker process its share of the cores.
+
+    TensorFlow's intra-op pool defaults to every core, so N workers would run N x cores kernel
+    threads. ``TF_NUM_INTRAOP_THREADS`` is read when TensorFlow creates its runtime, here and in
+    the subprocesses a test starts (the CLI runs inherit it; ``partition worker`` sets its own).
+    The inter-op pool is left alone: the cluster client warns when it is one thread.
+    """
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, (cores or 1) // int(workers))))
+
+
 def pytest_configure(config: object) -> None:
+    _share_the_cores()
     try:
         import tensorflow as tf
     except ImportError:  # pragma: no cover - the pure-Python suites still run
@@ -52,6 +68,28 @@ SLOW_IDS = (
 )
 
 
+# -- running in parallel (pytest-xdist) -------------------------------------------------------------
+#
+# The full set runs over two processes (`python -m pytest -q --all -n 2 --dist loadgroup`, CI).
+# Cases are handed to whichever process is free, so a module-scoped fixture would be set up once
+# in each process that runs a case of its file; these files' fixtures are expensive (a CLI or
+# cluster run, a planned and applied model), so each file stays in one process (`xdist_group`).
+ONE_PROCESS_FILES = (
+    "test_cli.py",
+    "test_kill_safety.py",
+    "test_api.py",
+    "test_api_pipeline.py",
+    "test_api_strategy.py",
+    "test_benchmarks_run.py",
+    "test_dict_inputs.py",
+    "test_html_report.py",
+    "test_pipeline_fed_inputs.py",
+    "test_plan.py",
+    "passes/test_cluster.py",
+    "cost_models/test_saved_activations.py",
+)
+
+
 def pytest_addoption(parser: Any) -> None:
     parser.addoption(
         "--all",
@@ -61,12 +99,15 @@ def pytest_addoption(parser: Any) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     slow_mark = pytest.mark.slow
     for item in items:
         node = item.nodeid.removeprefix("tests/")
         if node.startswith(SLOW_IDS):
             item.add_marker(slow_mark)
+        if node.startswith(ONE_PROCESS_FILES):
+            item.add_marker(pytest.mark.xdist_group(node.split("::", 1)[0]))
     if config.getoption("--all") or config.getoption("-m"):
         return
     kept = [item for item in items if item.get_closest_marker("slow") is None]
