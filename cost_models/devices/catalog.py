@@ -65,6 +65,8 @@ class Precision(enum.Enum):
     """The arithmetic precisions the catalog quotes peak FLOP/s for."""
 
     FP32 = "fp32"
+    TF32 = "tf32"
+    """Float32 storage, matmuls and convolutions on TF32 tensor cores (Ampere and newer)."""
     BF16 = "bf16"
     FP16 = "fp16"
 
@@ -74,6 +76,7 @@ _DTYPE_PRECISION: Mapping[str, Precision] = MappingProxyType(
         "float32": Precision.FP32,
         "fp32": Precision.FP32,
         "float": Precision.FP32,
+        "tf32": Precision.TF32,
         "bfloat16": Precision.BF16,
         "bf16": Precision.BF16,
         "float16": Precision.FP16,
@@ -103,7 +106,8 @@ class DeviceType:
     """The architecture generation (``turing``, ``ampere``, ``hopper``, ...; ``cpu``): a
     calibration fitted on one member of a family applies to the others."""
     peak_flops_per_s: Mapping[str, float] = field(compare=False)
-    """Dense peak FLOP/s by precision key (``'fp32'``, ``'bf16'``, ``'fp16'``); read-only."""
+    """Dense peak FLOP/s by precision key (``'fp32'``, ``'tf32'``, ``'bf16'``, ``'fp16'``):
+    fp32 on the CUDA cores, the others on the tensor cores; read-only."""
     memory_bandwidth_bytes_per_s: float
     memory_bytes: int
     kernel_overhead_s: float

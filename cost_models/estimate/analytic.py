@@ -35,20 +35,32 @@ from typing import Any
 
 from cost_models.devices.catalog import DeviceType, get_device_type
 from cost_models.devices.datafiles import check_schema, parse_json
+from cost_models.estimate.precision import (
+    FLOAT_DTYPES,
+    TENSOR_CORE_OPS,
+    PrecisionPolicy,
+    bytes_scale,
+    op_peak_flops,
+    op_peak_key,
+    traced_precision,
+)
 from partitioner.core.errors import CatalogError, UnknownDeviceError
 from partitioner.core.ir import Graph
 
 __all__ = [
     "CALIBRATION_SCHEMA_RESOURCE",
     "DEFAULT_ROOFLINE",
+    "FUSIBLE_OPS",
     "MATMUL_LIKE_OPS",
     "ZERO_WORK_OPS",
     "RooflineModel",
+    "RooflineTerms",
     "calibrated_roofline",
     "device_family",
     "estimate_op_times_s",
     "read_calibration",
     "roofline_from_dict",
+    "roofline_terms",
     "roofline_to_dict",
 ]
 
@@ -113,6 +125,20 @@ MATMUL_LIKE_OPS: frozenset[str] = frozenset(
 )
 """Op types that run on the dense-math units (tensor cores) and reach a good fraction of peak."""
 
+FUSIBLE_OPS: frozenset[str] = frozenset(
+    {
+        "Abs", "Add", "AddN", "AddV2", "BiasAdd", "BiasAddGrad", "BroadcastTo", "Cast",
+        "DivNoNan", "Elu", "EluGrad", "Erf", "Exp", "Fill", "LeakyRelu", "LeakyReluGrad", "Log",
+        "Max", "Maximum", "Mean", "Min", "Minimum", "Mul", "Neg", "OnesLike", "Pow", "Prod",
+        "RealDiv", "Reciprocal", "Relu", "Relu6", "Relu6Grad", "ReluGrad", "Rsqrt", "RsqrtGrad",
+        "Select", "SelectV2", "Selu", "Sigmoid", "SigmoidGrad", "Sign", "Sqrt", "Square",
+        "SquaredDifference", "Sub", "Sum", "Tanh", "TanhGrad", "Tile", "ZerosLike",
+    }
+)  # fmt: skip
+"""Elementwise ops, broadcasts and reductions that XLA (and grappler's remapper) fuse into
+their neighbours: with :attr:`RooflineModel.fused_elementwise`, tensors between them stay on
+chip (a batch norm's dozen passes over its input cost one read and one write)."""
+
 _MATMUL_EFFICIENCY = 0.6
 
 
@@ -160,6 +186,17 @@ class RooflineModel:
     """Cost per byte of a matmul operand read transposed (a CPU kernel reorders a transposed
     weight on every call: a dense layer's input gradient ``dY @ W^T``): calibrated; 0 unless
     fitted."""
+    tensor_core_efficiency: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False
+    )
+    """Fraction of peak a tensor-core op (:data:`~cost_models.estimate.precision.TENSOR_CORE_OPS`)
+    achieves by the peak it runs at (``'fp32'``, ``'tf32'``, ``'fp16'``, ``'bf16'``: TF32 kernels
+    reach a smaller fraction of their peak than FP16 ones); peaks it leaves out use
+    :meth:`compute_efficiency`. Calibrated on GPUs; empty unless fitted."""
+    fused_elementwise: bool = False
+    """Price fusion (XLA, grappler's remapper): a tensor passed between two ops of
+    :data:`FUSIBLE_OPS` in the same phase stays on chip, so it costs no memory traffic (an
+    output is written only if some consumer is not such a fused read). Off unless calibrated."""
 
     def __post_init__(self) -> None:
         for what, scale in (
@@ -191,6 +228,7 @@ class RooflineModel:
                 f"roofline kernel_overhead_s={self.kernel_overhead_s!r} must be a finite number >= 0"
             )
         checks = [
+            *((f"tensor_core_efficiency[{k!r}]", v) for k, v in self.tensor_core_efficiency.items()),
             ("default_compute_efficiency", self.default_compute_efficiency),
             ("memory_efficiency", self.memory_efficiency),
             *((f"efficiency[{k!r}]", v) for k, v in self.efficiency.items()),
@@ -216,61 +254,153 @@ DEFAULT_ROOFLINE = RooflineModel()
 """Matmul-like ops at 60% of peak, other compute at 30%, memory traffic at 70% of bandwidth."""
 
 
+def _retyping(
+    graph: Graph, precision: PrecisionPolicy | None
+) -> tuple[PrecisionPolicy, bool, float]:
+    """The policy ``graph`` is priced under (``precision``, else the one it was traced in),
+    whether its float ops change dtype, and the factor on their bytes: re-priced under another
+    policy, float ops compute in its dtype and move
+    :func:`~cost_models.estimate.precision.bytes_scale` times their traced bytes."""
+    traced = traced_precision(graph)
+    policy = traced if precision is None else precision
+    return policy, policy.compute_dtype != traced.compute_dtype, bytes_scale(traced, policy)
+
+
+class _Rates(dict[tuple[str, str], float]):
+    """Achieved FLOP/s (peak * efficiency) by ``(op type, dtype)``, computed on first use: few
+    distinct pairs in practice."""
+
+    def __init__(self, device: DeviceType, model: RooflineModel, policy: PrecisionPolicy) -> None:
+        super().__init__()
+        self._device, self._model, self._policy = device, model, policy
+
+    def __missing__(self, key: tuple[str, str]) -> float:
+        op_type, dtype = key
+        peak_key = op_peak_key(self._device, op_type, dtype, self._policy)
+        eff = self._model.compute_efficiency(op_type)
+        if op_type in TENSOR_CORE_OPS:
+            eff = self._model.tensor_core_efficiency.get(peak_key, eff)
+        rate = self._device.peak_flops_per_s[peak_key] * self._model.peak_flops_scale * eff
+        self[key] = rate
+        return rate
+
+
+def _moved_bytes(graph: Graph, fused: bool = False) -> list[int]:
+    """Bytes each op moves, by op position: its in-edges plus its output. With ``fused``
+    (:attr:`RooflineModel.fused_elementwise`), an edge between two :data:`FUSIBLE_OPS` of the
+    same phase is not read, and an output only such edges read is not written."""
+    index, ops = graph.op_index, graph.ops
+    reads = [0] * len(ops)
+    written = [not fused] * len(ops)
+    for e in graph.edges:
+        si, di = index[e.src], index[e.dst]
+        if (
+            fused
+            and ops[si].op_type in FUSIBLE_OPS
+            and ops[di].op_type in FUSIBLE_OPS
+            and ops[si].phase is ops[di].phase
+        ):
+            continue
+        reads[di] += e.bytes
+        written[si] = True
+    return [r + (op.output_bytes if w else 0) for r, w, op in zip(reads, written, ops, strict=True)]
+
+
 def estimate_op_times_s(
-    graph: Graph, device: DeviceType, model: RooflineModel | None = None
+    graph: Graph,
+    device: DeviceType,
+    model: RooflineModel | None = None,
+    precision: PrecisionPolicy | None = None,
 ) -> tuple[float, ...]:
     """Roofline time in seconds of every op of ``graph`` on ``device``, aligned with ``graph.ops``.
 
-    An op's dtype is its first output dtype (``'float32'`` when it has no outputs).
+    An op's dtype is its first output dtype (``'float32'`` when it has no outputs); its peak is
+    :func:`~cost_models.estimate.precision.op_peak_flops`. ``precision`` re-prices the graph
+    under another policy than the one it was traced in (:func:`_retyping`).
     """
     m = DEFAULT_ROOFLINE if model is None else model
-    index = graph.op_index
-    input_bytes = [0] * len(graph.ops)
-    for e in graph.edges:
-        input_bytes[index[e.dst]] += e.bytes
-
-    default_overhead_s = (
-        device.kernel_overhead_s if m.kernel_overhead_s is None else m.kernel_overhead_s
-    )
+    policy, retype, scale = _retyping(graph, precision)
+    moved_bytes = _moved_bytes(graph, m.fused_elementwise)
+    default_overhead_s = m.kernel_overhead_s
+    if default_overhead_s is None:
+        default_overhead_s = device.kernel_overhead_s
     overheads = m.overhead_s
     dispatch_s = m.dispatch_overhead_s
-    spill_bytes, spill_s_per_byte = m.spill_threshold_bytes, m.spill_s_per_byte
-    transpose_s_per_byte = m.transpose_s_per_byte
+    spill_bytes, spill_s_per_byte, transpose_s_per_byte = (
+        m.spill_threshold_bytes, m.spill_s_per_byte, m.transpose_s_per_byte
+    )  # fmt: skip
     bandwidth = device.memory_bandwidth_bytes_per_s * m.memory_bandwidth_scale
     inv_bandwidth = 1.0 / (bandwidth * m.memory_efficiency)
     by_type = m.memory_efficiency_by_type
-    # Peak FLOP/s * efficiency, memoised per (op type, dtype): few distinct pairs in practice.
-    rate_cache: dict[tuple[str, str], float] = {}
+    rates = _Rates(device, m, policy)
     times: list[float] = []
-    append = times.append
-    for op, in_bytes in zip(graph.ops, input_bytes, strict=True):
+    append = times.append  # (a hot loop: one bound method, no helper calls per op)
+    for op, moved in zip(graph.ops, moved_bytes, strict=True):
         op_type = op.op_type
         if op_type in ZERO_WORK_OPS:
             append(dispatch_s)
             continue
-        moved = in_bytes + op.output_bytes
+        dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
+        if retype and dtype in FLOAT_DTYPES:
+            dtype = policy.compute_dtype
+            moved = int(moved * scale)
         if by_type and op_type in by_type:
             memory_s = moved / (bandwidth * by_type[op_type])
         else:
             memory_s = moved * inv_bandwidth
-        overhead_s = overheads.get(op_type, default_overhead_s) if overheads else default_overhead_s
-        overhead_s += dispatch_s
+        overhead_s = dispatch_s + (
+            overheads.get(op_type, default_overhead_s) if overheads else default_overhead_s
+        )
         if spill_s_per_byte and moved > spill_bytes:
             overhead_s += (moved - spill_bytes) * spill_s_per_byte
         if transpose_s_per_byte and op.transposed_bytes:
             overhead_s += op.transposed_bytes * transpose_s_per_byte
         if op.flops:
-            dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
-            key = (op_type, dtype)
-            rate = rate_cache.get(key)
-            if rate is None:
-                rate = device.peak_flops(dtype) * m.peak_flops_scale * m.compute_efficiency(op_type)
-                rate_cache[key] = rate
-            compute_s = op.flops / rate
+            compute_s = op.flops / rates[(op_type, dtype)]
             append(overhead_s + (compute_s if compute_s > memory_s else memory_s))
         else:
             append(overhead_s + memory_s)
     return tuple(times)
+
+
+@dataclass(frozen=True)
+class RooflineTerms:
+    """The roofline's two terms of every op that does work, at full peak (efficiency 1): what a
+    fit of the efficiencies scales (:mod:`benchmarks.gpu_fidelity`)."""
+
+    op_types: tuple[str, ...]
+    peak_keys: tuple[str, ...]
+    """The catalog peak each op runs at (:func:`~cost_models.estimate.precision.op_peak_key`)."""
+    compute_s: tuple[float, ...]
+    """FLOPs over the op's dense peak (:func:`~cost_models.estimate.precision.op_peak_flops`)."""
+    memory_s: tuple[float, ...]
+    """Bytes moved over the catalog's memory bandwidth."""
+
+
+def roofline_terms(
+    graph: Graph,
+    device: DeviceType,
+    precision: PrecisionPolicy | None = None,
+    fused_elementwise: bool = False,
+) -> RooflineTerms:
+    """The compute and memory terms of the ops of ``graph`` that do work (not
+    :data:`ZERO_WORK_OPS`) on ``device``, priced as :func:`estimate_op_times_s` prices them."""
+    policy, retype, scale = _retyping(graph, precision)
+    types: list[str] = []
+    peak_keys: list[str] = []
+    compute: list[float] = []
+    memory: list[float] = []
+    for op, moved in zip(graph.ops, _moved_bytes(graph, fused_elementwise), strict=True):
+        if op.op_type in ZERO_WORK_OPS:
+            continue
+        dtype = op.output_dtypes[0] if op.output_dtypes else "float32"
+        if retype and dtype in FLOAT_DTYPES:
+            dtype, moved = policy.compute_dtype, int(moved * scale)
+        types.append(op.op_type)
+        peak_keys.append(op_peak_key(device, op.op_type, dtype, policy))
+        compute.append(op.flops / op_peak_flops(device, op.op_type, dtype, policy))
+        memory.append(moved / device.memory_bandwidth_bytes_per_s)
+    return RooflineTerms(tuple(types), tuple(peak_keys), tuple(compute), tuple(memory))
 
 
 def device_family(device_type: str) -> str:
@@ -298,6 +428,8 @@ def roofline_to_dict(model: RooflineModel) -> dict[str, Any]:
         "spill_threshold_bytes": model.spill_threshold_bytes,
         "spill_s_per_byte": model.spill_s_per_byte,
         "transpose_s_per_byte": model.transpose_s_per_byte,
+        "tensor_core_efficiency": dict(sorted(model.tensor_core_efficiency.items())),
+        "fused_elementwise": model.fused_elementwise,
     }
 
 
@@ -325,6 +457,8 @@ def _roofline(raw: Mapping[str, Any]) -> RooflineModel:
         spill_threshold_bytes=int(raw.get("spill_threshold_bytes", 1 << 18)),
         spill_s_per_byte=float(raw.get("spill_s_per_byte", 0.0)),
         transpose_s_per_byte=float(raw.get("transpose_s_per_byte", 0.0)),
+        tensor_core_efficiency=_numbers(raw, "tensor_core_efficiency"),
+        fused_elementwise=bool(raw.get("fused_elementwise", False)),
     )
 
 

@@ -22,6 +22,7 @@ from cost_models.devices.communication import resolve_link
 from cost_models.devices.topology import check_memory_limit
 from cost_models.estimate.analytic import RooflineModel, calibrated_roofline, estimate_op_times_s
 from cost_models.estimate.memory import Optimizer, layer_memory, parse_optimizer
+from cost_models.estimate.precision import PrecisionPolicy, parse_precision
 from partitioner.core.errors import CatalogError
 from partitioner.core.ir import CostedGraph, Device, Graph, Topology
 
@@ -58,6 +59,7 @@ def cost_graph(
     optimizer: Optimizer | str = Optimizer.ADAM,
     memory_limit_bytes: int | None = None,
     roofline: RooflineModel | Mapping[str, RooflineModel] | None = None,
+    precision: PrecisionPolicy | str | None = None,
 ) -> CostedGraph:
     """Cost ``graph`` on ``topology``, or on ``num_devices`` identical ``device_type`` devices
     joined by ``link`` (default ``pcie``).
@@ -70,22 +72,28 @@ def cost_graph(
     ``roofline`` is one :class:`~cost_models.estimate.analytic.RooflineModel` for every device, or a
     mapping from device type (catalog name or alias) to the model of that type -- e.g. each
     type's calibrated model -- where types it leaves out use the default roofline.
+
+    ``precision`` (a :class:`~cost_models.estimate.precision.PrecisionPolicy` or its name:
+    ``fp32``, ``tf32``, ``mixed_float16``, ``mixed_bfloat16``) prices the graph as trained under
+    that policy; ``None`` keeps the one it was traced in (float32 traces as ``tf32``,
+    TensorFlow's default on GPUs with TF32 tensor cores).
     """
     start = time.perf_counter()
     check_memory_limit(memory_limit_bytes)
     opt = parse_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
+    policy = None if precision is None else parse_precision(precision)
     if topology is None:
         topo = _uniform_topology(
             device_type, num_devices, "pcie" if link is None else link, memory_limit_bytes
         )
     else:
         topo = _given_topology(topology, device_type, num_devices, link, memory_limit_bytes)
-    rows = _op_time_rows(graph, topo, roofline)
+    rows = _op_time_rows(graph, topo, roofline, policy)
     costed = CostedGraph(
         graph=graph,
         topology=topo,
         op_compute_time_s=tuple(rows[d.device_type] for d in topo.devices),
-        layer_memory=layer_memory(graph, opt),
+        layer_memory=layer_memory(graph, opt, policy),
     )
     logger.debug(
         "costed graph %r (%d ops, %d layers) on %d devices (%s) over %s in %.3f s",
@@ -144,7 +152,10 @@ def _per_type_rooflines(roofline: Mapping[str, RooflineModel]) -> dict[str, Roof
 
 
 def _op_time_rows(
-    graph: Graph, topo: Topology, roofline: RooflineModel | Mapping[str, RooflineModel] | None
+    graph: Graph,
+    topo: Topology,
+    roofline: RooflineModel | Mapping[str, RooflineModel] | None,
+    policy: PrecisionPolicy | None = None,
 ) -> dict[str, tuple[float, ...]]:
     """The roofline op times of ``graph`` per device type of ``topo`` (each computed once)."""
     per_type = _per_type_rooflines(roofline) if isinstance(roofline, Mapping) else {}
@@ -157,5 +168,5 @@ def _op_time_rows(
                 # The packaged calibration of the type's family where one exists (cpu: fitted
                 # on the reference machine), else the catalog's plain roofline.
                 chosen = calibrated_roofline(dtype.name)
-            rows[d.device_type] = estimate_op_times_s(graph, dtype, chosen)
+            rows[d.device_type] = estimate_op_times_s(graph, dtype, chosen, policy)
     return rows

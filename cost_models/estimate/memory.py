@@ -1,4 +1,33 @@
-"""Training memory per layer: weights, gradients, optimizer slots and saved activations."""
+"""Training memory per layer: weights, gradients, optimizer slots and saved activations.
+
+**Which tensors the backward keeps.** TensorFlow keeps a forward tensor alive until the last
+backward op that reads it has run, and each op's gradient function decides what it reads; the
+trace records those reads as forward -> backward edges, and
+:attr:`partitioner.core.ir.LayerNode.activation_bytes` counts every such tensor once, in the
+layer that produced it, however many backward ops read it (a ReLU's output read by its
+``ReluGrad`` and by the next matmul's weight gradient is one tensor). Per op class:
+
+==============================  ============================================================
+op class                        kept for the backward
+==============================  ============================================================
+ReLU, sigmoid, tanh, softmax    its output (the gradient is a function of ``y``)
+convolution, matmul             its input (weight gradient) and its weights (input gradient;
+                                weights are parameters, not activations)
+batch norm (Keras 3, unfused)   its input and the batch statistics (per channel, small)
+max pooling                     its input and its output (``MaxPoolGrad`` reads both)
+bias add, add, reshape          nothing (their gradients do not read the forward tensors)
+dropout                         its mask
+==============================  ============================================================
+
+**Transients.** The partial gradients a layer's backward adds up (a batch norm's input gets
+three, one per use of ``x``; an unrolled RNN's weight one per step) are alive only while that
+layer's backward runs: a device's peak is its layers' resident bytes plus the *largest*
+transient among them (:func:`peak_memory_bytes`, :func:`partitioner.core.ir.peak_bytes`), never
+their sum.
+
+**Precision.** Under mixed precision activations and transients are 16-bit; weights, their
+gradients and optimizer slots stay float32 (:mod:`cost_models.estimate.precision`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +36,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from cost_models.estimate.precision import PrecisionPolicy, bytes_scale, traced_precision
 from partitioner.core.errors import PartitionError
 from partitioner.core.ir import Graph, LayerMemory
 
@@ -53,24 +83,34 @@ def parse_optimizer(name: str) -> Optimizer:
     raise PartitionError(f"unknown optimizer {name!r}; known: {known}")
 
 
-def layer_memory(graph: Graph, optimizer: Optimizer = Optimizer.ADAM) -> tuple[LayerMemory, ...]:
+def layer_memory(
+    graph: Graph,
+    optimizer: Optimizer = Optimizer.ADAM,
+    precision: PrecisionPolicy | None = None,
+) -> tuple[LayerMemory, ...]:
     """Training memory of every layer of ``graph``, in ``graph.layers`` order.
 
     Weights count in full (trainable or not); gradients and ``optimizer.slots_per_param`` state
     slots count the trainable weights only; activations are the forward outputs the backward pass
     reads (:attr:`partitioner.core.ir.LayerNode.activation_bytes`); the transient is the partial
     gradients the layer's backward adds up (:attr:`partitioner.core.ir.LayerNode.gradient_partial_bytes`).
+
+    ``precision``, when it differs from the policy the graph was traced in, rescales the
+    activations and transients (:func:`~cost_models.estimate.precision.bytes_scale`: 2 bytes per
+    element under mixed precision, 4 otherwise); weights, gradients and optimizer slots stay
+    float32 under every policy (mixed precision keeps float32 master weights).
     """
     slots = optimizer.slots_per_param
     nodes = graph.layer_graph.nodes
+    scale = 1.0 if precision is None else bytes_scale(traced_precision(graph), precision)
     return tuple(
         LayerMemory(
             layer=info.name,
             param_bytes=info.param_bytes,
             gradient_bytes=info.trainable_param_bytes,
             optimizer_bytes=slots * info.trainable_param_bytes,
-            activation_bytes=node.activation_bytes,
-            transient_bytes=node.gradient_partial_bytes,
+            activation_bytes=round(node.activation_bytes * scale),
+            transient_bytes=round(node.gradient_partial_bytes * scale),
         )
         for info, node in zip(graph.layers, nodes, strict=True)
     )

@@ -15,6 +15,7 @@ from cost_models.estimate.analytic import (
     RooflineModel,
     estimate_op_times_s,
 )
+from cost_models.estimate.precision import op_peak_flops, traced_precision
 from partitioner.core.errors import CatalogError
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
 
@@ -32,9 +33,14 @@ def test_compute_bound_time_scales_with_peak() -> None:
         g = big_matmul(dtype)
         t_v = estimate_op_times_s(g, v100)[-1] - v100.kernel_overhead_s
         t_h = estimate_op_times_s(g, h100)[-1] - h100.kernel_overhead_s
-        assert t_v / t_h == pytest.approx(h100.peak_flops(dtype) / v100.peak_flops(dtype))
+        # A float32 matmul runs on TF32 tensor cores (TensorFlow's default), 16-bit ones on the
+        # tensor cores of their format.
+        policy = traced_precision(g)
+        peak_v = op_peak_flops(v100, "MatMul", dtype, policy)
+        peak_h = op_peak_flops(h100, "MatMul", dtype, policy)
+        assert t_v / t_h == pytest.approx(peak_h / peak_v)
         flops = g.ops[-1].flops
-        expected = flops / (h100.peak_flops(dtype) * DEFAULT_ROOFLINE.compute_efficiency("MatMul"))
+        expected = flops / (peak_h * DEFAULT_ROOFLINE.compute_efficiency("MatMul"))
         assert t_h == pytest.approx(expected)
 
 

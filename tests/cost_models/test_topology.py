@@ -18,6 +18,7 @@ from cost_models.devices.topology import (
 )
 from cost_models.estimate.analytic import DEFAULT_ROOFLINE, RooflineModel, estimate_op_times_s
 from cost_models.estimate.costs import cost_graph
+from cost_models.estimate.precision import op_peak_flops, traced_precision
 from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError, UsageError
 from partitioner.core.ir import Device, Edge, Graph, LayerInfo, Link, Phase, Topology
 
@@ -338,7 +339,10 @@ def test_v100_vs_h100_times_follow_the_catalog(dtype: str) -> None:
     # The matmul layer is compute-bound on both: its time less the kernel launches scales with
     # the peak FLOP/s of the precision; the Relu layer is memory-bound: with the bandwidth.
     ops_per_layer = 2
-    flop_ratio = h100.peak_flops(dtype) / v100.peak_flops(dtype)
+    # float32 matmuls run on TF32 tensor cores where the device has them (TensorFlow's default)
+    policy = traced_precision(g)
+    peak_v = op_peak_flops(v100, "MatMul", dtype, policy)
+    flop_ratio = op_peak_flops(h100, "MatMul", dtype, policy) / peak_v
     dense_v = slow[0] - ops_per_layer * v100.kernel_overhead_s
     dense_h = fast[0] - ops_per_layer * h100.kernel_overhead_s
     assert dense_v / dense_h == pytest.approx(flop_ratio, rel=1e-9)
@@ -348,7 +352,7 @@ def test_v100_vs_h100_times_follow_the_catalog(dtype: str) -> None:
     assert act_v / act_h == pytest.approx(bw_ratio, rel=1e-9)
     # and the matmul time is the roofline's compute term, from the catalog's figure
     expected = (
-        2 * (2 * 4096**3) / (v100.peak_flops(dtype) * DEFAULT_ROOFLINE.compute_efficiency("MatMul"))
+        2 * (2 * 4096**3) / (peak_v * DEFAULT_ROOFLINE.compute_efficiency("MatMul"))
     )
     assert dense_v == pytest.approx(expected, rel=1e-9)
 
