@@ -670,7 +670,8 @@ class CostedGraph:
         return PartitionProblem(
             layers=tuple(n.name for n in lg.nodes),
             compute_time_s=self.layer_compute_time_s,
-            memory_bytes=tuple(m.footprint_bytes for m in self.layer_memory),
+            memory_bytes=tuple(m.total_bytes for m in self.layer_memory),
+            transient_bytes=tuple(m.transient_bytes for m in self.layer_memory),
             edges=tuple((lg.index[e.src], lg.index[e.dst], e.total_bytes) for e in lg.edges),
             topology=self.topology,
         )
@@ -681,7 +682,11 @@ class PartitionProblem:
     """What a solver sees: layers in order, per-device times, memory, traffic, devices.
 
     ``compute_time_s[d][k]`` is layer ``k``'s forward+backward time on device ``d``;
-    ``edges`` are ``(src, dst, bytes)`` with ``src < dst`` (layer order).
+    ``edges`` are ``(src, dst, bytes)`` with ``src < dst`` (layer order). ``memory_bytes`` is
+    each layer's resident bytes and ``transient_bytes`` what it adds only while its backward
+    runs: a device's peak is the sum of its layers' resident bytes plus the largest of their
+    transients (:func:`peak_bytes`), not the sum of both (that counted every batch norm's
+    partial input gradients at once: ResNet-50 at batch 256 needed 61 GiB, not 23).
     """
 
     layers: tuple[str, ...]
@@ -691,6 +696,8 @@ class PartitionProblem:
     topology: Topology
     colocate: tuple[tuple[int, ...], ...] = ()
     """Groups of layers (by index) that must share a device."""
+    transient_bytes: tuple[int, ...] = ()
+    """Per layer, bytes alive only during its backward (empty: none)."""
 
     def __post_init__(self) -> None:
         n = len(self.layers)
@@ -701,6 +708,8 @@ class PartitionProblem:
                 )
         if n == 0:
             raise InvalidGraphError("a partition problem needs at least one layer")
+        if self.transient_bytes and len(self.transient_bytes) != n:
+            raise InvalidGraphError("transient_bytes must have one entry per layer (or none)")
         if len(self.memory_bytes) != n or any(len(r) != n for r in self.compute_time_s):
             raise InvalidGraphError(
                 "compute_time_s rows and memory_bytes must have one entry per layer"

@@ -122,11 +122,15 @@ def max_load_s(assignment: Sequence[int], problem: PartitionProblem) -> float:
 
 
 def device_memory_bytes(assignment: Sequence[int], problem: PartitionProblem) -> list[int]:
-    """Bytes of memory used on each device under ``assignment``."""
+    """Peak bytes of memory on each device under ``assignment``: its layers' resident bytes
+    plus the largest transient among them (one layer's backward runs at a time)."""
     used = [0] * problem.num_devices
+    transient = [0] * problem.num_devices
     for k, d in enumerate(assignment):
         used[d] += problem.memory_bytes[k]
-    return used
+        if problem.transient_bytes:
+            transient[d] = max(transient[d], problem.transient_bytes[k])
+    return [u + t for u, t in zip(used, transient, strict=True)]
 
 
 def memory_infeasible_message(
