@@ -22,6 +22,7 @@ from cost_models.devices.catalog import DeviceKind, get_device_type
 from cost_models.devices.topology import load_topology, topology_summary
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, parse_optimizer
+from cost_models.estimate.precision import parse_precision, traced_precision
 from partitioner.core.errors import PartitionError, PlanError, RewriteError, UsageError
 from partitioner.core.ir import (
     CostedGraph,
@@ -158,6 +159,8 @@ def prepare(
     )
     if measure.profile_ops:
         _cpu_rows(topology)  # fail before the slow work
+    if target.precision is not None:
+        parse_precision(target.precision)  # fail before the slow work
     return prepared
 
 
@@ -191,6 +194,7 @@ def partition(
     optimizer: str = "adam",
     input_shape: Sequence[int] | dict[str, Any] | None = None,
     memory_limit_bytes: int | None = None,
+    precision: str | None = None,
     seed: int = 0,
     time_limit_s: float = 5.0,
     pipeline: bool = False,
@@ -223,7 +227,7 @@ def partition(
     target = _options(
         TargetOptions, target, "target", gpus=gpus, device_type=device_type, topology=topology,
         batch_size=batch_size, input_shape=input_shape,
-        optimizer=optimizer, memory_limit_bytes=memory_limit_bytes,
+        optimizer=optimizer, memory_limit_bytes=memory_limit_bytes, precision=precision,
     )  # fmt: skip
     # Without pipelining, one micro-batch is the whole batch and the schedule is unused.
     search = _options(
@@ -504,8 +508,16 @@ def _cost(
     """The costed graph and notes on where its times come from: estimated, then replaced by
     measured layer times (``profile``) and op times (``profile_ops``) when asked."""
     say("costing")
+    given = prepared.target.precision
+    policy = (
+        traced_precision(traced.graph, traced.tf32_enabled)
+        if given is None
+        else parse_precision(given)
+    )
     with _timed(phases, "cost"):
-        costed = cost_graph(traced.graph, topology=prepared.topology, optimizer=prepared.optimizer)
+        costed = cost_graph(
+            traced.graph, topology=prepared.topology, optimizer=prepared.optimizer, precision=policy
+        )
     notes: tuple[str, ...] = (ESTIMATED_NOTE,)
     measure = prepared.measure
     if measure.profile:
@@ -517,7 +529,8 @@ def _cost(
         with _timed(phases, "profile ops"):
             costed, op_notes = _profile_ops(traced, costed, say=say)
         notes = (*notes, *op_notes) if measure.profile else op_notes
-    return costed, notes
+    origin = "the model's dtype policy" if given is None else f"precision={given!r}"
+    return costed, (*notes, f"priced at precision {policy.value} ({origin})")
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,12 @@ class TraceResult:
     """The traced step as a ``tf.types.experimental.ConcreteFunction`` (inputs: the traced specs;
     outputs: the loss and the gradients), so a profiler can run exactly the graph that was traced
     and match its ops by name."""
+    tf32_enabled: bool = True
+    """TensorFlow's TF32 setting when the step was traced
+    (``tf.config.experimental.tensor_float_32_execution_enabled()``): float32 matmuls and
+    convolutions run on TF32 tensor cores where the GPU has them. The model's Keras dtype policy
+    needs no field: the traced ops carry its dtypes
+    (:func:`cost_models.estimate.precision.traced_precision`)."""
     input_bounds: tuple[int | None, ...] = ()
     """Per input (``model.inputs`` order): the exclusive bound of valid integer values (token
     ids: the embedding's table size), None where unknown (:func:`integer_input_bounds`)."""
@@ -785,5 +791,6 @@ def trace_model(
         trace_time_s=trace_time_s,
         flops_time_s=flops_time_s,
         step_function=concrete,
+        tf32_enabled=bool(tf.config.experimental.tensor_float_32_execution_enabled()),
         input_bounds=integer_input_bounds(model),
     )

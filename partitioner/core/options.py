@@ -117,6 +117,10 @@ class TargetOptions:
     dimensions the model leaves unknown: one shape, or a dict of input name -> shape for a model
     with several inputs (``{"token_ids": (128,), "padding_mask": (128,)}``); ``optimizer``
     decides the memory of its slots; ``memory_limit_bytes`` overrides every device's memory (default: the catalog's figure).
+    ``precision`` plans for a precision policy other than the model's (``fp32``, ``tf32``,
+    ``mixed_float16`` / ``fp16``, ``mixed_bfloat16`` / ``bf16``; checked by
+    :func:`cost_models.estimate.precision.parse_precision`); ``None``: the model's own dtype
+    policy, float32 on TF32 tensor cores when TensorFlow's TF32 setting is on (its default).
     """
 
     gpus: int | None = None
@@ -126,8 +130,11 @@ class TargetOptions:
     input_shape: InputShape | None = None
     optimizer: str = "adam"
     memory_limit_bytes: int | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
+        if self.precision is not None:
+            object.__setattr__(self, "precision", _text("precision", self.precision))
         if self.gpus is not None:
             _positive_int("gpus", self.gpus)
         _positive_int("batch_size", self.batch_size)
