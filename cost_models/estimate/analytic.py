@@ -2,12 +2,16 @@
 
 For an op on a device::
 
-    time_s = dispatch_s + kernel_overhead_s + max(flops / (peak_flops(dtype) * compute_eff),
+    time_s = dispatch_s + kernel_overhead_s + max(flops / (peak * compute_eff),
                                                   bytes_moved / (memory_bandwidth * memory_eff))
              + max(0, bytes_moved - spill_threshold_bytes) * spill_s_per_byte
              + transposed_bytes * transpose_s_per_byte
 
-where ``bytes_moved`` is the op's input bytes (its in-edges) plus its output bytes. Ops in
+where ``peak`` is the catalog figure the op runs at under the precision policy
+(:func:`cost_models.estimate.precision.op_peak_key`: matmuls and convolutions on tensor cores,
+float32 at TF32 unless the policy is ``fp32``; everything else at fp32), and ``bytes_moved`` is
+the op's input bytes (its in-edges) plus its output bytes (less the tensors a fused elementwise
+chain keeps on chip, with ``fused_elementwise``). Ops in
 :data:`ZERO_WORK_OPS` (metadata, handles, graph plumbing) cost only ``dispatch_s`` (the
 executor's per-op cost; 0 unless calibrated). The last term (0 unless calibrated) is a CPU's extra
 cost for the bytes beyond what its core's cache holds, and the next (0 unless calibrated) a
