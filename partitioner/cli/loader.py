@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from partitioner.core.errors import ModelLoadError
+from partitioner.core.files import file_kind
 
 __all__ = ["BUILDER_NAMES", "check_model_path", "load_model", "split_spec"]
 
@@ -43,12 +44,16 @@ def check_model_path(spec: str) -> Path:
 
 
 def _check_path(path: Path) -> None:
+    """A ``.py`` regular file (a FIFO or device is refused before anything opens it)."""
     if path.suffix != ".py":
         raise ModelLoadError(f"{path} is not a .py file; give a Python file that builds a Keras model")
     if not path.exists():
         raise ModelLoadError(f"no such file: {path}")
     if not path.is_file():
-        raise ModelLoadError(f"{path} is not a file; give a Python file that builds a Keras model")
+        raise ModelLoadError(
+            f"{path} is not a file (it is {file_kind(path.stat().st_mode)}); give a Python "
+            "file that builds a Keras model"
+        )
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -67,8 +72,13 @@ def _import_file(path: Path) -> ModuleType:
             f"{path}:{exc.lineno}: syntax error: {exc.msg}; fix the file and run again"
         ) from None
     except SystemExit as exc:
-        raise ModelLoadError(f"importing {path} called sys.exit({exc.code})") from None
-    except Exception as exc:
+        raise ModelLoadError(
+            f"importing {path} called sys.exit({exc.code!r}); remove the exit from the model "
+            "file (or put it under if __name__ == '__main__':)"
+        ) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         raise ModelLoadError(f"importing {path} failed: {_brief(exc, path)}") from None
     finally:
         if sys.path and sys.path[0] == directory:
@@ -82,6 +92,22 @@ def _brief(exc: BaseException, path: Path) -> str:
     where = f" (line {frames[-1].lineno})" if frames else ""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}{where}"
+
+
+def _call_builder(builder: Any, what: str, path: Path) -> Any:
+    """``builder()``; whatever it raises (``sys.exit`` and other ``BaseException``s too,
+    Ctrl-C aside) as one-line ModelLoadError."""
+    try:
+        return builder()
+    except SystemExit as exc:
+        raise ModelLoadError(
+            f"{path}:{what}() called sys.exit({exc.code!r}) instead of returning a model; "
+            "remove the exit from the model file"
+        ) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ModelLoadError(f"{path}:{what}() failed: {_brief(exc, path)}") from None
 
 
 def _as_model(value: Any, what: str, path: Path) -> Any:
@@ -104,10 +130,7 @@ def _as_model(value: Any, what: str, path: Path) -> Any:
                 f"{path}:{what} needs arguments ({', '.join(p.name for p in required)}); "
                 "name a zero-argument function or a model"
             )
-        try:
-            built = value()
-        except Exception as exc:
-            raise ModelLoadError(f"{path}:{what}() failed: {_brief(exc, path)}") from None
+        built = _call_builder(value, what, path)
         if isinstance(built, keras.Model):
             return built
         raise ModelLoadError(

@@ -11,6 +11,7 @@ import argparse
 import ast
 import contextlib
 import logging
+import math
 import os
 import re
 import shlex
@@ -25,8 +26,23 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
-from partitioner.core.errors import OutputError, PartitionError, UsageError
+from partitioner.core.errors import (
+    CatalogError,
+    ModelLoadError,
+    OutputError,
+    PartitionError,
+    PlanError,
+    UsageError,
+    escape_control,
+)
+from partitioner.core.files import (
+    check_output_path,
+    read_input_text,
+    same_file,
+    write_all_atomic,
+)
 from partitioner.core.ir import Schedule
+from partitioner.core.jsonfiles import check_data_bounds, loads_bounded
 from partitioner.core.options import (
     AUTO_STRATEGY,
     InputShape,
@@ -41,9 +57,30 @@ if TYPE_CHECKING:
     from partitioner.api import Prepared
     from partitioner.plan.model import Plan
 
-__all__ = ["FLAGS", "build_parser", "cli_message", "main"]
+__all__ = ["FLAGS", "LIMITS", "build_parser", "cli_message", "main"]
 
 PROG = "partition"
+
+MAX_DEVICES = 512
+"""The most devices a run plans for (``--gpus``, a topology file): a 1024-device topology takes
+seconds to build and every placement stage grows with the devices."""
+MAX_BATCH_SIZE = 1 << 24
+MAX_MICROBATCHES = 1024
+MAX_TIME_LIMIT_S = 86_400.0
+MAX_SAMPLE_VALUES = 1 << 31
+"""The most values in one sample of ``--input-shape`` (the product of its dimensions)."""
+MAX_TOPOLOGY_BYTES = 1 << 20
+MAX_PLAN_BYTES = 64 << 20
+
+LIMITS: Mapping[str, float] = MappingProxyType(
+    {
+        "--gpus": MAX_DEVICES,
+        "--batch-size": MAX_BATCH_SIZE,
+        "--microbatches": MAX_MICROBATCHES,
+        "--time-limit": MAX_TIME_LIMIT_S,
+    }
+)
+"""Each count on the command line -> the most it may be; checked before any work."""
 
 FLAGS: Mapping[str, str] = MappingProxyType(
     {
@@ -56,6 +93,7 @@ FLAGS: Mapping[str, str] = MappingProxyType(
         "optimizer": "--optimizer {}",
         "memory_limit": "--memory-limit {}",
         "memory_limit_bytes": "--memory-limit {}",
+        "precision": "--precision {}",
         # how to search (SearchOptions)
         "solver": "--solver {}",
         "seed": "--seed {}",
@@ -186,6 +224,14 @@ def _add_target_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--optimizer", default="adam", help="optimizer, for memory (default adam)")
     parser.add_argument(
+        "--precision",
+        default=None,
+        metavar="fp32|tf32|fp16|bf16",
+        help="plan for this precision instead of the model's dtype policy: fp32, tf32, "
+        "mixed_float16 (fp16), mixed_bfloat16 (bf16); default: the model's, float32 on TF32 "
+        "tensor cores as TensorFlow runs it",
+    )
+    parser.add_argument(
         "--input-shape",
         default=None,
         action="append",
@@ -299,6 +345,7 @@ def _options(args: argparse.Namespace) -> tuple[TargetOptions, SearchOptions, Me
         input_shape=_parse_shape(args.input_shape),
         optimizer=args.optimizer,
         memory_limit_bytes=memory_limit_bytes,
+        precision=args.precision,
     )
     search = SearchOptions(
         solver=args.solver,
@@ -348,20 +395,22 @@ def _dims(text: str, flag_value: str | None = None) -> tuple[int, ...]:
     return dims
 
 
-def _check_out(path: str | None, option: str = "--out") -> None:
-    if path is None:
-        return
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise OutputError(f"{option} {path} is a directory; give a file path")
-    if not parent.is_dir():
-        raise OutputError(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+def _outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(flag, path)`` of every output file the run was asked for."""
+    named = (("--out", args.out), ("--report", args.report), ("--emit", args.emit))
+    return [(option, path) for option, path in named if path is not None]
+
+
+def _check_out(path: str, option: str) -> None:
+    """``path`` is a regular file or new (never a FIFO, socket, device or directory: a symlink
+    counts as its target), in an existing directory, and writable."""
+    target = check_output_path(path, option)
+    writable = os.access(target, os.W_OK) if target.exists() else True
+    if not os.access(target.parent, os.W_OK) or not writable:
         raise OutputError(f"{option} {path} is not writable; choose another path")
     try:
         # os.access says yes to root everywhere; a real (invisible, unnamed) file says truly.
-        with tempfile.TemporaryFile(dir=parent):
+        with tempfile.TemporaryFile(dir=target.parent):
             pass
     except OSError as exc:
         raise OutputError(
@@ -369,21 +418,104 @@ def _check_out(path: str | None, option: str = "--out") -> None:
         ) from None
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Every output path is writable and no two options name the same file."""
-    named: dict[Path, str] = {}
-    for option, path in (("--out", args.out), ("--report", args.report), ("--emit", args.emit)):
+def _check_outputs(args: argparse.Namespace, inputs: Sequence[tuple[str, Path]]) -> None:
+    """Every output path can be written, no two options name the same file, and none is one of
+    the run's ``inputs`` (``(what, path)``: the model file, the topology file)."""
+    seen: list[tuple[str, str]] = []
+    for option, path in _outputs(args):
         _check_out(path, option)
-        if path is None:
+        for other, earlier in seen:
+            if same_file(path, earlier):
+                raise UsageError(f"{other} and {option} both name {path}; give different files")
+        for what, source in inputs:
+            if same_file(path, source):
+                raise UsageError(
+                    f"{option} {path} is {what}, an input of this run; refusing to overwrite "
+                    "it: give another path"
+                )
+        seen.append((option, path))
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """Every count on the command line against :data:`LIMITS`, before any work (a huge
+    ``--gpus`` would build a topology of that many devices first)."""
+    values = {
+        "--gpus": args.gpus,
+        "--batch-size": args.batch_size,
+        "--microbatches": args.microbatches,
+        "--time-limit": args.time_limit,
+    }
+    for flag, value in values.items():
+        limit = LIMITS[flag]
+        if value is not None and value > limit:
+            raise UsageError(
+                f"{flag} {value} is more than {limit:.15g}, the most partition takes; give at "
+                f"most {limit:.15g}"
+            )
+    shape = _parse_shape(args.input_shape)
+    named = shape.items() if isinstance(shape, dict) else [("", shape or ())]
+    for name, dims in named:
+        values_per_sample = math.prod(dims)
+        if values_per_sample > MAX_SAMPLE_VALUES:
+            label = f"{name}=" if name else ""
+            raise UsageError(
+                f"--input-shape {label}{','.join(map(str, dims))} makes {values_per_sample} "
+                f"values per sample, more than {MAX_SAMPLE_VALUES}; give the shape of one sample"
+            )
+
+
+def _topology_file(spec: str) -> Path | None:
+    """The path of ``--topology`` when it names a file (a ``.json``/``.toml`` suffix)."""
+    path = Path(spec.strip())
+    return path if path.suffix.lower() in (".json", ".toml") else None
+
+
+def _check_topology_file(path: Path) -> None:
+    """A topology file is a regular file of at most :data:`MAX_TOPOLOGY_BYTES`, nests and
+    counts within bounds, and makes at most :data:`MAX_DEVICES` devices; checked before the
+    topology is built (which takes time growing with the square of the devices)."""
+    import tomllib
+
+    origin = f"topology file {str(path)!r}"
+    text = read_input_text(path, "topology file", UsageError, MAX_TOPOLOGY_BYTES)
+    if path.suffix.lower() == ".json":
+        data = loads_bounded(text, origin, CatalogError, "fix the file")
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise CatalogError(f"{origin} is not valid TOML ({exc}); fix the file") from None
+        except (RecursionError, ValueError) as exc:
+            detail = "nested too deep" if isinstance(exc, RecursionError) else "a number too long"
+            raise CatalogError(f"{origin} is not valid TOML ({detail}); fix the file") from None
+        check_data_bounds(data, origin, CatalogError)
+    devices = _topology_devices(data)
+    if devices > MAX_DEVICES:
+        raise UsageError(
+            f"{origin} describes {devices} devices, more than {MAX_DEVICES}, the most partition "
+            f"takes; describe at most {MAX_DEVICES}"
+        )
+
+
+def _count(value: object) -> int:
+    """A topology entry's ``count`` (1 when absent or malformed: the reader reports those)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def _topology_devices(data: object) -> int:
+    """How many devices the topology file data describes (``hosts[].count`` x its devices'
+    counts, or the top-level ``devices``); malformed parts count 0, as the reader refuses them."""
+    if not isinstance(data, dict):
+        return 0
+    hosts = data.get("hosts") if "hosts" in data else [{"devices": data.get("devices")}]
+    total = 0
+    for host in hosts if isinstance(hosts, list) else []:
+        if not isinstance(host, dict) or not isinstance(host.get("devices"), list):
             continue
-        key = Path(path).resolve()
-        if key in named:
-            raise UsageError(f"{named[key]} and {option} both name {path}; give different files")
-        named[key] = option
-    model_file = Path(args.model.rsplit(":", 1)[0] if ":" in args.model else args.model)
-    for option, path in (("--out", args.out), ("--report", args.report), ("--emit", args.emit)):
-        if path is not None and model_file.exists() and Path(path).resolve() == model_file.resolve():
-            raise UsageError(f"{option} {path} is the model file itself; refusing to overwrite it")
+        entries = host["devices"]
+        per_host = sum(_count(d.get("count")) if isinstance(d, dict) else 1 for d in entries)
+        total += _count(host.get("count")) * per_host
+    return total
 
 
 @contextlib.contextmanager
@@ -426,13 +558,25 @@ def _devices_parser() -> argparse.ArgumentParser:
     return _Parser(prog=f"{PROG} devices", description="List the device catalog.")
 
 
+def load_plan_file(path: str) -> Plan:
+    """The plan in ``path``, read as a file from elsewhere: a regular file (checked before it
+    is opened: a FIFO or ``/dev/zero`` is refused, never read) of at most
+    :data:`MAX_PLAN_BYTES`, JSON nesting and numbers within bounds; one-line PlanError."""
+    from partitioner.plan.model import Plan
+
+    text = read_input_text(path, "plan file", PlanError, MAX_PLAN_BYTES)
+    data = loads_bounded(
+        text, f"{path} (plan file)", PlanError, "it may be truncated: make the plan again"
+    )
+    return Plan.from_json_dict(data, origin=path)
+
+
 def _show(argv: Sequence[str], out: Console) -> int:
-    from partitioner.plan.model import load_plan
     from partitioner.report.terminal import render_plan
 
     args = _show_parser().parse_args(argv)
     try:
-        render_plan(load_plan(args.plan), out, verbose=args.verbose)
+        render_plan(load_plan_file(args.plan), out, verbose=args.verbose)
     except PartitionError as exc:
         return _error(exc)
     return 0
@@ -465,9 +609,24 @@ def _devices(argv: Sequence[str], out: Console) -> int:
 
 
 def _error(exc: PartitionError) -> int:
-    """Print a library error on one line, in the command line's terms; its exit code."""
-    sys.stderr.write(f"{PROG}: error: {cli_message(str(exc))}\n")
+    """Print a library error on one line (control characters escaped), in the command line's
+    terms; its exit code."""
+    sys.stderr.write(f"{PROG}: error: {escape_control(cli_message(str(exc)))}\n")
+    sys.stderr.flush()
     return exc.exit_code
+
+
+def _plain_streams() -> None:
+    """Let stdout and stderr print on a terminal that is not UTF-8 (``LC_ALL=C``, Latin-1):
+    characters it cannot show become ``?`` instead of an exception; rich draws ASCII boxes
+    for such a console by itself."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        try:
+            "\u2500\u2026\u2713".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(errors="replace")  # type: ignore[union-attr]
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
@@ -476,6 +635,7 @@ def _raise_interrupt(signum: int, frame: object) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _plain_streams()
     if argv and argv[0] == "show":
         return _show(argv[1:], Console())
     if argv and argv[0] == "devices":
@@ -492,7 +652,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Console()
     # Progress goes to a copy of stderr, so it still shows while TensorFlow's native start-up
     # logging (written straight to file descriptor 2) is silenced.
-    err = Console(file=os.fdopen(os.dup(2), "w"), stderr=True)
+    err = Console(
+        file=os.fdopen(os.dup(2), "w", encoding=sys.stderr.encoding, errors="replace"),
+        stderr=True,
+    )
     try:
         return _run(args, out, err)
     except PartitionError as exc:
@@ -500,15 +663,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted; no file was left half-written\n")
         return 130
-    except Exception as exc:
+    except SystemExit as exc:  # only the model's code exits: argparse ran before
+        return _error(
+            ModelLoadError(
+                f"the model's code called sys.exit({exc.code!r}) while it was planned; no "
+                "file was written: remove the exit from the model file"
+            )
+        )
+    except BaseException as exc:
         if args.verbose:
             raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        sys.stderr.write(
-            f"{PROG}: internal error: {type(exc).__name__}: {first} (run with --verbose for "
-            "the traceback and report it)\n"
-        )
-        return 1
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """One line for an exception that is not a PartitionError (a bug, or the model's code)."""
+    text = str(exc).strip()
+    first = escape_control(text.splitlines()[0]) if text else ""
+    sys.stderr.write(
+        f"{PROG}: internal error: {type(exc).__name__}: {first} (run with --verbose for "
+        "the traceback and report it)\n"
+    )
+    return 1
 
 
 def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -516,22 +692,31 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from partitioner.api import prepare
     from partitioner.cli.loader import check_model_path
 
+    _check_counts(args)
+    topology_file = _topology_file(args.topology)
+    if topology_file is not None:
+        _check_topology_file(topology_file)
     prepared = prepare(*_options(args))
-    _check_outputs(args)
-    check_model_path(args.model)
+    inputs = [("the model file", check_model_path(args.model))]
+    if topology_file is not None:
+        inputs.append(("the topology file", topology_file))
+    _check_outputs(args, inputs)
     started = time.perf_counter()
     model, plan = _plan(args, prepared, err)
-    _write_outputs(args, model, plan)
-    from partitioner.report.terminal import render_plan
+    from partitioner.report.terminal import escape, render_plan
 
-    render_plan(plan, out, verbose=args.verbose)
+    # Drawn before anything is written, so a report that cannot be drawn fails the run whole.
+    with out.capture() as report:
+        render_plan(plan, out, verbose=args.verbose)
+    _write_outputs(args, model, plan)
+    out.file.write(report.get())
     if args.out is not None:
-        out.print(f"Plan written to {args.out}")
+        out.print(f"Plan written to {escape(args.out)}")
     if args.report is not None:
-        out.print(f"Report written to {args.report}")
+        out.print(f"Report written to {escape(args.report)}")
     if args.emit is not None:
         what = plan.strategy.describe() if plan.strategy is not None else "the placement"
-        out.print(f"Model code ({what}) written to {args.emit}")
+        out.print(f"Model code ({escape(what)}) written to {escape(args.emit)}")
     if args.verbose:
         out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
     return 0
@@ -563,17 +748,21 @@ def _plan(args: argparse.Namespace, prepared: Prepared, err: Console) -> tuple[A
 
 
 def _write_outputs(args: argparse.Namespace, model: Any, plan: Plan) -> None:
-    """The plan (``--out``), the HTML report (``--report``) and the placed code (``--emit``)."""
+    """The plan (``--out``), the HTML report (``--report``) and the placed code (``--emit``):
+    each made in memory first, then written all together, or none (a run that fails writes no
+    file, and leaves every file it would have replaced as it was)."""
+    files: list[tuple[str, str]] = []
     if args.out is not None:
-        plan.save(args.out)
+        files.append((args.out, plan.to_json()))
     if args.report is not None:
-        from partitioner.report.html import write_html_report
+        from partitioner.report.html import render_html
 
-        write_html_report(plan, args.report)
+        files.append((args.report, render_html(plan)))
     if args.emit is not None:
         from partitioner.cli.loader import split_spec
-        from passes.rewrite.codegen import emit_plan_module, write_placed_module
+        from passes.rewrite.codegen import emit_plan_module
 
-        write_placed_module(
-            args.emit, emit_plan_module(model, plan, model_source=split_spec(args.model)[0])
-        )
+        source = emit_plan_module(model, plan, model_source=split_spec(args.model)[0])
+        files.append((args.emit, source))
+    if files:
+        write_all_atomic(files)

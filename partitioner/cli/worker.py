@@ -33,6 +33,16 @@ cluster file lists only the workers::
 
 or, in ``TF_CONFIG`` form, ``{"cluster": {"worker": [...]}, "task": {"type": "worker",
 "index": 0}}`` (then ``--task`` may be left out).
+
+Who may connect. A TensorFlow worker executes any graph a client sends it, with the rights of
+its process (read and write files, run ops): there is no authentication. So a worker serves
+this machine only unless told otherwise: ``bind`` (``--bind``) is ``127.0.0.1`` by default.
+TensorFlow's gRPC server itself always listens on every interface (``0.0.0.0``, fixed in its
+C++); for a loopback ``bind`` the worker then ties the listening socket to the loopback device
+(``SO_BINDTODEVICE lo``, Linux), so connections from other hosts are refused, and it stops
+with one line if that cannot be done. A task whose cluster address is not on this machine's
+loopback is refused in one line under the default; naming another address (``--bind 0.0.0.0``)
+serves every interface, with a one-line warning.
 """
 
 from __future__ import annotations
@@ -62,6 +72,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LocalWorkers", "free_ports", "main", "run_worker", "start_local_workers"]
 
+LOOPBACK = "127.0.0.1"
+"""The default ``--bind``: this machine only."""
+
+WORKER_WARNING = (
+    "a TensorFlow worker executes any graph a client sends it, with this process's rights, "
+    "and asks no password: let only trusted hosts reach it"
+)
+
 READY_PREFIX = "partition worker ready:"
 """The first line a worker writes to stdout once its server accepts connections."""
 
@@ -87,6 +105,7 @@ def run_worker(
     cores: Sequence[int] | None = None,
     on_ready: Callable[[int, str], None] | None = None,
     stop: threading.Event | None = None,
+    bind: str = LOOPBACK,
 ) -> int:
     """Serve task ``task_index`` of job ``job_name`` until SIGTERM/SIGINT (or ``stop`` is set).
 
@@ -96,14 +115,19 @@ def run_worker(
     ``inter_op_threads`` its inter-op pool (None: ``max(2, threads)``), for the server and, via
     ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``, for the functions a client runs here
     (unless the client's own config sets them; see the module docstring); ``cores`` pins the process to those CPU cores (Linux). ``on_ready(task, address)``
-    is called once the server listens. Returns the exit status (0 after a stop). Signal handlers
-    are installed only when called from the main thread.
+    is called once the server listens. ``bind`` is who may connect: a loopback address (the
+    default) ties the server to this machine (module docstring), any other address lets every
+    interface in. Returns the exit status (0 after a stop). Signal handlers are installed only
+    when called from the main thread.
     """
     inter_op = _thread_counts(threads, inter_op_threads)
     from passes.cluster.runtime import load_cluster
 
     cluster = load_cluster(cluster_spec, job_name=job_name)
     index = _task_index(cluster, task_index, job_name)
+    loopback_only = is_loopback(bind)
+    if loopback_only:
+        _check_loopback_address(cluster.addresses[index], index)
     if cores is not None:
         _pin_to_cores(cores)
     stop_event = stop if stop is not None else threading.Event()
@@ -111,6 +135,8 @@ def run_worker(
         _stop_on_signals(index, stop_event)
     server = _start_server(cluster, job_name, index, threads, inter_op)
     address = cluster.addresses[index]
+    if loopback_only:
+        restrict_to_loopback(_port(address))
     logger.info("worker task %d of job %r serving at %s (%s)", index, job_name, address, server)
     if on_ready is not None:
         on_ready(index, address)
@@ -119,6 +145,87 @@ def run_worker(
         pass
     logger.info("worker task %d stopped", index)
     return 0
+
+
+def _host(address: str) -> str:
+    """``host`` of ``host:port`` (``[::1]:2222`` -> ``::1``)."""
+    return address.rpartition(":")[0].strip("[]")
+
+
+def _port(address: str) -> int:
+    """``port`` of ``host:port``."""
+    try:
+        return int(address.rpartition(":")[2])
+    except ValueError:
+        raise UsageError(f"cluster address {address!r} has no port; write it host:port") from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is on this machine's loopback (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None)
+    except (OSError, UnicodeError):
+        return False
+    addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
+    return bool(addresses) and all(a.is_loopback for a in addresses)
+
+
+def _check_loopback_address(address: str, index: int) -> None:
+    """Under the default ``--bind 127.0.0.1``, the task's own cluster address must be one
+    that loopback serves (else clients could never reach it)."""
+    if not is_loopback(_host(address)):
+        raise UsageError(
+            f"task {index}'s cluster address {address} is not this machine's loopback, and a "
+            f"worker listens on {LOOPBACK} only unless --bind names an address: pass --bind "
+            f"0.0.0.0 to serve other hosts ({WORKER_WARNING})"
+        )
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on TCP ``port`` (IPv4 and IPv6), from /proc/net."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def restrict_to_loopback(port: int) -> int:
+    """Tie this process's sockets listening on ``port`` to the loopback device, so only this
+    machine can connect (TensorFlow's server listens on every interface); how many were tied.
+    UsageError when none could be (not Linux, or a kernel without unprivileged
+    ``SO_BINDTODEVICE``)."""
+    inodes = _listening_inodes(port)
+    tied = 0
+    problem = "no listening socket found"
+    for fd in os.listdir("/proc/self/fd") if inodes else []:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            sock = socket.socket(fileno=os.dup(int(fd)))
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+                tied += 1
+            except OSError as exc:
+                problem = exc.strerror or str(exc)
+            finally:
+                sock.close()
+    if not tied:
+        raise UsageError(
+            f"could not restrict the worker on port {port} to this machine ({problem}); pass "
+            f"--bind 0.0.0.0 to serve every interface knowingly ({WORKER_WARNING})"
+        )
+    return tied
 
 
 def _thread_counts(threads: int, inter_op_threads: int | None) -> int:
@@ -202,7 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``partition worker`` options (also ``python -m partitioner.cli.worker``)."""
     parser = argparse.ArgumentParser(
         prog="partition worker",
-        description="Serve one task of a TensorFlow cluster until stopped (SIGTERM or Ctrl-C).",
+        description="Serve one task of a TensorFlow cluster until stopped (SIGTERM or Ctrl-C). "
+        f"WARNING: {WORKER_WARNING}. It serves this machine only ({LOOPBACK}) unless --bind "
+        "names another address.",
+    )
+    parser.add_argument(
+        "--bind",
+        default=LOOPBACK,
+        metavar="ADDRESS",
+        help=f"who may connect: {LOOPBACK} (default: this machine only; the task's cluster "
+        "address must then be a loopback one) or an address such as 0.0.0.0 (TensorFlow then "
+        "listens on every interface: trusted networks only)",
     )
     parser.add_argument("--task", type=int, default=None, help="task index (default: TF_CONFIG)")
     parser.add_argument(
@@ -241,6 +358,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(saved, 2)
         os.close(saved)
 
+    if not is_loopback(args.bind):
+        sys.stderr.write(
+            f"partition worker: warning: --bind {args.bind}: listening on every interface; "
+            f"{WORKER_WARNING}\n"
+        )
+        sys.stderr.flush()
+
     def announce(task: int, address: str) -> None:
         sys.stdout.write(f"{READY_PREFIX} task {task} at {address}\n")
         sys.stdout.flush()
@@ -254,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             inter_op_threads=args.inter_op_threads,
             cores=args.cores,
             on_ready=announce,
+            bind=args.bind,
         )
     except PartitionError as exc:
         sys.stderr.write(f"partition worker: error: {exc}\n")

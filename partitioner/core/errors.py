@@ -57,3 +57,20 @@ class OutputError(PartitionError):
 
 class UsageError(PartitionError):
     """An option has a bad value (``gpus=0``, an unknown name)."""
+
+
+def escape_control(text: str) -> str:
+    """``text`` with every character that is not printable (control and format characters such
+    as ESC or U+202E, lone surrogates, line breaks) written as its escape (``\\x1b``,
+    ``\\u202e``), so that printing it can neither drive the terminal nor fail to encode nor span
+    two lines. For names from models and plan files, and for error messages."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape_char(ch) for ch in text)
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -1,15 +1,35 @@
 """Files: every file the library writes goes through :func:`write_atomic` (whole, or the old one
-untouched)."""
+untouched), and several files of one run through :func:`write_all_atomic` (all of them, or none).
+
+What a write may replace: a regular file or nothing. A directory, a named pipe (FIFO), a socket
+or a device node (``/dev/null`` too) is refused in one line (:func:`check_output_path`), never
+renamed over. A symbolic link is followed: its target is replaced and the link stays a link.
+
+What a read accepts (:func:`read_input_text`): a regular file (a FIFO, a device such as
+``/dev/zero`` or a directory is refused before it is opened, so nothing hangs) of at most
+``max_bytes``, in UTF-8.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from partitioner.core.errors import OutputError
+from partitioner.core.errors import OutputError, PartitionError
 
-__all__ = ["write_atomic"]
+__all__ = [
+    "check_output_path",
+    "file_kind",
+    "read_input_text",
+    "same_file",
+    "write_all_atomic",
+    "write_atomic",
+]
 
 
 def _umask() -> int:
@@ -23,32 +43,168 @@ def _umask() -> int:
     return 0o022
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise OutputError(f"cannot write {target}: it is a directory; give a file path")
-    if not directory.is_dir():
-        raise OutputError(f"cannot write {target}: directory {directory} does not exist")
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words (``a named pipe (FIFO)``)."""
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_output_path(path: str | os.PathLike[str], what: str = "cannot write") -> Path:
+    """The file a write to ``path`` replaces: ``path`` itself, or a symbolic link's final target.
+
+    Raises :class:`OutputError` (``"<what> <path>: it is a named pipe (FIFO), ..."``) unless
+    that is a regular file, or does not exist yet in an existing directory."""
+    target = Path(os.path.realpath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise OutputError(f"{what} {path}: {exc.strerror or exc}; choose another path") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise OutputError(f"{what} {path}: it is a directory; give a file path")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise OutputError(
+            f"{what} {path}: it is {file_kind(mode)}, not a regular file; only a regular file "
+            "is ever replaced: give a file path"
+        )
+    if not target.parent.is_dir():
+        raise OutputError(f"{what} {path}: directory {target.parent} does not exist")
+    return target
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` name one file (through links, hard links, ``..``)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _stage(target: Path, text: str) -> str:
+    """A temporary file beside ``target`` holding ``text`` (synced), with the mode a plain
+    ``open()`` would give (or the mode of the file it replaces); its path."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
     try:
-        # mkstemp makes the file 0600; give it the mode a plain open() would (or the mode of
-        # the file it replaces).
         mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             os.fchmod(fh.fileno(), mode)
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
+    return tmp
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename (only over a regular
+    file; a symbolic link's target is replaced, the link kept: :func:`check_output_path`)."""
+    write_all_atomic([(path, text)])
+    return Path(path)
+
+
+def _backup(target: Path) -> str | None:
+    """A hard link to ``target``'s current file (None when there is none), so a failed
+    multi-file write can put it back."""
+    if not target.exists():
+        return None
+    backup = str(target.parent / f".{target.name}.{secrets.token_hex(8)}.old")
+    try:
+        os.link(target, backup)
+    except OSError:
+        try:  # a file system without hard links
+            shutil.copy2(target, backup)
+        except OSError as exc:
+            Path(backup).unlink(missing_ok=True)
+            raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return backup
+
+
+def _undo(done: Sequence[tuple[Path, str | None]]) -> None:
+    """Put back what the renames in ``done`` replaced; remove the files they made."""
+    for target, backup in reversed(done):
+        try:
+            if backup is None:
+                target.unlink(missing_ok=True)
+            else:
+                os.replace(backup, target)
+        except OSError:
+            pass
+
+
+def write_all_atomic(files: Sequence[tuple[str | os.PathLike[str], str]]) -> None:
+    """Write each ``(path, text)``: every file whole, or, on any failure, none of them (files
+    already replaced get their old content back; new ones are removed)."""
+    targets = [check_output_path(path) for path, _ in files]
+    staged: list[str] = []
+    done: list[tuple[Path, str | None]] = []
+    try:
+        staged = [_stage(target, text) for target, (_, text) in zip(targets, files)]
+        for target, tmp in zip(targets, staged):
+            check_output_path(target)
+            backup = _backup(target) if len(files) > 1 else None
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
+            done.append((target, backup))
+    except BaseException:
+        _undo(done)
+        for tmp in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    for _, backup in done:
+        if backup is not None:
+            Path(backup).unlink(missing_ok=True)
+
+
+def read_input_text(
+    path: str | os.PathLike[str], what: str, error: type[PartitionError], max_bytes: int
+) -> str:
+    """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``; ``error`` naming
+    ``what`` (``plan file``) and the path otherwise. The file's type is checked before it is
+    opened (a FIFO would block the open) and the size limit holds for files that grow."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"no such {what}: {path}; check the path") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {path} is {file_kind(st.st_mode)}; give a regular file")
+    too_big = error(
+        f"{what} {path} is larger than {max_bytes // 2**20} MiB, the most read; is it the "
+        "right file?"
+    )
+    if st.st_size > max_bytes:
+        raise too_big
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise too_big
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{what} {path} is not UTF-8 text (byte {exc.start}); is it the right file?"
+        ) from None

@@ -21,7 +21,16 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError
 
-__all__ = ["error_order", "field_path", "strict_validator"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_NUMBER_CHARS",
+    "check_data_bounds",
+    "data_depth",
+    "error_order",
+    "field_path",
+    "loads_bounded",
+    "strict_validator",
+]
 
 _BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _BARE_KEY_NO_HYPHEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -73,3 +82,97 @@ def field_path(path: Iterable[str | int], *, hyphens: bool = True) -> str:
 def error_order(error: ValidationError, *, hyphens: bool = True) -> tuple[int, str]:
     """The order a reader reports errors in: the shallowest first, then by field path."""
     return len(error.absolute_path), field_path(error.absolute_path, hyphens=hyphens)
+
+
+# -- bounded parsing: what a file from elsewhere may hold -----------------------------------------
+
+MAX_DEPTH = 64
+"""The deepest nesting of lists and objects a data file may have (ours need under 10)."""
+
+MAX_NUMBER_CHARS = 100
+"""The most characters of one number in a data file (a byte count needs 20)."""
+
+
+class _TooLong(ValueError):
+    """A number past :data:`MAX_NUMBER_CHARS` (raised inside the JSON reader)."""
+
+
+def _bounded_int(token: str) -> int:
+    if len(token) > MAX_NUMBER_CHARS:
+        raise _TooLong(f"a number of {len(token)} digits (at most {MAX_NUMBER_CHARS})")
+    return int(token)
+
+
+def _bounded_float(token: str) -> float:
+    if len(token) > MAX_NUMBER_CHARS:
+        raise _TooLong(f"a number of {len(token)} characters (at most {MAX_NUMBER_CHARS})")
+    return float(token)
+
+
+def data_depth(data: Any) -> int:
+    """How deep lists and objects nest in ``data`` (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, Mapping):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list | tuple):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if depth + 1 > MAX_DEPTH:
+            return depth + 1
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _has_big_number(data: Any) -> bool:
+    """Whether ``data`` holds an integer of more than :data:`MAX_NUMBER_CHARS` digits."""
+    stack = [data]
+    limit = 10**MAX_NUMBER_CHARS
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Mapping):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= limit:
+            return True
+    return False
+
+
+def check_data_bounds(data: Any, origin: str, error: type[Exception]) -> Any:
+    """``data`` (parsed JSON or TOML) when it nests at most :data:`MAX_DEPTH` deep and holds no
+    integer of more than :data:`MAX_NUMBER_CHARS` digits; ``error`` in one line otherwise."""
+    depth = data_depth(data)
+    if depth > MAX_DEPTH:
+        raise error(
+            f"{origin} nests lists/objects more than {MAX_DEPTH} deep; is it the right file?"
+        )
+    if _has_big_number(data):
+        raise error(
+            f"{origin} holds a number of more than {MAX_NUMBER_CHARS} digits; is it the right "
+            "file?"
+        )
+    return data
+
+
+def loads_bounded(text: str, origin: str, error: type[Exception], hint: str) -> Any:
+    """``text`` parsed as JSON, nesting at most :data:`MAX_DEPTH` deep, with numbers of at most
+    :data:`MAX_NUMBER_CHARS` characters; ``error("<origin> is not valid JSON (...); <hint>")``
+    in one line otherwise (never a RecursionError or a traceback)."""
+    try:
+        data = json.loads(text, parse_int=_bounded_int, parse_float=_bounded_float)
+    except json.JSONDecodeError as exc:
+        detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    except _TooLong as exc:
+        detail = str(exc)
+    except RecursionError:
+        detail = f"lists/objects nested more than {MAX_DEPTH} deep"
+    except ValueError as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    else:
+        return check_data_bounds(data, origin, error)
+    raise error(f"{origin} is not valid JSON ({detail}); {hint}")

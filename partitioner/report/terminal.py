@@ -17,7 +17,10 @@ show`` of a saved plan prints exactly what the run that made it printed):
 bars on a stderr console; it is the ``progress`` callback the API takes.
 
 The tables are built in :mod:`.tables` (the HTML page shows the same ones); this module draws
-them. Every name that comes from the model is escaped before it reaches ``rich`` markup.
+them. Every text that comes from the model or a plan file reaches ``rich`` through :func:`_text`:
+its control characters escaped (``\x1b``, ``\u202e``: a name cannot drive the terminal, see
+:func:`partitioner.core.errors.escape_control`), then its markup. On a console that is not UTF-8
+(``LC_ALL=C``) rich draws ASCII boxes and the progress spinner is ASCII too.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -37,6 +40,7 @@ from rich.progress import (
 )
 from rich.table import Table as RichTable
 
+from partitioner.core.errors import escape_control
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan
 from partitioner.report.tables import (
@@ -52,9 +56,14 @@ from partitioner.report.tables import (
     time_table,
 )
 
-__all__ = ["PhaseProgress", "render_plan"]
+__all__ = ["PhaseProgress", "escape", "render_plan"]
 
 _MARKUP = {Style.PLAIN: "", Style.BOLD: "bold", Style.ALERT: "bold red"}
+
+
+def escape(text: str) -> str:
+    """``text`` as literal ``rich`` markup with its control characters escaped."""
+    return _markup_escape(escape_control(text))
 
 
 def _markup(cell: Cell) -> str:
@@ -71,11 +80,11 @@ def _rich_table(table: Table) -> RichTable:
     out = RichTable(
         title=_markup(table.title),
         title_justify="left",
-        caption=table.caption or None,
+        caption=escape(table.caption) if table.caption else None,
         caption_justify="left",
     )
     for column in table.columns:
-        out.add_column(column.header, justify=column.align.value)
+        out.add_column(escape(column.header), justify=column.align.value)
     for row in table.rows:
         out.add_row(*(_markup(c) for c in row.cells))
     return out
@@ -152,8 +161,11 @@ class PhaseProgress:
     """
 
     def __init__(self, console: Console, *, enabled: bool = True) -> None:
+        utf8 = (console.encoding or "").lower().replace("-", "").startswith("utf")
         self._progress = Progress(
-            SpinnerColumn(finished_text="[green]✓[/green]"),
+            SpinnerColumn(
+                "dots" if utf8 else "line", finished_text="[green]✓[/green]" if utf8 else "+"
+            ),
             TextColumn("{task.description}"),
             BarColumn(),
             TaskProgressColumn(),
