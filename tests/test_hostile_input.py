@@ -24,6 +24,7 @@ import pytest
 
 from partitioner.core.errors import OutputError, PlanError
 from partitioner.core.files import write_all_atomic, write_atomic
+from partitioner.plan.model import MAX_PLAN_BYTES, load_plan
 
 cli = importlib.import_module("partitioner.cli.main")  # the module; partitioner.cli.main is main()
 
@@ -229,10 +230,10 @@ def test_show_of_a_huge_file_is_refused_by_its_size(
 ) -> None:
     big = tmp_path / "big.json"
     with open(big, "wb") as fh:  # sparse: costs no disk
-        fh.truncate(cli.MAX_PLAN_BYTES + 1)
+        fh.truncate(MAX_PLAN_BYTES + 1)
     started = time.perf_counter()
     code, _, err = run_main(["show", big], capsys)
-    one_line_error(code, err, str(big), f"{cli.MAX_PLAN_BYTES // 2**20} MiB")
+    one_line_error(code, err, str(big), f"{MAX_PLAN_BYTES // 2**20} MiB")
     assert time.perf_counter() - started < 1.0
 
 
@@ -256,11 +257,13 @@ def test_show_of_unbounded_json_is_one_line(
     one_line_error(code, err, str(plan), *words)
 
 
-def test_load_plan_file_is_a_plan_error(tmp_path: Path) -> None:
+def test_load_plan_is_bounded_for_python_callers_too(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text("[" * 5000)
     with pytest.raises(PlanError, match="deep"):
-        cli.load_plan_file(str(plan))
+        load_plan(plan)
+    with pytest.raises(PlanError, match="is a directory; give a regular file"):
+        load_plan(tmp_path)
 
 
 def test_topology_fifo_is_refused_without_hanging(
@@ -556,3 +559,15 @@ def test_worker_serves_this_machine_only_unless_told(bind: str | None, tmp_path:
     else:
         assert len(warnings) == 1 and "every interface" in warnings[0], err
         assert "executes any graph" in warnings[0]
+
+
+def test_load_topology_is_bounded_for_python_callers_too(fifo: Path, tmp_path: Path) -> None:
+    from cost_models.devices.topology import MAX_TOPOLOGY_BYTES, load_topology
+    from partitioner.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="named pipe"):  # refused before it is opened: no hang
+        load_topology(str(fifo))
+    big = tmp_path / "big.toml"
+    big.write_text("#" * (MAX_TOPOLOGY_BYTES + 1))
+    with pytest.raises(UsageError, match="larger than 1 MiB"):
+        load_topology(str(big))

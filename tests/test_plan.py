@@ -96,7 +96,7 @@ def test_plan_json_fields(plan: Plan, plan_file: Path) -> None:
 def test_truncated_file(plan_file: Path) -> None:
     text = plan_file.read_text()
     plan_file.write_text(text[: len(text) // 2])
-    with pytest.raises(PlanError, match=r"not a valid plan file \(JSON error at line \d+") as info:
+    with pytest.raises(PlanError, match=r"\(plan file\) is not valid JSON \(.* at line \d+") as info:
         partitioner.load_plan(plan_file)
     assert str(plan_file) in str(info.value) and "truncated" in str(info.value)
 

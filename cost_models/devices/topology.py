@@ -82,7 +82,6 @@ from cost_models.devices.datafiles import (
     describe_value,
     parse_json,
     parse_toml,
-    read_text,
 )
 from cost_models.devices.tf_config import (
     TF_CONFIG_VARIABLE,
@@ -92,6 +91,7 @@ from cost_models.devices.tf_config import (
     tf_config_text,
 )
 from partitioner.core.errors import CatalogError, UnknownDeviceError, UsageError
+from partitioner.core.files import read_input_text
 from partitioner.core.ir import AllReduceFit, Device, Link, Topology
 from partitioner.core.units import parse_bytes
 
@@ -525,10 +525,14 @@ def parse_topology(
     return replace(topology, all_reduce=fit)
 
 
+MAX_TOPOLOGY_BYTES = 1 << 20
+"""The largest topology file read (1 MiB): a regular file, checked before it is opened."""
+
+
 def _load_file(path: Path, *, device_type: str | None, memory_limit_bytes: int | None) -> Topology:
     """Read, parse (JSON or TOML by suffix) and build a topology file."""
     origin = f"topology file {str(path)!r}"
-    text = read_text(path, origin, UsageError)
+    text = read_input_text(path, "topology file", UsageError, MAX_TOPOLOGY_BYTES)
     if path.suffix.lower() == ".json":
         data = parse_json(text, origin, CatalogError)
     else:

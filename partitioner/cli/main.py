@@ -31,7 +31,6 @@ from partitioner.core.errors import (
     ModelLoadError,
     OutputError,
     PartitionError,
-    PlanError,
     UsageError,
     escape_control,
 )
@@ -69,8 +68,6 @@ MAX_MICROBATCHES = 1024
 MAX_TIME_LIMIT_S = 86_400.0
 MAX_SAMPLE_VALUES = 1 << 31
 """The most values in one sample of ``--input-shape`` (the product of its dimensions)."""
-MAX_TOPOLOGY_BYTES = 1 << 20
-MAX_PLAN_BYTES = 64 << 20
 
 LIMITS: Mapping[str, float] = MappingProxyType(
     {
@@ -471,10 +468,12 @@ def _topology_file(spec: str) -> Path | None:
 
 
 def _check_topology_file(path: Path) -> None:
-    """A topology file is a regular file of at most :data:`MAX_TOPOLOGY_BYTES`, nests and
+    """A topology file is a regular file of at most ``MAX_TOPOLOGY_BYTES``, nests and
     counts within bounds, and makes at most :data:`MAX_DEVICES` devices; checked before the
     topology is built (which takes time growing with the square of the devices)."""
     import tomllib
+
+    from cost_models.devices.topology import MAX_TOPOLOGY_BYTES
 
     origin = f"topology file {str(path)!r}"
     text = read_input_text(path, "topology file", UsageError, MAX_TOPOLOGY_BYTES)
@@ -558,25 +557,13 @@ def _devices_parser() -> argparse.ArgumentParser:
     return _Parser(prog=f"{PROG} devices", description="List the device catalog.")
 
 
-def load_plan_file(path: str) -> Plan:
-    """The plan in ``path``, read as a file from elsewhere: a regular file (checked before it
-    is opened: a FIFO or ``/dev/zero`` is refused, never read) of at most
-    :data:`MAX_PLAN_BYTES`, JSON nesting and numbers within bounds; one-line PlanError."""
-    from partitioner.plan.model import Plan
-
-    text = read_input_text(path, "plan file", PlanError, MAX_PLAN_BYTES)
-    data = loads_bounded(
-        text, f"{path} (plan file)", PlanError, "it may be truncated: make the plan again"
-    )
-    return Plan.from_json_dict(data, origin=path)
-
-
 def _show(argv: Sequence[str], out: Console) -> int:
+    from partitioner.plan.model import load_plan
     from partitioner.report.terminal import render_plan
 
     args = _show_parser().parse_args(argv)
     try:
-        render_plan(load_plan_file(args.plan), out, verbose=args.verbose)
+        render_plan(load_plan(args.plan), out, verbose=args.verbose)
     except PartitionError as exc:
         return _error(exc)
     return 0

@@ -18,8 +18,9 @@ from types import MappingProxyType
 from typing import Any
 
 from partitioner.core.errors import PartitionError, PlanError
-from partitioner.core.files import write_atomic
+from partitioner.core.files import read_input_text, write_atomic
 from partitioner.core.ir import CostedGraph, EventKind, Schedule, SolverResult, TimelineEvent
+from partitioner.core.jsonfiles import loads_bounded
 from partitioner.core.options import InputShape
 from partitioner.core.strategy import Family, Strategy
 from partitioner.plan.schema import validate_plan_data
@@ -603,20 +604,19 @@ def _event(data: Mapping[str, Any], where: str, origin: str) -> TimelineEvent:
     )
 
 
+MAX_PLAN_BYTES = 64 << 20
+"""The largest plan file read (64 MiB; a plan of 100k layers is a few MiB)."""
+
+
 def load_plan(path: str | os.PathLike[str]) -> Plan:
-    """Read a plan file written by :meth:`Plan.save`; errors name the file and the field."""
+    """Read a plan file written by :meth:`Plan.save`; errors name the file and the field.
+
+    Read as a file from elsewhere: a regular file (checked before it is opened, so a FIFO or
+    ``/dev/zero`` is refused, never read) of at most :data:`MAX_PLAN_BYTES`, its JSON nesting and
+    numbers within :func:`~partitioner.core.jsonfiles.loads_bounded`'s bounds."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"no such plan file: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(f"cannot read plan file {p}: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanError(
-            f"{p} is not a valid plan file (JSON error at line {exc.lineno} column {exc.colno}: "
-            f"{exc.msg}); it may be truncated: make the plan again"
-        ) from None
+    text = read_input_text(p, "plan file", PlanError, MAX_PLAN_BYTES)
+    data = loads_bounded(
+        text, f"{p} (plan file)", PlanError, "it may be truncated: make the plan again"
+    )
     return Plan.from_json_dict(data, origin=str(p))

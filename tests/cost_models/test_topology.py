@@ -139,7 +139,7 @@ def test_link_kind_specs_match_the_old_uniform_topology() -> None:
         ("pcie", {"device_type": "h100", "num_devices": 0}, CatalogError, "num_devices=0"),
         ("pcie", {"device_type": "h100", "num_devices": 2, "memory_limit_bytes": -5},
          CatalogError, "memory_limit_bytes=-5"),
-        ("/nonexistent/topo.toml", {}, UsageError, "does not exist; check the path"),
+        ("/nonexistent/topo.toml", {}, UsageError, "no such topology file: /nonexistent/topo"),
     ],
 )  # fmt: skip
 def test_bad_specs(
