@@ -106,28 +106,18 @@ handle or constant, or forward a tensor without copying it (identity, reshape-li
 flow plumbing). The roofline gives them 0 s and no launch overhead. Ops that write memory
 (``ZerosLike``, ``Fill``, ``Snapshot``, ``Transpose``) are *not* here."""
 
-MATMUL_LIKE_OPS: frozenset[str] = frozenset(
+DEPTHWISE_OPS: frozenset[str] = frozenset(
     {
-        "MatMul",
-        "BatchMatMul",
-        "BatchMatMulV2",
-        "BatchMatMulV3",
-        "Einsum",
-        "Conv1D",
-        "Conv2D",
-        "Conv3D",
-        "Conv2DBackpropInput",
-        "Conv2DBackpropFilter",
-        "Conv3DBackpropInputV2",
-        "Conv3DBackpropFilterV2",
         "DepthwiseConv2dNative",
         "DepthwiseConv2dNativeBackpropInput",
         "DepthwiseConv2dNativeBackpropFilter",
-        "_FusedMatMul",
-        "_FusedConv2D",
     }
 )
-"""Op types that run on the dense-math units (tensor cores) and reach a good fraction of peak."""
+"""Depthwise convolutions: dense math, but on CUDA cores (not in :data:`TENSOR_CORE_OPS`)."""
+
+MATMUL_LIKE_OPS: frozenset[str] = TENSOR_CORE_OPS | DEPTHWISE_OPS
+"""Op types of dense math that reach a good fraction of a peak (tensor-core ops and depthwise
+convolutions)."""
 
 FUSIBLE_OPS: frozenset[str] = frozenset(
     {
