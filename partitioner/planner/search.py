@@ -210,12 +210,21 @@ def search_batches(
     """Every batch :func:`search_strategies` costs the model at on ``num_devices`` devices
     (descending): ``batch_size`` itself, each replica count's share, each micro-batch."""
     options = options or StrategyOptions()
-    batches = {batch_size}
-    for replicas, stages in _shapes(num_devices, batch_size, options.families):
-        per_replica = batch_size // replicas
-        most = options.max_microbatches_per_stage
-        batches.update(per_replica // m for m in microbatch_choices(per_replica, stages, most))
+    shapes = list(_shapes(num_devices, batch_size, options.families))
+    batches = {batch_size} | {
+        batch_size // (r * m) for r, m in _priced_keys(batch_size, shapes, options)
+    }
     return tuple(sorted(batches, reverse=True))
+
+
+def _priced_keys(
+    batch_size: int, shapes: list[tuple[int, int]], options: StrategyOptions
+) -> Iterator[tuple[int, int]]:
+    """``(R, M)``: each replica count of ``shapes`` with each micro-batch count it is scored at."""
+    for replicas, stages in shapes:
+        per_replica = batch_size // replicas
+        for m in microbatch_choices(per_replica, stages, options.max_microbatches_per_stage):
+            yield replicas, m
 
 
 def sub_problem(problem: PartitionProblem, devices: tuple[int, ...]) -> PartitionProblem:
@@ -435,10 +444,8 @@ def _scored(scorer: _Scorer) -> set[Strategy]:
 def _cost_first(scorer: _Scorer, shapes: list[tuple[int, int]], options: StrategyOptions) -> None:
     """Cost every batch the shapes will be scored at (a replica's, each micro-batch's) before the
     search's time limit starts: the limit bounds the search, not the costing."""
-    for replicas, stages in shapes:
-        per_replica = scorer.batch_size // replicas
-        for m in microbatch_choices(per_replica, stages, options.max_microbatches_per_stage):
-            scorer.priced(replicas, m)
+    for replicas, m in _priced_keys(scorer.batch_size, shapes, options):
+        scorer.priced(replicas, m)
 
 
 def _refined(
