@@ -93,7 +93,10 @@ class Fit:
 def _keras_model(name: str) -> Any:
     import keras
 
-    build = {"resnet50": keras.applications.ResNet50, "efficientnetb0": keras.applications.EfficientNetB0}
+    build = {
+        "resnet50": keras.applications.ResNet50,
+        "efficientnetb0": keras.applications.EfficientNetB0,
+    }
     return build[name](weights=None)
 
 
@@ -174,7 +177,9 @@ def _log_rms(
 ) -> float:
     """Root mean square of log(predicted / published) throughput over ``rows``."""
     logs = [
-        math.log(row["batch_size"] / term.step_s(eff, memory, overhead_s) / row["published_images_per_s"])
+        math.log(
+            row["batch_size"] / term.step_s(eff, memory, overhead_s) / row["published_images_per_s"]
+        )
         for row, term in zip(rows, terms, strict=True)
     ]
     return math.sqrt(sum(x * x for x in logs) / len(logs))
@@ -208,12 +213,19 @@ def predict(row: Mapping[str, Any], roofline: RooflineModel) -> dict[str, Any]:
     """The planner's prediction for one published row: step, throughput, memory."""
     graph = traced_graph(row["model"], row["batch_size"], row["precision"])
     costed = cost_graph(
-        graph, device_type=row["device"], num_devices=1, roofline=roofline, precision=_row_policy(row)
+        graph,
+        device_type=row["device"],
+        num_devices=1,
+        roofline=roofline,
+        precision=_row_policy(row),
     )
     step_s = evaluate(costed, (0,) * len(costed.layer_memory)).step_time_s
     predicted = row["batch_size"] / step_s
     return {
-        **{k: row[k] for k in ("id", "model", "batch_size", "precision", "device", "role", "source")},
+        **{
+            k: row[k]
+            for k in ("id", "model", "batch_size", "precision", "device", "role", "source")
+        },
         "planned_precision": _row_policy(row).value,
         "published_images_per_s": row["published_images_per_s"],
         "predicted_images_per_s": round(predicted, 1),
@@ -245,8 +257,20 @@ def memory_check(roofline: RooflineModel) -> dict[str, Any]:
 def mixed_speedup(roofline: RooflineModel) -> dict[str, Any]:
     """Predicted ResNet-50 throughput on an A100 at batch 256, mixed_float16 over float32 (TF32)."""
     base = {"model": "resnet50", "batch_size": 256, "device": "a100-80gb", "role": "check"}
-    fp32 = predict({**base, "id": "tf32", "precision": "float32", "source": "", "published_images_per_s": 1}, roofline)
-    amp = predict({**base, "id": "amp", "precision": "mixed_float16", "source": "", "published_images_per_s": 1}, roofline)
+    fp32 = predict(
+        {**base, "id": "tf32", "precision": "float32", "source": "", "published_images_per_s": 1},
+        roofline,
+    )
+    amp = predict(
+        {
+            **base,
+            "id": "amp",
+            "precision": "mixed_float16",
+            "source": "",
+            "published_images_per_s": 1,
+        },
+        roofline,
+    )
     return {
         "tf32_images_per_s": fp32["predicted_images_per_s"],
         "mixed_float16_images_per_s": amp["predicted_images_per_s"],
@@ -264,7 +288,10 @@ def all_reduce_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         busbw = 2 * (n - 1) / n * row["message_bytes"] / seconds
         out.append(
             {
-                **{k: row[k] for k in ("id", "devices", "device", "link", "message_bytes", "source")},
+                **{
+                    k: row[k]
+                    for k in ("id", "devices", "device", "link", "message_bytes", "role", "source")
+                },
                 "published_bus_bandwidth_bytes_per_s": row["published_bus_bandwidth_bytes_per_s"],
                 "predicted_bus_bandwidth_bytes_per_s": busbw,
                 "error": busbw / row["published_bus_bandwidth_bytes_per_s"] - 1.0,
@@ -289,7 +316,8 @@ def table(results: Mapping[str, Any]) -> str:
         lines.append(
             f"| all-reduce {r['message_bytes'] / 2**30:.0f} GiB | {r['devices']}x {r['device']} {r['link']} | "
             f"busbw | - | {r['published_bus_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s | "
-            f"{r['predicted_bus_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s | {100 * r['error']:+.1f}% | check |"
+            f"{r['predicted_bus_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s | {100 * r['error']:+.1f}% | "
+            f"{r.get('role', 'check')} |"
         )
     return "\n".join(lines)
 
@@ -309,6 +337,13 @@ def summary(results: Mapping[str, Any]) -> list[str]:
             f"{role}: {within}/{len(errs)} rows within {tol:.0%} (worst {max(errs):.1%}, "
             f"median {sorted(errs)[len(errs) // 2]:.1%})"
         )
+    ar = results["all_reduce"]
+    ar_errs = [abs(r["error"]) for r in ar]
+    lines.append(
+        f"all-reduce bus bandwidth: {sum(e <= CALIBRATION_TOLERANCE for e in ar_errs)}/{len(ar)} rows "
+        f"within {CALIBRATION_TOLERANCE:.0%} (worst {max(ar_errs):.1%}; ring at each link kind's "
+        "published bus-bandwidth efficiency)"
+    )
     mem = results["memory"]
     lines.append(
         f"memory: {mem['case']}: peak {mem['peak_memory_bytes'] / 2**30:.2f} GiB, solver view "
@@ -353,8 +388,7 @@ def write_calibration_file(
             "TensorFlow training throughputs of benchmarks/data/gpu_published.json (calibration rows: "
             + ", ".join(r["id"] for r in rows)
             + "; volta and ampere fitted together; XLA on in the published runs, priced as elementwise "
-                "fusion) at "
-            + datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            "fusion) at " + datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         ),
     }
     path = REPO / "cost_models" / "data" / f"calibration_{family}.json"

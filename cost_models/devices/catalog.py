@@ -131,6 +131,15 @@ class Catalog(Mapping[str, DeviceType]):
     links: Mapping[str, Link]
     link_sources: Mapping[str, str]
     origin: str
+    collective_efficiency: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Per link kind, the fraction of its bandwidth a ring all-reduce achieves as nccl-tests'
+    bus bandwidth (NCCL's protocol overhead, the host bridges a PCIe ring crosses); kinds
+    without a published figure are absent (1.0)."""
+    collective_sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def ring_efficiency(self, kind: str) -> float:
+        """The bus-bandwidth efficiency of a ring all-reduce over link ``kind`` (1.0 if unknown)."""
+        return self.collective_efficiency.get(kind.strip().lower(), 1.0)
 
     def __getitem__(self, name: str) -> DeviceType:
         return self.devices[name]
@@ -204,7 +213,21 @@ def _links(origin: str, raw: Mapping[str, Any]) -> tuple[dict[str, Link], dict[s
     return links, sources
 
 
-def _device(origin: str, name: str, body: Mapping[str, Any], links: Mapping[str, Link]) -> DeviceType:
+def _collectives(raw: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """The link kinds' ring all-reduce bus-bandwidth efficiencies and their sources."""
+    efficiency: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    for kind, body in raw.items():
+        collective = body.get("collective")
+        if collective is not None:
+            efficiency[kind.lower()] = float(collective["bus_bandwidth_efficiency"])
+            sources[kind.lower()] = collective["source"]
+    return efficiency, sources
+
+
+def _device(
+    origin: str, name: str, body: Mapping[str, Any], links: Mapping[str, Link]
+) -> DeviceType:
     """One schema-valid device entry, its link kinds checked against the catalog's links."""
     nvlink = body.get("nvlink")
     return DeviceType(
@@ -265,6 +288,7 @@ def _parse(text: str, origin: str) -> Catalog:
     links, link_sources = _links(origin, raw["links"])
     devices = _devices(origin, raw["devices"], links)
     aliases = _aliases(origin, raw.get("aliases", {}), devices)
+    efficiency, collective_sources = _collectives(raw["links"])
     logger.debug("loaded device catalog %s: %d devices, %d links", origin, len(devices), len(links))
     return Catalog(
         devices=MappingProxyType(devices),
@@ -272,6 +296,8 @@ def _parse(text: str, origin: str) -> Catalog:
         links=MappingProxyType(links),
         link_sources=MappingProxyType(link_sources),
         origin=origin,
+        collective_efficiency=MappingProxyType(efficiency),
+        collective_sources=MappingProxyType(collective_sources),
     )
 
 

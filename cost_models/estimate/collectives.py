@@ -20,8 +20,16 @@ workstations", JPDC 2009): ``R`` devices in a ring, the tensor cut into ``R`` ch
 reduce-scatter steps then ``R - 1`` all-gather steps, each step sending one chunk from every
 device to its ring successor at the same time. A step lasts as long as its slowest channel::
 
-    step_s = max over channels c of (latency_c + chunk bytes carried by c / bandwidth_c)
+    step_s = max over channels c of (latency_c + chunk bytes carried by c / ring_bandwidth_c)
     all_reduce_s = 2 (R - 1) step_s
+    ring_bandwidth_c = bandwidth_c * bus_bandwidth_efficiency(link kind of c)
+
+The efficiency is what NCCL achieves over a link kind as nccl-tests' bus bandwidth (``busbw =
+2 (R - 1) / R * bytes / time``, the per-link rate of this very formula), divided by the link's
+bandwidth: NCCL's protocol overhead on NVLink, the CPU root complexes a PCIe ring crosses. The
+catalog gives it per link kind with its published source
+(:meth:`~cost_models.devices.catalog.Catalog.ring_efficiency`; 1.0 for kinds without one, e.g.
+a topology file's own links); the benchmark ``python -m benchmarks.gpu_fidelity`` checks it.
 
 Transfers that share a channel (:meth:`~partitioner.core.ir.Topology.channel_between`: all
 traffic from one host to another shares one NIC) share its bandwidth, so a ring that crosses
@@ -51,8 +59,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+from cost_models.devices.catalog import catalog
 from partitioner.core.errors import PlanError
-from partitioner.core.ir import AllReduceFit, Topology
+from partitioner.core.ir import AllReduceFit, Link, Topology
 
 __all__ = [
     "AllReduceAlgorithm",
@@ -60,6 +69,7 @@ __all__ = [
     "concurrent_all_reduce_s",
     "concurrent_reduce_to_one_s",
     "measured_all_reduce_s",
+    "ring_bandwidth_bytes_per_s",
     "ring_order",
 ]
 
@@ -87,19 +97,21 @@ def measured_all_reduce_s(fit: AllReduceFit, members: int, num_bytes: float) -> 
     m = fit.members
     latency_scale = (members - 1) / (m - 1)
     bytes_scale = ((members - 1) / members) / ((m - 1) / m)
-    return (
-        fit.latency_s * latency_scale + num_bytes * bytes_scale / fit.bandwidth_bytes_per_s
-    )
+    return fit.latency_s * latency_scale + num_bytes * bytes_scale / fit.bandwidth_bytes_per_s
 
 
-def _measured_concurrent_s(
-    fit: AllReduceFit, groups: Sequence[tuple[Sequence[int], int]]
-) -> float:
+def _measured_concurrent_s(fit: AllReduceFit, groups: Sequence[tuple[Sequence[int], int]]) -> float:
     """All-reduces at the same time by the measured fit: their bytes add (module docstring)."""
     active = [(len(g), b) for g, b in groups if len(g) > 1 and b > 0]
     if not active:
         return 0.0
     return measured_all_reduce_s(fit, max(n for n, _ in active), sum(b for _, b in active))
+
+
+def ring_bandwidth_bytes_per_s(link: Link) -> float:
+    """The bandwidth a ring all-reduce achieves over ``link``: its bandwidth times its kind's
+    bus-bandwidth efficiency from the catalog (see the module docstring)."""
+    return link.bandwidth_bytes_per_s * catalog().ring_efficiency(link.kind)
 
 
 def ring_order(topology: Topology, group: Sequence[int]) -> tuple[int, ...]:
@@ -137,9 +149,8 @@ def concurrent_all_reduce_s(
             channel = topology.channel_between(src, dst)
             load[channel] = load.get(channel, 0.0) + chunk
             latency[channel] = max(latency.get(channel, 0.0), link.latency_s)
-            bandwidth[channel] = min(
-                bandwidth.get(channel, link.bandwidth_bytes_per_s), link.bandwidth_bytes_per_s
-            )
+            ring_bw = ring_bandwidth_bytes_per_s(link)
+            bandwidth[channel] = min(bandwidth.get(channel, ring_bw), ring_bw)
     step_s = max(latency[c] + load[c] / bandwidth[c] for c in load)
     return 2 * (members - 1) * step_s
 
