@@ -55,7 +55,7 @@ from partitioner.solvers.baselines import (
 )
 from partitioner.solvers.dp import PipeDreamSolver
 from partitioner.solvers.etf import EtfSolver
-from partitioner.solvers.ilp import IlpSolver, throughput_model_terms, throughput_objective_s
+from partitioner.solvers.ilp import IlpSolver, model_build_s, throughput_objective_s
 from partitioner.solvers.metis import MetisSolver
 
 __all__ = ["CANDIDATES", "AutoSolver", "auto_score_s", "colocate_groups"]
@@ -79,9 +79,6 @@ _Best = tuple[float, str, tuple[int, ...]]
 
 _MIN_ILP_TIME_S = 0.05
 """Below this much search time left, the ILP is not started."""
-
-_ILP_BUILD_S_PER_TERM = 2e-5
-"""Measured cost of building the ILP per (layer or edge) x device, kept out of its search time."""
 
 
 def auto_score_s(problem: PartitionProblem, assignment: tuple[int, ...]) -> float:
@@ -177,7 +174,7 @@ class AutoSolver(SolverOptions):
         status = SolveStatus.HEURISTIC
         bound = lower_bounds(problem).throughput_s
         n = problem.num_layers
-        build_s = _ILP_BUILD_S_PER_TERM * throughput_model_terms(problem)
+        build_s = model_build_s(problem)
         remaining_s = self.time_limit_s - (time.perf_counter() - t0) - build_s
         if not self.ilp or self.ilp_max_layers == 0:
             notes.append("ilp: off")
@@ -195,7 +192,7 @@ class AutoSolver(SolverOptions):
             warm_start=best[2] if best is not None else None,
         )
         try:
-            result = ilp.solve(problem)
+            result = ilp.solve(problem, build_in_limit=False)
         except PartitionError as exc:
             logger.info("auto: ilp gave nothing: %s", exc)
             notes.append(f"ilp: no placement ({type(exc).__name__})")

@@ -287,6 +287,19 @@ def big_problem(n: int = 300, n_dev: int = 4, seed: int = 0) -> PartitionProblem
 
 
 @pytest.mark.parametrize("objective", ["throughput", "step"])
+def test_a_model_too_large_to_build_in_the_limit_is_not_built(objective: str) -> None:
+    """3,000 layers on 32 devices: building the model alone would outlast the limit, so the
+    warm start comes back within it, and the note says why."""
+    p = big_problem(3000, 32)
+    assert ilp.model_build_s(p, objective) > 1.0
+    r = IlpSolver(objective=objective, time_limit_s=1.0).solve(p)  # type: ignore[arg-type]
+    assert r.status is SolveStatus.FEASIBLE and fits(p, r.assignment)
+    assert r.solve_time_s < 5.0  # the heuristics' time, not the model's (minutes)
+    assert any("time limit 1 s reached before the model was built" in n for n in r.notes)
+    assert any("CP-SAT not run, returned the warm start (metis)" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("objective", ["throughput", "step"])
 def test_tiny_time_limit_on_300_layers_still_returns_a_plan(objective: str) -> None:
     p = big_problem()
     r = IlpSolver(objective=objective, time_limit_s=0.05).solve(p)  # type: ignore[arg-type]
