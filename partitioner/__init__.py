@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from partitioner.api import load_plan, partition
     from partitioner.plan.model import Plan
+    from passes.weightless import without_weights
 
 __all__ = [
     "MeasureOptions",
@@ -30,6 +31,7 @@ __all__ = [
     "__version__",
     "load_plan",
     "partition",
+    "without_weights",
 ]
 
 
@@ -38,6 +40,10 @@ def __getattr__(name: str) -> Any:
         from partitioner import api
 
         return getattr(api, name)
+    if name == "without_weights":
+        from passes.weightless import without_weights
+
+        return without_weights
     if name == "Plan":
         from partitioner.plan.model import Plan
 

@@ -23,6 +23,7 @@ from cost_models.devices.topology import load_topology, topology_summary
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, parse_optimizer
 from cost_models.estimate.precision import parse_precision, traced_precision
+from partitioner.core.batching import graph_at_batch
 from partitioner.core.errors import PartitionError, PlanError, RewriteError, UsageError
 from partitioner.core.ir import (
     CostedGraph,
@@ -259,7 +260,7 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
     inexact = _check_model(model)
     traced = _trace(model, prepared.target, say, phases)
     costed, cost_notes = _cost(model, traced, prepared, say, phases)
-    costed_at = _CostedAt(model, prepared, costed)
+    costed_at = _CostedAt(model, prepared, costed, traced)
     pipelined = _pipelined_costs(costed_at, prepared, say, phases)
     say(f"solving with {prepared.solver.name}")
     with _timed(phases, "solve"):
@@ -421,17 +422,33 @@ class _Compared:
 
 class _CostedAt:
     """``costed_at(b)``: the model traced and costed again at batch ``b`` (a replica's share, a
-    micro-batch), measured as this run was; each batch once."""
+    micro-batch), measured as this run was; each batch once.
 
-    def __init__(self, model: Any, prepared: Prepared, costed: CostedGraph) -> None:
+    Without measurements, a batch's graph comes from two traces at other batches where they
+    determine it exactly (:func:`~partitioner.core.batching.graph_at_batch`), so a large model
+    is traced twice, not once per batch the strategy search prices."""
+
+    def __init__(self, model: Any, prepared: Prepared, costed: CostedGraph, traced: TraceResult):
         self._model, self._prepared = model, prepared
         self.graphs = {prepared.target.batch_size: costed}
+        self._traced = {prepared.target.batch_size: traced}
+        measure = prepared.measure
+        self._derive = not (measure.profile or measure.profile_ops)
+
+    def _traced_at(self, batch: int) -> TraceResult:
+        if self._derive and len(self._traced) >= 2:
+            low, high = min(self._traced), max(self._traced)
+            graph = graph_at_batch(self._traced[low].graph, self._traced[high].graph, batch)
+            if graph is not None:
+                return replace(self._traced[low], graph=graph, step_function=None)
+        target = replace(self._prepared.target, batch_size=batch)
+        self._traced[batch] = _trace(self._model, target, _no_progress, [])
+        return self._traced[batch]
 
     def __call__(self, batch: int) -> CostedGraph:
         if batch not in self.graphs:
-            target = replace(self._prepared.target, batch_size=batch)
-            traced = _trace(self._model, target, _no_progress, [])
-            at = replace(self._prepared, target=target)
+            at = replace(self._prepared, target=replace(self._prepared.target, batch_size=batch))
+            traced = self._traced_at(batch)
             self.graphs[batch], _ = _cost(self._model, traced, at, _no_progress, [])
         return self.graphs[batch]
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from partitioner.core.errors import TraceError
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
+from passes import weightless
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,10 @@ class TraceResult:
     step_function: Any = None
     """The traced step as a ``tf.types.experimental.ConcreteFunction`` (inputs: the traced specs;
     outputs: the loss and the gradients), so a profiler can run exactly the graph that was traced
-    and match its ops by name."""
+    and match its ops by name. None for a weightless model (there is nothing to run it on)."""
+    weightless: bool = False
+    """True when the model had no weights (:mod:`passes.weightless`): its variables were the
+    traced function's arguments, and nothing was allocated."""
     tf32_enabled: bool = True
     """TensorFlow's TF32 setting when the step was traced
     (``tf.config.experimental.tensor_float_32_execution_enabled()``): float32 matmuls and
@@ -140,6 +144,7 @@ class _CallRecorder:
     """Records which unit is innermost while each graph op is created."""
 
     def __init__(self, units: Sequence[Unit]) -> None:
+        self.units = tuple(units)
         self._unit_by_id = {id(u.operation): u.name for u in units}
         self._stack: list[str | None] = [None]
         # (number of ops in the graph when the segment starts, owner of the segment)
@@ -660,6 +665,46 @@ def _trace_step(
     return concrete, boundary[0] if boundary else None
 
 
+def _weightless_step(
+    model: keras.Model, specs: Sequence[tf.TensorSpec], recorder: _CallRecorder
+) -> tuple[Any, int | None, dict[str, str]]:
+    """:func:`_trace_step` for a model without weights (:mod:`passes.weightless`): every variable
+    is a ``tf.TensorSpec`` argument, mapped onto its variable by a ``StatelessScope`` while the
+    forward runs, and the gradients are taken with respect to those arguments. Also returns
+    each variable argument's op name -> the unit holding the variable (so its bytes belong to
+    that layer, as a read op's would)."""
+    trainable, frozen = list(model.trainable_variables), list(model.non_trainable_variables)
+    variables = trainable + frozen
+    var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+    boundary: list[int] = []
+
+    def step(inputs: list[tf.Tensor], values: list[tf.Tensor]) -> Any:
+        graph = tf.compat.v1.get_default_graph()
+        mapping = list(zip(variables, values))
+        with keras.StatelessScope(mapping, initialize_variables=False):
+            with recorder.recording(graph):
+                outputs = model(model_input(model, inputs), training=True)
+        loss = _synthetic_loss(outputs)
+        boundary.append(len(graph.get_operations()))
+        grads = tf.gradients(loss, values[: len(trainable)]) if trainable else []
+        return loss, [g for g in grads if g is not None]
+
+    try:
+        concrete = tf.function(step, autograph=False).get_concrete_function(list(specs), var_specs)
+    except TraceError:
+        raise
+    except Exception as exc:
+        raise _trace_failure(model, specs, exc) from exc
+    owner_of_var = weightless.variable_owners(recorder.units)
+    arguments = concrete.graph.inputs[len(specs) : len(specs) + len(variables)]
+    owners = {
+        t.op.name: owner_of_var[id(v)]
+        for t, v in zip(arguments, variables)
+        if id(v) in owner_of_var
+    }
+    return concrete, boundary[0] if boundary else None, owners
+
+
 def _trace_failure(
     model: keras.Model, specs: Sequence[tf.TensorSpec], exc: Exception
 ) -> TraceError:
@@ -678,9 +723,15 @@ def _trace_failure(
 
 
 def _ops_and_edges(
-    tf_ops: Sequence[Any], forward_end: int, recorder: _CallRecorder, flops: dict[str, int]
+    tf_ops: Sequence[Any],
+    forward_end: int,
+    recorder: _CallRecorder,
+    flops: dict[str, int],
+    fixed_owners: Mapping[str, str],
 ) -> tuple[list[Op], list[Edge]]:
-    """The IR's ops (with their owning layer and phase) and edges, in creation order."""
+    """The IR's ops (with their owning layer and phase) and edges, in creation order;
+    ``fixed_owners`` names the layer of ops made outside every layer call (a weightless trace's
+    variable arguments)."""
     list_bytes: dict[tuple[str, int], int] = {
         (op.name, i): size
         for op in tf_ops
@@ -698,7 +749,7 @@ def _ops_and_edges(
     for pos, op in enumerate(tf_ops):
         if pos < forward_end:
             phase = Phase.FORWARD
-            layer = recorder.owner_of(pos)
+            layer = fixed_owners.get(op.name) or recorder.owner_of(pos)
         else:
             phase = Phase.BACKWARD
             layer = _backward_owner(op, owner)
@@ -712,7 +763,8 @@ def _ops_and_edges(
         ops.append(
             Op(
                 id=op.name,
-                op_type=op.type,
+                # a weightless trace's variable argument stands for the read of the variable
+                op_type="ReadVariableOp" if op.name in fixed_owners else op.type,
                 layer=layer,
                 phase=phase,
                 output_shapes=tuple(shapes),
@@ -757,7 +809,12 @@ def trace_model(
     if not units:
         raise TraceError(f"model {model.name!r} has no layers to place")
     recorder = _CallRecorder(units)
-    concrete, forward_end = _trace_step(model, specs, recorder)
+    fixed_owners: dict[str, str] = {}
+    without_weights = weightless.is_weightless(model)
+    if without_weights:
+        concrete, forward_end, fixed_owners = _weightless_step(model, specs, recorder)
+    else:
+        concrete, forward_end = _trace_step(model, specs, recorder)
     trace_time_s = time.perf_counter() - t0
     tf_graph = concrete.graph
     tf_ops = tf_graph.get_operations()
@@ -768,7 +825,7 @@ def trace_model(
     flops = _count_flops(tf_graph)
     flops_time_s = time.perf_counter() - t1
 
-    ops, edges = _ops_and_edges(tf_ops, forward_end, recorder, flops)
+    ops, edges = _ops_and_edges(tf_ops, forward_end, recorder, flops, fixed_owners)
     graph = Graph(
         name=model.name,
         ops=_topological(ops, edges),
@@ -790,7 +847,8 @@ def trace_model(
         units=units,
         trace_time_s=trace_time_s,
         flops_time_s=flops_time_s,
-        step_function=concrete,
+        step_function=None if without_weights else concrete,
+        weightless=without_weights,
         tf32_enabled=bool(tf.config.experimental.tensor_float_32_execution_enabled()),
         input_bounds=integer_input_bounds(model),
     )

@@ -1,0 +1,97 @@
+"""A training step's graph at another batch size, from its traces at two batch sizes.
+
+The strategy search prices every candidate at the batch it would really run (a replica's share,
+a micro-batch), so it needs the model's graph at several batch sizes. Tracing a large model
+takes seconds to tens of seconds each time. In the graphs of ordinary networks the batch size
+only scales the leading dimension of the batch's tensors, so every op's FLOPs, every tensor's
+bytes and every dimension is an affine function ``a + b * batch`` of it (a weight's gradient:
+constant bytes, FLOPs proportional; an activation: both proportional; an attention score:
+proportional, with the sequence length squared in ``b``). Two traces at batches ``b1 != b2``
+with the same ops and edges determine each of those functions, and so the graph at any batch.
+
+:func:`graph_at_batch` refuses (returns None) whenever the two traces differ in structure (op
+ids, types, layers, phases, dtypes, edges) or a value would not be a non-negative integer at
+the asked batch, so a caller traces that batch instead. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from partitioner.core.ir import Edge, Graph, Op
+
+__all__ = ["graph_at_batch"]
+
+
+class _NotAffine(Exception):
+    """A value of the two traces does not extend to the asked batch as an integer."""
+
+
+class _Line:
+    """The affine map through (b1, v1) and (b2, v2), evaluated at ``batch``."""
+
+    def __init__(self, b1: int, b2: int, batch: int) -> None:
+        self._num, self._den = batch - b1, b2 - b1
+
+    def __call__(self, v1: int, v2: int) -> int:
+        if v1 == v2:  # a constant, or a dimension unknown in both traces (-1)
+            return v1
+        step, rest = divmod((v2 - v1) * self._num, self._den)
+        value = v1 + step
+        if rest or value < 0 or min(v1, v2) < 0:
+            raise _NotAffine
+        return value
+
+
+def _same_structure(a: Graph, b: Graph) -> bool:
+    if len(a.ops) != len(b.ops) or len(a.edges) != len(b.edges) or a.layers != b.layers:
+        return False
+    for x, y in zip(a.ops, b.ops):
+        if (x.id, x.op_type, x.layer, x.phase, x.output_dtypes) != (
+            y.id,
+            y.op_type,
+            y.layer,
+            y.phase,
+            y.output_dtypes,
+        ) or [len(s) for s in x.output_shapes] != [len(s) for s in y.output_shapes]:
+            return False
+    return all(
+        (e.src, e.dst, e.output_index) == (f.src, f.dst, f.output_index)
+        for e, f in zip(a.edges, b.edges)
+    )
+
+
+def _op_at(x: Op, y: Op, line: _Line) -> Op:
+    shapes = tuple(
+        tuple(line(d1, d2) for d1, d2 in zip(s1, s2))
+        for s1, s2 in zip(x.output_shapes, y.output_shapes)
+    )
+    return replace(
+        x,
+        output_shapes=shapes,
+        output_bytes=line(x.output_bytes, y.output_bytes),
+        flops=line(x.flops, y.flops),
+        transposed_bytes=line(x.transposed_bytes, y.transposed_bytes),
+    )
+
+
+def graph_at_batch(a: Graph, b: Graph, batch: int) -> Graph | None:
+    """The graph of the step at ``batch`` from the graphs ``a`` and ``b`` of the same model
+    traced at two different batch sizes (see the module docstring); None when the two differ
+    in structure or a value is not affine in the batch there."""
+    if a.batch_size == b.batch_size or batch < 1:
+        return None
+    if batch in (a.batch_size, b.batch_size):
+        return a if batch == a.batch_size else b
+    if not _same_structure(a, b):
+        return None
+    line = _Line(a.batch_size, b.batch_size, batch)
+    try:
+        ops = tuple(_op_at(x, y, line) for x, y in zip(a.ops, b.ops))
+        edges = tuple(
+            e if e.bytes == f.bytes else Edge(e.src, e.dst, line(e.bytes, f.bytes), e.output_index)
+            for e, f in zip(a.edges, b.edges)
+        )
+    except _NotAffine:
+        return None
+    return Graph(name=a.name, ops=ops, edges=edges, layers=a.layers, batch_size=batch)
