@@ -12,10 +12,13 @@ for ``solver='single'``).
 
 The reference is ``benchmarks/data/gpu_published.json``: published single-GPU training
 throughputs (NVIDIA DeepLearningExamples, TensorFlow, each with its URL and conditions) and
-nccl-tests all-reduce bus bandwidths. Rows marked ``calibration`` fit the GPU roofline's three
-efficiencies -- tensor-core ops (:data:`cost_models.estimate.precision.TENSOR_CORE_OPS`), other
-compute, memory traffic -- by a grid search minimising their root mean square log error;
-``validation`` rows are only predicted. ``--write-calibration`` stores the fit as
+nccl-tests all-reduce bus bandwidths. Rows marked ``calibration`` fit the GPU roofline's
+efficiencies -- tensor-core ops by peak (:data:`cost_models.estimate.precision.TENSOR_CORE_OPS`),
+memory traffic, the other ops' compute, and the memory fraction of TensorFlow's slow float16
+depthwise filter-gradient kernel on Volta -- by coordinate descent minimising their root mean
+square log error (16-bit ops off the tensor cores run at the datasheet half rate of their family,
+:data:`_HALF_COMPUTE_SCALE`, not fitted); ``validation`` rows are only predicted. All-reduce rows
+compare the ring model at the catalog's per-link-kind bus-bandwidth efficiency with nccl-tests. ``--write-calibration`` stores the fit as
 ``cost_models/data/calibration_<family>.json`` for the families the rows cover (volta, ampere),
 which :func:`cost_models.estimate.analytic.calibrated_roofline` then uses for every device of
 those families. It is not packaged yet: families without published rows (turing, ada, hopper)
@@ -31,6 +34,7 @@ Results go to ``benchmarks/results/gpu_fidelity.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import json
@@ -45,7 +49,13 @@ from typing import Any
 
 from cost_models.devices.catalog import get_device_type
 from cost_models.devices.topology import load_topology
-from cost_models.estimate.analytic import RooflineModel, roofline_terms, roofline_to_dict
+from cost_models.estimate.analytic import (
+    DEPTHWISE_OPS,
+    HALF_DTYPES,
+    RooflineModel,
+    roofline_terms,
+    roofline_to_dict,
+)
 from cost_models.estimate.collectives import all_reduce_s
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.precision import TENSOR_CORE_OPS, PrecisionPolicy, policy_from_keras
@@ -61,31 +71,52 @@ CALIBRATION_TOLERANCE = 0.15
 VALIDATION_TOLERANCE = 0.25
 _GRID_EFFICIENCY = tuple(round(0.10 + 0.01 * i, 2) for i in range(91))  # 0.10 .. 1.00
 _GRID_MEMORY = tuple(round(0.10 + 0.02 * i, 2) for i in range(46))  # 0.10 .. 1.00
-_GRID_OVERHEAD_S = (0.0, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5)
-_OTHER_EFFICIENCY = 0.3
-"""Other compute ops keep the default roofline's fraction: they are memory-bound."""
+_GRID_LOW = tuple(round(0.005 * 1.12**i, 4) for i in range(47))  # 0.005 .. ~1.0, log-spaced
+_SWEEPS = 6
+_OTHER_STARTS = (0.01, 0.03, 0.1, 0.3)
+_HALF_COMPUTE_SCALE = {"volta": 2.0, "ampere": 4.0}
+"""16-bit over fp32 CUDA-core rate (datasheets, not fitted): V100 FP16 31.4 TF vs FP32 15.7
+(Tesla V100 whitepaper, 2017); A100 FP16 non-tensor 78 TF vs FP32 19.5 (A100 datasheet)."""
+_HALF_SLOW_OPS = frozenset({"DepthwiseConv2dNativeBackpropFilter"})
+"""TensorFlow's float16 depthwise filter gradient is a slow kernel of its own
+(https://github.com/tensorflow/tensorflow/issues/41715: slow in fp16, fast in fp32; forward
+and input gradient unaffected) ..."""
+_HALF_SLOW_FAMILIES = ("volta",)
+"""... fitted on Volta only: the A100 mixed-precision rows run 2.9x (EfficientNet) their TF32
+rows, so no such kernel shows there."""
 _PEAKS = ("fp32", "tf32", "fp16", "bf16")
+_DEPTHWISE_EFFICIENCY = 0.3
+"""Depthwise convolutions' fraction of the CUDA-core peak (not fitted: they are memory-bound)."""
 _TRACED: dict[tuple[str, int, str], Graph] = {}
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The fitted efficiencies: tensor-core ops by the peak they run at, memory traffic."""
+    """The fitted efficiencies: tensor-core ops by the peak they run at, memory traffic, the
+    other ops' compute, and per family the 16-bit depthwise filter gradient's memory fraction."""
 
     tensor_core: Mapping[str, float]
     memory: float
-    kernel_overhead_s: float
+    other_compute: float
+    half_slow_memory: Mapping[str, float]
+    kernel_overhead_s: float = 0.0
 
-    def roofline(self) -> RooflineModel:
+    def roofline(self, family: str) -> RooflineModel:
+        """The roofline of GPUs of ``family`` (its datasheet half rate, its slow kernels)."""
         tensor_core = dict(self.tensor_core)
         if "fp16" in tensor_core:  # no bf16 rows: BF16 tensor cores run as fast as FP16 ones
             tensor_core.setdefault("bf16", tensor_core["fp16"])
+        slow = self.half_slow_memory.get(family)
         return RooflineModel(
-            efficiency={},  # depthwise convolutions and the rest: default_compute_efficiency
+            efficiency=dict.fromkeys(DEPTHWISE_OPS, _DEPTHWISE_EFFICIENCY),
             tensor_core_efficiency=tensor_core,
-            default_compute_efficiency=_OTHER_EFFICIENCY,
+            default_compute_efficiency=self.other_compute,
             memory_efficiency=self.memory,
             kernel_overhead_s=self.kernel_overhead_s,
+            half_compute_scale=_HALF_COMPUTE_SCALE.get(family, 1.0),
+            half_memory_efficiency_by_type={}
+            if slow is None
+            else dict.fromkeys(_HALF_SLOW_OPS, slow),
             fused_elementwise=True,
         )
 
@@ -141,17 +172,24 @@ class _Terms:
     """One row's roofline terms at full peak (numpy arrays over its working ops)."""
 
     compute_s: Mapping[str, Any]
-    """Compute seconds of the tensor-core ops at each peak (0 elsewhere), and ``other``."""
+    """Compute seconds of the tensor-core ops at each peak (0 elsewhere), ``depthwise`` and
+    ``other`` (the rest) at the fp32 peak, over the family's half rate where 16-bit."""
     memory_s: Any
-    launches: int
+    slow: Any
+    """The ops priced by the family's slow 16-bit kernel fraction (a boolean mask)."""
 
-    def step_s(self, efficiency: Mapping[str, float], memory: float, overhead_s: float) -> float:
+    def step_s(self, fit: Fit, family: str) -> float:
         import numpy as np
 
-        compute = self.compute_s["other"] / _OTHER_EFFICIENCY
+        compute = self.compute_s["other"] / fit.other_compute
+        compute = compute + self.compute_s["depthwise"] / _DEPTHWISE_EFFICIENCY
         for key in _PEAKS:
-            compute = compute + self.compute_s[key] / efficiency.get(key, 1.0)
-        return float(np.maximum(compute, self.memory_s / memory).sum() + self.launches * overhead_s)
+            compute = compute + self.compute_s[key] / fit.tensor_core.get(key, 1.0)
+        memory = self.memory_s / fit.memory
+        slow = fit.half_slow_memory.get(family)
+        if slow is not None:
+            memory = np.where(self.slow, self.memory_s / slow, memory)
+        return float(np.maximum(compute, memory).sum())
 
 
 def _terms(row: Mapping[str, Any]) -> _Terms:
@@ -162,51 +200,72 @@ def _terms(row: Mapping[str, Any]) -> _Terms:
     t = roofline_terms(graph, device, _row_policy(row), fused_elementwise=True)
     compute = np.array(t.compute_s)
     tc = np.array([op in TENSOR_CORE_OPS for op in t.op_types])
+    half = np.array([d in HALF_DTYPES for d in t.dtypes])
     keys = np.array(t.peak_keys)
     parts = {key: compute * (tc & (keys == key)) for key in _PEAKS}
-    parts["other"] = compute * ~tc
-    return _Terms(parts, np.array(t.memory_s), len(t.op_types))
+    scale = np.where(half, _HALF_COMPUTE_SCALE.get(device.family, 1.0), 1.0)
+    depthwise = np.array([op in DEPTHWISE_OPS for op in t.op_types])
+    parts["other"] = compute * ~(tc | depthwise) / scale
+    parts["depthwise"] = compute * depthwise / scale
+    slow = half & np.array([op in _HALF_SLOW_OPS for op in t.op_types])
+    return _Terms(parts, np.array(t.memory_s), slow)
 
 
-def _log_rms(
-    rows: Sequence[Mapping[str, Any]],
-    terms: Sequence[_Terms],
-    eff: Mapping[str, float],
-    memory: float,
-    overhead_s: float,
-) -> float:
+def _log_rms(rows: Sequence[Mapping[str, Any]], terms: Sequence[_Terms], fit: Fit) -> float:
     """Root mean square of log(predicted / published) throughput over ``rows``."""
     logs = [
-        math.log(
-            row["batch_size"] / term.step_s(eff, memory, overhead_s) / row["published_images_per_s"]
-        )
+        math.log(row["batch_size"] / term.step_s(fit, _family(row)) / row["published_images_per_s"])
         for row, term in zip(rows, terms, strict=True)
     ]
     return math.sqrt(sum(x * x for x in logs) / len(logs))
 
 
+def _with(fit: Fit, name: str, value: float) -> Fit:
+    """``fit`` with one parameter (``tc:<peak>``, ``memory``, ``other``, ``slow:<family>``) set."""
+    kind, _, key = name.partition(":")
+    if kind == "tc":
+        return dataclasses.replace(fit, tensor_core={**fit.tensor_core, key: value})
+    if kind == "slow":
+        return dataclasses.replace(fit, half_slow_memory={**fit.half_slow_memory, key: value})
+    return dataclasses.replace(fit, **{"memory" if kind == "memory" else "other_compute": value})
+
+
 def fit_efficiencies(rows: Sequence[Mapping[str, Any]]) -> Fit:
-    """Per memory efficiency on its grid, each tensor-core peak's efficiency by a 1-D grid search
-    over the rows that use it (coordinate descent, two sweeps); the memory efficiency whose fit
-    has the smallest root mean square log(predicted / published) throughput over ``rows`` wins
-    (least squares in log space: a minimax fit put every calibration row near 20% off)."""
+    """Coordinate descent (:data:`_SWEEPS` sweeps, a grid per parameter) minimising the root mean
+    square log(predicted / published) throughput over ``rows``: each tensor-core peak the rows
+    use, the memory fraction, the other ops' compute fraction, and the slow 16-bit kernel's
+    memory fraction of each family in :data:`_HALF_SLOW_FAMILIES` whose rows run 16-bit."""
     terms = [_terms(r) for r in rows]
-    used = [k for k in _PEAKS if any(float(t.compute_s[k].sum()) > 0 for t in terms)]
-    best: tuple[float, Fit] | None = None
-    for memory, overhead_s in itertools.product(_GRID_MEMORY, _GRID_OVERHEAD_S):
-        eff = {k: 0.5 for k in used}
-        for _sweep, key in itertools.product(range(2), used):
-            mine = [i for i, t in enumerate(terms) if float(t.compute_s[key].sum()) > 0]
-            sub_rows, sub_terms = [rows[i] for i in mine], [terms[i] for i in mine]
-            eff[key] = min(
-                _GRID_EFFICIENCY,
-                key=lambda e: _log_rms(sub_rows, sub_terms, {**eff, key: e}, memory, overhead_s),
-            )
-        error = _log_rms(rows, terms, eff, memory, overhead_s)
-        if best is None or error < best[0]:
-            best = (error, Fit(dict(eff), memory, overhead_s))
-    assert best is not None
-    return best[1]
+    grids: dict[str, tuple[float, ...]] = {
+        f"tc:{k}": _GRID_EFFICIENCY
+        for k in _PEAKS
+        if any(float(t.compute_s[k].sum()) > 0 for t in terms)
+    }
+    grids.update({"memory": _GRID_MEMORY, "other": _GRID_LOW})
+    for family in _HALF_SLOW_FAMILIES:
+        if any(
+            _family(r) == family and bool(t.slow.any()) for r, t in zip(rows, terms, strict=True)
+        ):
+            grids[f"slow:{family}"] = _GRID_LOW
+    fits = [_descend(rows, terms, grids, other) for other in _OTHER_STARTS]
+    return min(fits, key=lambda f: _log_rms(rows, terms, f))
+
+
+def _descend(
+    rows: Sequence[Mapping[str, Any]],
+    terms: Sequence[_Terms],
+    grids: Mapping[str, tuple[float, ...]],
+    other: float,
+) -> Fit:
+    """One coordinate descent of ``grids``' parameters from the other ops' fraction ``other``
+    (it trades off against the memory fraction: one start alone stops in a local minimum)."""
+    fit = Fit({k.partition(":")[2]: 0.5 for k in grids if k.startswith("tc:")}, 0.7, other, {})
+    for name in grids:
+        fit = _with(fit, name, 0.3) if name.startswith("slow:") else fit
+    for _sweep, name in itertools.product(range(_SWEEPS), grids):
+        value = min(grids[name], key=lambda v: _log_rms(rows, terms, _with(fit, name, v)))
+        fit = _with(fit, name, value)
+    return fit
 
 
 def predict(row: Mapping[str, Any], roofline: RooflineModel) -> dict[str, Any]:
@@ -326,8 +385,9 @@ def summary(results: Mapping[str, Any]) -> list[str]:
     """One line per target: met or not, with the figures."""
     lines = [
         f"fit ({family} calibration rows): tensor-core efficiency by peak {fit['tensor_core']}, "
-        f"memory {fit['memory']}, launch overhead {fit['kernel_overhead_s'] * 1e6:.0f} us per op, "
-        f"elementwise fusion on, other compute {_OTHER_EFFICIENCY}"
+        f"memory {fit['memory']}, other compute {fit['other_compute']} of the fp32 peak (16-bit: "
+        f"x{fit['half_compute_scale']} by family, datasheets), 16-bit depthwise filter gradient's "
+        f"memory fraction {fit['half_slow_memory']}, elementwise fusion on"
         for family, fit in results["fit"].items()
     ]
     for role, tol in (("calibration", CALIBRATION_TOLERANCE), ("validation", VALIDATION_TOLERANCE)):
@@ -375,7 +435,7 @@ def write_calibration_file(
         "schema": 1,
         "device_type": family,
         "family": family,
-        "roofline": roofline_to_dict(fit.roofline()),
+        "roofline": roofline_to_dict(fit.roofline(family)),
         "fit": {
             "num_samples": len(errs),
             "rms_relative_error": math.sqrt(sum(e * e for e in errs) / len(errs)),
@@ -406,8 +466,7 @@ def run(write_calibration: bool = False) -> dict[str, Any]:
     data = json.loads(DATA.read_text(encoding="utf-8"))
     calibration = [r for r in data["throughput"] if r["role"] == "calibration"]
     fit = fit_efficiencies(calibration)
-    roofline = fit.roofline()
-    throughput = [predict(r, roofline) for r in data["throughput"]]
+    throughput = [predict(r, fit.roofline(_family(r))) for r in data["throughput"]]
     if write_calibration:
         fitted = [t for t in throughput if t["role"] == "calibration"]
         for family in sorted({_family(r) for r in calibration}):
@@ -417,6 +476,9 @@ def run(write_calibration: bool = False) -> dict[str, Any]:
             "volta+ampere": {
                 "tensor_core": dict(fit.tensor_core),
                 "memory": fit.memory,
+                "other_compute": fit.other_compute,
+                "half_compute_scale": dict(_HALF_COMPUTE_SCALE),
+                "half_slow_memory": dict(fit.half_slow_memory),
                 "kernel_overhead_s": fit.kernel_overhead_s,
                 "fused_elementwise": True,
             }
@@ -424,8 +486,8 @@ def run(write_calibration: bool = False) -> dict[str, Any]:
         "tf32_enabled": tf32_enabled(),
         "throughput": throughput,
         "all_reduce": all_reduce_rows(data["all_reduce"]),
-        "memory": memory_check(roofline),
-        "mixed_speedup": mixed_speedup(roofline),
+        "memory": memory_check(fit.roofline("volta")),
+        "mixed_speedup": mixed_speedup(fit.roofline("ampere")),
     }
 
 

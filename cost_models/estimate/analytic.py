@@ -17,7 +17,10 @@ executor's per-op cost; 0 unless calibrated). The last term (0 unless calibrated
 cost for the bytes beyond what its core's cache holds, and the next (0 unless calibrated) a
 CPU matmul's reordering of an operand it reads transposed. ``compute_eff`` is per op
 type, and so is ``memory_eff`` where calibrated (else one figure for all); ``kernel_overhead_s`` is
-the device's catalog figure unless the model overrides it.
+the device's catalog figure unless the model overrides it. A 16-bit op off the tensor cores
+runs at ``half_compute_scale`` times the fp32 peak (packed half2 math), and the 16-bit kernels of
+the op types in ``half_memory_efficiency_by_type`` reach their own ``memory_eff`` (both calibrated
+per GPU family; neutral by default).
 
 Calibrated models: :mod:`cost_models.estimate.calibrate` fits the efficiencies and the per-op overhead to
 measured layer times; a fitted model is stored as ``cost_models/data/calibration_<name>.json``
@@ -55,6 +58,7 @@ __all__ = [
     "CALIBRATION_SCHEMA_RESOURCE",
     "DEFAULT_ROOFLINE",
     "FUSIBLE_OPS",
+    "HALF_DTYPES",
     "MATMUL_LIKE_OPS",
     "ZERO_WORK_OPS",
     "RooflineModel",
@@ -133,6 +137,10 @@ FUSIBLE_OPS: frozenset[str] = frozenset(
 their neighbours: with :attr:`RooflineModel.fused_elementwise`, tensors between them stay on
 chip (a batch norm's dozen passes over its input cost one read and one write)."""
 
+HALF_DTYPES: frozenset[str] = frozenset({"float16", "bfloat16"})
+"""The 16-bit dtypes :attr:`RooflineModel.half_compute_scale` and
+:attr:`RooflineModel.half_memory_efficiency_by_type` apply to."""
+
 _MATMUL_EFFICIENCY = 0.6
 
 
@@ -161,7 +169,9 @@ class RooflineModel:
     """Op types with their own fraction of the memory bandwidth (calibrated); others get
     ``memory_efficiency``."""
     kernel_overhead_s: float | None = None
-    overhead_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+    overhead_s: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False
+    )
     peak_flops_scale: float = 1.0
     """Measured peak over the catalog's figure (calibration: the ``cpu`` entry is nominal)."""
     memory_bandwidth_scale: float = 1.0
@@ -187,6 +197,16 @@ class RooflineModel:
     achieves by the peak it runs at (``'fp32'``, ``'tf32'``, ``'fp16'``, ``'bf16'``: TF32 kernels
     reach a smaller fraction of their peak than FP16 ones); peaks it leaves out use
     :meth:`compute_efficiency`. Calibrated on GPUs; empty unless fitted."""
+    half_compute_scale: float = 1.0
+    """16-bit (float16, bfloat16) ops off the tensor cores run at this multiple of the fp32
+    CUDA-core peak (packed half2 arithmetic: 2 on Volta, 4 on the A100, whose datasheet gives
+    FP16 78 TF non-tensor against FP32 19.5). 1 unless calibrated."""
+    half_memory_efficiency_by_type: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False
+    )
+    """Op types whose 16-bit kernels reach their own fraction of the memory bandwidth
+    (calibrated; TensorFlow's float16 depthwise filter gradient is a slow kernel of its own,
+    tensorflow/tensorflow#41715); others as :meth:`memory_efficiency_of`."""
     fused_elementwise: bool = False
     """Price fusion (XLA, grappler's remapper): a tensor passed between two ops of
     :data:`FUSIBLE_OPS` in the same phase stays on chip, so it costs no memory traffic (an
@@ -196,6 +216,7 @@ class RooflineModel:
         for what, scale in (
             ("peak_flops_scale", self.peak_flops_scale),
             ("memory_bandwidth_scale", self.memory_bandwidth_scale),
+            ("half_compute_scale", self.half_compute_scale),
         ):
             if not (scale > 0 and math.isfinite(scale)):
                 raise CatalogError(f"roofline {what}={scale!r} must be a finite number > 0")
@@ -222,9 +243,16 @@ class RooflineModel:
                 f"roofline kernel_overhead_s={self.kernel_overhead_s!r} must be a finite number >= 0"
             )
         checks = [
-            *((f"tensor_core_efficiency[{k!r}]", v) for k, v in self.tensor_core_efficiency.items()),
+            *(
+                (f"tensor_core_efficiency[{k!r}]", v)
+                for k, v in self.tensor_core_efficiency.items()
+            ),
             ("default_compute_efficiency", self.default_compute_efficiency),
             ("memory_efficiency", self.memory_efficiency),
+            *(
+                (f"half_memory_efficiency_by_type[{k!r}]", v)
+                for k, v in self.half_memory_efficiency_by_type.items()
+            ),
             *((f"efficiency[{k!r}]", v) for k, v in self.efficiency.items()),
             *(
                 (f"memory_efficiency_by_type[{k!r}]", v)
@@ -275,6 +303,8 @@ class _Rates(dict[tuple[str, str], float]):
         if op_type in TENSOR_CORE_OPS:
             eff = self._model.tensor_core_efficiency.get(peak_key, eff)
         rate = self._device.peak_flops_per_s[peak_key] * self._model.peak_flops_scale * eff
+        if op_type not in TENSOR_CORE_OPS and dtype in HALF_DTYPES:
+            rate *= self._model.half_compute_scale
         self[key] = rate
         return rate
 
@@ -325,7 +355,7 @@ def estimate_op_times_s(
     )  # fmt: skip
     bandwidth = device.memory_bandwidth_bytes_per_s * m.memory_bandwidth_scale
     inv_bandwidth = 1.0 / (bandwidth * m.memory_efficiency)
-    by_type = m.memory_efficiency_by_type
+    by_type, half_by_type = m.memory_efficiency_by_type, m.half_memory_efficiency_by_type
     rates = _Rates(device, m, policy)
     times: list[float] = []
     append = times.append  # (a hot loop: one bound method, no helper calls per op)
@@ -338,7 +368,9 @@ def estimate_op_times_s(
         if retype and dtype in FLOAT_DTYPES:
             dtype = policy.compute_dtype
             moved = int(moved * scale)
-        if by_type and op_type in by_type:
+        if half_by_type and op_type in half_by_type and dtype in HALF_DTYPES:
+            memory_s = moved / (bandwidth * half_by_type[op_type])
+        elif by_type and op_type in by_type:
             memory_s = moved / (bandwidth * by_type[op_type])
         else:
             memory_s = moved * inv_bandwidth
@@ -363,6 +395,8 @@ class RooflineTerms:
     fit of the efficiencies scales (:mod:`benchmarks.gpu_fidelity`)."""
 
     op_types: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    """The dtype each op is priced in (its first output's, re-typed under ``precision``)."""
     peak_keys: tuple[str, ...]
     """The catalog peak each op runs at (:func:`~cost_models.estimate.precision.op_peak_key`)."""
     compute_s: tuple[float, ...]
@@ -381,6 +415,7 @@ def roofline_terms(
     :data:`ZERO_WORK_OPS`) on ``device``, priced as :func:`estimate_op_times_s` prices them."""
     policy, retype, scale = _retyping(graph, precision)
     types: list[str] = []
+    dtypes: list[str] = []
     peak_keys: list[str] = []
     compute: list[float] = []
     memory: list[float] = []
@@ -391,10 +426,13 @@ def roofline_terms(
         if retype and dtype in FLOAT_DTYPES:
             dtype, moved = policy.compute_dtype, int(moved * scale)
         types.append(op.op_type)
+        dtypes.append(dtype)
         peak_keys.append(op_peak_key(device, op.op_type, dtype, policy))
         compute.append(op.flops / op_peak_flops(device, op.op_type, dtype, policy))
         memory.append(moved / device.memory_bandwidth_bytes_per_s)
-    return RooflineTerms(tuple(types), tuple(peak_keys), tuple(compute), tuple(memory))
+    return RooflineTerms(
+        tuple(types), tuple(dtypes), tuple(peak_keys), tuple(compute), tuple(memory)
+    )
 
 
 def device_family(device_type: str) -> str:
@@ -423,6 +461,10 @@ def roofline_to_dict(model: RooflineModel) -> dict[str, Any]:
         "spill_s_per_byte": model.spill_s_per_byte,
         "transpose_s_per_byte": model.transpose_s_per_byte,
         "tensor_core_efficiency": dict(sorted(model.tensor_core_efficiency.items())),
+        "half_compute_scale": model.half_compute_scale,
+        "half_memory_efficiency_by_type": dict(
+            sorted(model.half_memory_efficiency_by_type.items())
+        ),
         "fused_elementwise": model.fused_elementwise,
     }
 
@@ -452,6 +494,8 @@ def _roofline(raw: Mapping[str, Any]) -> RooflineModel:
         spill_s_per_byte=float(raw.get("spill_s_per_byte", 0.0)),
         transpose_s_per_byte=float(raw.get("transpose_s_per_byte", 0.0)),
         tensor_core_efficiency=_numbers(raw, "tensor_core_efficiency"),
+        half_compute_scale=float(raw.get("half_compute_scale", 1.0)),
+        half_memory_efficiency_by_type=_numbers(raw, "half_memory_efficiency_by_type"),
         fused_elementwise=bool(raw.get("fused_elementwise", False)),
     )
 
@@ -459,7 +503,12 @@ def _roofline(raw: Mapping[str, Any]) -> RooflineModel:
 def roofline_from_dict(raw: Mapping[str, Any], origin: str = "roofline") -> RooflineModel:
     """The model stored by :func:`roofline_to_dict`; raises CatalogError naming ``origin``."""
     check_schema(
-        raw, "cost_models", CALIBRATION_SCHEMA_RESOURCE, origin, CatalogError, ref="#/$defs/roofline"
+        raw,
+        "cost_models",
+        CALIBRATION_SCHEMA_RESOURCE,
+        origin,
+        CatalogError,
+        ref="#/$defs/roofline",
     )
     return _roofline(raw)
 
