@@ -87,6 +87,7 @@ from partitioner.core.ir import (
     TimelineEvent,
     Topology,
 )
+from partitioner.simulation.opview import op_view
 from partitioner.simulation.schedules import order_stages, stage_steps
 from partitioner.simulation.step import channel_resource, device_resource, resolve_layer_devices
 
@@ -216,7 +217,9 @@ def pipeline_stages(
     """The pipeline stages of a placement, in dataflow order (see the module docstring)."""
     graph = costed.graph
     place = _op_placement(costed, layer_device)
-    used, first_key = _first_reached(place, costed.topology.num_devices)
+    used, first_key = _first_reached(
+        place, costed.topology.num_devices, op_view(graph).first_unfed_op
+    )
     arcs, tensors = _cross_device_edges(graph, place)
     order = _stage_device_order(used, first_key, arcs, costed)
     stage_of = {d: s for s, d in enumerate(order)}
@@ -232,15 +235,15 @@ def _op_placement(
     costed: CostedGraph, layer_device: Mapping[str, int] | Sequence[int]
 ) -> _OpPlacement:
     """Every op on the device of its effective owner layer (``LayerGraph.op_owner``)."""
-    graph = costed.graph
-    lg = graph.layer_graph
+    view = op_view(costed.graph)
     per_layer = resolve_layer_devices(costed, layer_device)
-    op_layer = tuple(lg.index[lg.op_owner[op.id]] for op in graph.ops)
-    op_device = tuple(per_layer[k] for k in op_layer)
-    return _OpPlacement(per_layer, op_layer, op_device, fed_ops(graph))
+    op_device = tuple([per_layer[k] for k in view.op_layer])
+    return _OpPlacement(per_layer, view.op_layer, op_device, view.fed)
 
 
-def _first_reached(place: _OpPlacement, n_dev: int) -> tuple[list[int], list[tuple[int, int]]]:
+def _first_reached(
+    place: _OpPlacement, n_dev: int, first_unfed_op: Sequence[int]
+) -> tuple[list[int], list[tuple[int, int]]]:
     """The devices that hold layers, and every device's tie-break key for the stage order.
 
     The key is the device's first non-fed op, then its first layer: the order in which the
@@ -252,9 +255,8 @@ def _first_reached(place: _OpPlacement, n_dev: int) -> tuple[list[int], list[tup
         first_layer[d] = min(first_layer[d], k)
     used = [d for d in range(n_dev) if first_layer[d] < n_layers]
     first_op = [len(place.op_device)] * n_dev
-    for i, d in enumerate(place.op_device):
-        if not place.fed[i]:
-            first_op[d] = min(first_op[d], i)
+    for k, d in enumerate(place.layer_devices):  # a device's first op is its layers' first
+        first_op[d] = min(first_op[d], first_unfed_op[k])
     return used, [(first_op[d], first_layer[d]) for d in range(n_dev)]
 
 
@@ -266,11 +268,11 @@ def _cross_device_edges(graph: Graph, place: _OpPlacement) -> tuple[_Arcs, _Tens
     """
     arcs: _Arcs = {}
     tensors: _Tensors = {}
-    op_index, ops, op_dev = graph.op_index, graph.ops, place.op_device
-    for e in graph.edges:
-        i, j = op_index[e.src], op_index[e.dst]
+    ops, op_dev = graph.ops, place.op_device
+    # the other edges join two ops of one layer (one device) or leave a fed op: they send nothing
+    for i, j, output_index, nbytes in op_view(graph).cross_layer_edges:
         a, b = op_dev[i], op_dev[j]
-        if a == b or place.fed[i]:
+        if a == b:
             continue
         pi, pj = ops[i].phase, ops[j].phase
         if pi is Phase.BACKWARD and pj is Phase.FORWARD:
@@ -279,14 +281,14 @@ def _cross_device_edges(graph: Graph, place: _OpPlacement) -> tuple[_Arcs, _Tens
             arcs.setdefault((a, b), (i, j))
         elif pi is Phase.BACKWARD and pj is Phase.BACKWARD:
             arcs.setdefault((b, a), (i, j))
-        key = (i, e.output_index, b)
+        key = (i, output_index, b)
         old = tensors.get(key)
         if old is None:
-            tensors[key] = (e.bytes, {pj})
+            tensors[key] = (nbytes, {pj})
         else:
             old[1].add(pj)
-            if e.bytes > old[0]:
-                tensors[key] = (e.bytes, old[1])
+            if nbytes > old[0]:
+                tensors[key] = (nbytes, old[1])
     return arcs, tensors
 
 
@@ -307,13 +309,12 @@ def _phase_times_s(costed: CostedGraph, op_device: Sequence[int]) -> tuple[list[
     n_dev = costed.topology.num_devices
     fwd_s = [0.0] * n_dev
     bwd_s = [0.0] * n_dev
-    for i, op in enumerate(costed.graph.ops):
-        d = op_device[i]
-        t = costed.op_compute_time_s[d][i]
-        if op.phase is Phase.FORWARD:
-            fwd_s[d] += t
+    rows = costed.op_compute_time_s
+    for i, (d, forward) in enumerate(zip(op_device, op_view(costed.graph).forward)):
+        if forward:
+            fwd_s[d] += rows[d][i]
         else:
-            bwd_s[d] += t
+            bwd_s[d] += rows[d][i]
     return fwd_s, bwd_s
 
 
@@ -377,10 +378,7 @@ def fed_ops(graph: Graph) -> tuple[bool, ...]:
     they order no stages and are not sent between stages. The layer they are merged into for
     costing (``LayerGraph.op_owner``) may be any of their consumers'.
     """
-    fed: list[bool] = []
-    for i, op in enumerate(graph.ops):
-        fed.append(op.layer is None and all(fed[graph.op_index[e.src]] for e in graph.in_edges[i]))
-    return tuple(fed)
+    return op_view(graph).fed
 
 
 def _stage_device_order(

@@ -35,6 +35,7 @@ from types import MappingProxyType
 
 from partitioner.core.errors import PlanError
 from partitioner.core.ir import CostedGraph, EventKind, Link, Phase, TimelineEvent, Topology
+from partitioner.simulation.opview import op_view
 
 __all__ = [
     "StepSimulation",
@@ -136,8 +137,10 @@ class _StepRun:
         self.graph, self.lg, self.topo = graph, lg, costed.topology
         self.times = costed.op_compute_time_s
         self.timeline = timeline
-        self.op_layer = tuple(lg.index[lg.op_owner[op.id]] for op in graph.ops)
-        self.op_device = tuple(per_layer[k] for k in self.op_layer)
+        view = op_view(graph)
+        self.inputs, self.outputs = view.inputs, view.outputs
+        self.op_layer = view.op_layer
+        self.op_device = tuple([per_layer[k] for k in self.op_layer])
         self.start_s = [0.0] * n_ops
         self.end_s = [0.0] * n_ops
         self.device_free = [0.0] * n_dev
@@ -157,12 +160,11 @@ class _StepRun:
 
     def compute(self, i: int) -> float:
         """Run op ``i`` once its device is free and its inputs are there; its end time."""
-        d = self.op_device[i]
+        op_device, end_s = self.op_device, self.end_s
+        d = op_device[i]
         ready = self.device_free[d]
-        op_index, end_s = self.graph.op_index, self.end_s
-        for e in self.graph.in_edges[i]:
-            j = op_index[e.src]
-            t = end_s[j] if self.op_device[j] == d else self.arrival[(j, e.output_index, d)]
+        for j, output_index in self.inputs[i]:
+            t = end_s[j] if op_device[j] == d else self.arrival[(j, output_index, d)]
             if t > ready:
                 ready = t
         dur = self.times[d][i]
@@ -191,13 +193,16 @@ class _StepRun:
     def send_outputs(self, i: int, end: float) -> None:
         """Send each output of op ``i`` once to every other device that reads it (the largest
         size any edge gives the tensor), in first-consumer order."""
-        d = self.op_device[i]
+        op_device = self.op_device
+        d = op_device[i]
         sends: dict[tuple[int, int], int] = {}
-        for e in self.graph.out_edges[i]:
-            dst_dev = self.op_device[self.graph.op_index[e.dst]]
+        for j, output_index, nbytes in self.outputs[i]:
+            dst_dev = op_device[j]
             if dst_dev != d:
-                key = (e.output_index, dst_dev)
-                sends[key] = max(sends.get(key, 0), e.bytes)
+                key = (output_index, dst_dev)
+                sends[key] = max(sends.get(key, 0), nbytes)
+        if not sends:
+            return
         for (out_index, dst_dev), nbytes in sends.items():
             self._transfer(i, out_index, d, dst_dev, nbytes, end)
 

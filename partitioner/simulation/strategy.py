@@ -38,7 +38,7 @@ from cost_models.estimate.collectives import (
     concurrent_reduce_to_one_s,
 )
 from partitioner.core.errors import PlanError
-from partitioner.core.ir import CostedGraph, Topology
+from partitioner.core.ir import CostedGraph, Link, Topology
 from partitioner.core.strategy import Strategy
 from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
@@ -88,7 +88,9 @@ class StrategySimulation:
         return not self.over_memory
 
 
-def microbatch_costed(costed: CostedGraph, micro: CostedGraph, num_microbatches: int) -> CostedGraph:
+def microbatch_costed(
+    costed: CostedGraph, micro: CostedGraph, num_microbatches: int
+) -> CostedGraph:
     """``costed`` (a replica's batch) with each op's time that of ``micro`` (the same model costed
     at the micro-batch, ``batch / num_microbatches``) times ``num_microbatches``.
 
@@ -106,15 +108,18 @@ def microbatch_costed(costed: CostedGraph, micro: CostedGraph, num_microbatches:
             f"the micro-batch graph is costed on {micro.topology.num_devices} devices, the "
             f"replica's on {costed.topology.num_devices}: cost both on one topology"
         )
-    index = {op.id: i for i, op in enumerate(micro.graph.ops)}
-    rows = tuple(
-        tuple(
-            micro_row[index[op.id]] * num_microbatches if op.id in index else t
-            for op, t in zip(costed.graph.ops, row)
-        )
-        for row, micro_row in zip(costed.op_compute_time_s, micro.op_compute_time_s)
-    )
-    return replace(costed, op_compute_time_s=rows)
+    index = micro.graph.op_index
+    where = tuple(index.get(op.id) for op in costed.graph.ops)
+    made: dict[tuple[int, int], tuple[float, ...]] = {}
+    rows = []
+    for row, micro_row in zip(costed.op_compute_time_s, micro.op_compute_time_s):
+        key = (id(row), id(micro_row))  # devices of one type share their rows: price them once
+        if key not in made:
+            made[key] = tuple(
+                micro_row[i] * num_microbatches if i is not None else t for i, t in zip(where, row)
+            )
+        rows.append(made[key])
+    return replace(costed, op_compute_time_s=tuple(rows))
 
 
 def gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> tuple[int, ...]:
@@ -148,6 +153,56 @@ def _replica(
     return evaluate(costed, assignment, bounds=bounds)
 
 
+_Signature = tuple[tuple[tuple[int, str, int, int], ...], tuple[tuple[Link | None, str], ...]]
+
+
+def _group_signature(costed: CostedGraph, group: tuple[int, ...]) -> _Signature:
+    """What a replica's simulation reads of its devices, position by position: the row of op
+    times (by identity), type, memory and host (numbered by first appearance), and the link and
+    channel kind of every ordered pair. Two groups of one signature simulate alike, the devices
+    renamed."""
+    topology = costed.topology
+    hosts: dict[int, int] = {}
+    devices = tuple(
+        (
+            id(costed.op_compute_time_s[d]),
+            topology.devices[d].device_type,
+            topology.devices[d].memory_bytes,
+            hosts.setdefault(topology.devices[d].host, len(hosts)),
+        )
+        for d in group
+    )
+    pairs = tuple(
+        (topology.link_between(a, b), topology.channel_between(a, b)[0] if a != b else "")
+        for a in group
+        for b in group
+    )
+    return devices, pairs
+
+
+def _replicas(
+    costed: CostedGraph, strategy: Strategy, bounds: LowerBounds
+) -> tuple[tuple[float, ...], list[int], PlanEvaluation]:
+    """Every replica's step and every device's peak memory, and replica 0's evaluation.
+
+    A replica whose devices have the signature of an earlier one's (:func:`_group_signature`:
+    alike devices, links and host channels, as the replicas of a uniform cluster) is that one
+    renamed: its step and its devices' peaks are the earlier replica's, not simulated again."""
+    peak = [0] * costed.topology.num_devices
+    steps: list[float] = []
+    done: dict[_Signature, tuple[PlanEvaluation, tuple[int, ...]]] = {}
+    for r, group in enumerate(strategy.device_groups):
+        key = _group_signature(costed, group)
+        if key not in done:
+            done[key] = (_replica(costed, strategy, r, bounds), group)
+        evaluation, simulated = done[key]
+        steps.append(evaluation.step_time_s)
+        for d, twin in zip(group, simulated, strict=True):
+            peak[d] = evaluation.per_device[twin].memory_bytes
+    first = done[_group_signature(costed, strategy.device_groups[0])][0]
+    return tuple(steps), peak, first
+
+
 def simulate_strategy(
     costed: CostedGraph, strategy: Strategy, *, bounds: LowerBounds | None = None
 ) -> StrategySimulation:
@@ -161,11 +216,7 @@ def simulate_strategy(
         )
     topology = costed.topology
     bounds = bounds or costed_lower_bounds(costed)
-    replicas = [_replica(costed, strategy, r, bounds) for r in range(strategy.replicas)]
-    peak = [0] * topology.num_devices
-    for evaluation, group in zip(replicas, strategy.device_groups):
-        for d in group:
-            peak[d] = evaluation.per_device[d].memory_bytes
+    replica_step_s, peak, first = _replicas(costed, strategy, bounds)
     grads = gradient_bytes_per_stage(costed, strategy)
     rings = [
         (tuple(group[s] for group in strategy.device_groups), grads[s])
@@ -179,11 +230,11 @@ def simulate_strategy(
     )
     return StrategySimulation(
         strategy=strategy,
-        replica_step_s=tuple(e.step_time_s for e in replicas),
+        replica_step_s=replica_step_s,
         all_reduce_s=reduce(topology, rings) if strategy.replicas > 1 else 0.0,
         algorithm=algorithm,
         gradient_bytes=grads,
         peak_memory_bytes=tuple(peak),
         memory_limit_bytes=tuple(d.memory_bytes for d in topology.devices),
-        replica=replicas[0],
+        replica=first,
     )

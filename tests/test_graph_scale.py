@@ -1,0 +1,125 @@
+"""Large graphs stay fast (issue 20): the simulators' per-graph views and the strategy
+simulation's replica reuse give the results they gave before, and the benchmark's graph is what
+it says.
+
+The digests below are of the results (their ``repr``: every float exactly) computed by the
+simulators before they read :mod:`partitioner.simulation.opview` and reused replicas (commit
+3b94609), on a 784-op graph of ``benchmarks.graph_scale`` across two hosts. A deliberate change
+of the simulation model changes them; a speed-up must not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from benchmarks.graph_scale import Settings, blocks_for, format_table, make_costed, make_topology
+from partitioner.core.ir import CostedGraph, Schedule
+from partitioner.core.strategy import Strategy
+from partitioner.simulation.bounds import costed_lower_bounds
+from partitioner.simulation.evaluate import evaluate, evaluate_pipeline
+from partitioner.simulation.pipeline import simulate_pipeline
+from partitioner.simulation.step import simulate_step
+from partitioner.simulation.strategy import _replica, microbatch_costed, simulate_strategy
+
+
+def digest(value: object) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def costed() -> CostedGraph:
+    return make_costed(6, make_topology(16), batch=16)
+
+
+def split(costed: CostedGraph, parts: int) -> tuple[int, ...]:
+    n = len(costed.layer_memory)
+    return tuple(k * parts // n for k in range(n))
+
+
+def test_the_graph_is_a_training_step_of_the_size_asked(costed: CostedGraph) -> None:
+    assert len(costed.graph.ops) == 784 and len(costed.layer_memory) == 26
+    assert costed.topology.num_devices == 16 and costed.topology.num_hosts == 2
+    assert blocks_for(100_000) == 806
+    assert all(m.activation_bytes > 0 for m in costed.layer_memory[1:-1])
+
+
+def test_step_simulation_is_unchanged(costed: CostedGraph) -> None:
+    assert digest(simulate_step(costed, split(costed, 8), timeline=True)) == "d9af449a07b4f0f2"
+    round_robin = tuple(k % 16 for k in range(len(costed.layer_memory)))
+    assert digest(simulate_step(costed, round_robin, timeline=True)) == "b056dcfcf7d8ae83"
+    assert digest(evaluate(costed, split(costed, 8))) == "4927c52df0dc014b"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "simulated", "evaluated"),
+    [
+        (Schedule.GPIPE, "eaefac68eb264de7", "f01fd334356dd858"),
+        (Schedule.ONE_F_ONE_B, "2fdf58dd13ffeee9", "71b7bc03dacec3d5"),
+    ],
+)
+def test_pipeline_simulation_is_unchanged(
+    costed: CostedGraph, schedule: Schedule, simulated: str, evaluated: str
+) -> None:
+    place = split(costed, 8)
+    sim = simulate_pipeline(costed, place, schedule=schedule, num_microbatches=8)
+    assert digest(sim) == simulated
+    ev = evaluate_pipeline(costed, place, schedule=schedule, num_microbatches=8)
+    assert digest(ev) == evaluated
+
+
+def test_strategy_simulation_is_unchanged(costed: CostedGraph) -> None:
+    micro = microbatch_costed(costed, make_costed(6, costed.topology, batch=4), 4)
+    assert digest(micro) == "6b490715ee2f7799"
+    groups = ((0, 1, 2, 3), (8, 9, 10, 11), (4, 5, 6, 7), (12, 13, 14, 15))
+    hybrid = Strategy(groups, split(costed, 4), 4, Schedule.ONE_F_ONE_B)
+    assert digest(simulate_strategy(micro, hybrid)) == "6f72e4c4a982db5b"
+    data_parallel = Strategy(tuple((d,) for d in range(16)), (0,) * len(costed.layer_memory))
+    assert digest(simulate_strategy(costed, data_parallel)) == "48f8576c67d241b6"
+    mixed = Strategy(((0, 8), (1, 2), (3, 9)), split(costed, 2))
+    assert digest(simulate_strategy(costed, mixed)) == "4d4f9886959ba31f"
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        ((0, 1), (2, 3), (8, 9)),  # alike: one simulation
+        ((0, 8), (1, 2), (3, 9), (10, 11)),  # across hosts and within: two
+        ((0,), (5,), (9,), (15,)),
+    ],
+)
+def test_a_reused_replica_is_the_one_simulated(
+    costed: CostedGraph, groups: tuple[tuple[int, ...], ...]
+) -> None:
+    """Every replica simulated on its own gives the step and peaks the reuse reports."""
+    stages = len(groups[0])
+    for m, schedule in ((1, Schedule.NONE), (4, Schedule.ONE_F_ONE_B)):
+        strategy = Strategy(groups, split(costed, stages), m, schedule)
+        sim = simulate_strategy(costed, strategy)
+        bounds = costed_lower_bounds(costed)
+        each = [_replica(costed, strategy, r, bounds) for r in range(len(groups))]
+        assert sim.replica_step_s == tuple(e.step_time_s for e in each)
+        for e, group in zip(each, groups, strict=True):
+            for d in group:
+                assert sim.peak_memory_bytes[d] == e.per_device[d].memory_bytes
+        assert sim.replica == each[0]
+
+
+def test_the_table_names_what_does_not_count() -> None:
+    row = {"phase": "solve ilp", "wall_s": 0.5, "peak_rss_bytes": 1 << 30, "counts": False}
+    result = {
+        "ops": 1,
+        "edges": 0,
+        "layers": 1,
+        "layer_edges": 0,
+        "devices": 1,
+        "hosts": 1,
+        "rows": [{**row, "note": "CP-SAT not run"}],
+        "solve_and_simulate_s": 0.0,
+        "target_s": 60.0,
+        "met": True,
+    }
+    text = format_table(result)
+    assert "solve ilp *" in text and "CP-SAT not run" in text and "met" in text
+    assert Settings().microbatches == 32
