@@ -22,6 +22,7 @@ from partitioner.simulation.evaluate import evaluate, evaluate_pipeline
 from partitioner.simulation.pipeline import simulate_pipeline
 from partitioner.simulation.step import simulate_step
 from partitioner.simulation.strategy import _replica, microbatch_costed, simulate_strategy
+from partitioner.solvers import get_solver
 
 
 def digest(value: object) -> str:
@@ -123,3 +124,17 @@ def test_the_table_names_what_does_not_count() -> None:
     text = format_table(result)
     assert "solve ilp *" in text and "CP-SAT not run" in text and "met" in text
     assert Settings().microbatches == 32
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("etf", "15b920bcf7595863"), ("metis", "ae5ad83122fa3eba"), ("auto", "2ccda52cc0cd2354")],
+)
+def test_filling_empty_devices_is_unchanged(name: str, expected: str) -> None:
+    """82 layers on 32 devices: etf and metis move layers onto empty devices
+    (``fill_empty_devices``, now with the three largest loads instead of a scan per layer);
+    the placements, objectives and notes are the old code's (commit 3b94609)."""
+    problem = make_costed(20, make_topology(32), batch=16).problem()
+    options = {"time_limit_s": 2.0, "ilp": False} if name == "auto" else {}
+    result = get_solver(name, **options).solve(problem)
+    assert digest((result.assignment, result.objective, result.notes)) == expected

@@ -289,6 +289,8 @@ def fill_empty_devices(
             continue
         limit = problem.topology.devices[e].memory_bytes
         best: tuple[bool, float, float, int] | None = None
+        # the largest load off ``src`` and ``e`` is among the three largest: O(1) per layer
+        top = sorted(range(n_dev), key=lambda d: loads[d], reverse=True)[:3]
         for k, src in enumerate(result):
             if counts[src] < 2:
                 continue
@@ -297,7 +299,7 @@ def fill_empty_devices(
                 continue
             new_src = loads[src] - times[src][k]
             new_e = times[e][k]
-            others = max((loads[d] for d in range(n_dev) if d not in (src, e)), default=0.0)
+            others = next((loads[d] for d in top if d not in (src, e)), 0.0)
             key = (not fits, max(others, new_src, new_e), new_src + new_e, k)
             if best is None or key < best:
                 best = key
