@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -34,12 +34,16 @@ import keras
 from partitioner.core.errors import TraceError
 
 __all__ = [
+    "Deferred",
     "WeightlessBuildError",
+    "available_memory_bytes",
     "build_without_weights",
     "deferred_variables",
+    "is_deferred",
     "is_weightless",
     "materialize",
     "variable_owners",
+    "weight_bytes",
     "without_weights",
 ]
 
@@ -51,14 +55,26 @@ T = TypeVar("T")
 class WeightlessBuildError(TraceError):
     """A model could not be built without its weights (see :func:`build_without_weights`)."""
 
-    def __init__(self, message: str, layer: str | None) -> None:
-        super().__init__(message)
+    def __init__(self, reason: str, layer: str | None, weight_bytes: int = 0) -> None:
+        super().__init__(f"{reason}; build it outside without_weights()")
+        self.reason = reason
+        """What failed, without the next step."""
         self.layer = layer
         """The name of the layer whose build failed, when known."""
+        self.weight_bytes = weight_bytes
+        """The bytes of the weights the build had created when it failed (at least what an
+        ordinary build needs)."""
+
+
+@dataclass
+class Deferred:
+    """What a :func:`without_weights` block made: its deferred variables (filled as it exits)."""
+
+    variables: list[Any] = field(default_factory=list)
 
 
 @contextlib.contextmanager
-def without_weights() -> Iterator[None]:
+def without_weights() -> Iterator[Deferred]:
     """Build Keras models inside this block without allocating their weights::
 
         with partitioner.without_weights():
@@ -67,37 +83,53 @@ def without_weights() -> Iterator[None]:
         model = plan.apply(model)  # weights created now, each on its layer's device
 
     Variables created inside keep their shape, dtype and initializer and hold no value until
-    :func:`materialize` (or ``plan.apply``) creates them.
+    :func:`materialize` (or ``plan.apply``) creates them. They are taken off Keras's list of
+    variables to initialise, so nothing Keras does later (a symbolic build ends by initialising
+    that list) allocates them on the host behind the caller's back.
     """
-    with keras.StatelessScope(initialize_variables=False) as scope:
-        yield
+    made = Deferred()
+    pending = _pending()
+    start = len(pending)
+    try:
+        with keras.StatelessScope(initialize_variables=False) as scope:
+            yield made
+    finally:
+        made.variables[:] = pending[start:]
+        del pending[start:]
     if scope.state_mapping:  # a build assigned to a variable: the value would be lost
-        paths = [
-            str(getattr(v, "path", v.name)) for v in _pending() if id(v) in scope.state_mapping
-        ]
-        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-        raise WeightlessBuildError(
-            f"the model assigns to {shown or 'a variable'} while it is built, so it cannot be "
-            "built without its weights (the assigned value would be lost); build it with weights",
-            paths[0].split("/")[0] if paths else None,
-        )
+        raise _assigned(made.variables, scope.state_mapping)
+
+
+def _assigned(variables: Sequence[Any], assigned: Mapping[int, Any]) -> WeightlessBuildError:
+    paths = [str(getattr(v, "path", v.name)) for v in variables if id(v) in assigned]
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    layer = paths[0].split("/")[0] if paths else None
+    return WeightlessBuildError(
+        f"{f'layer {layer!r}' if layer else 'the model'} assigns to {shown or 'a variable'} "
+        "while it is built, so it cannot be built without its weights (the assigned value "
+        "would be lost)",
+        layer,
+    )
 
 
 def _pending() -> list[Any]:
-    """Keras's list of variables created in a stateless scope and not yet initialised."""
+    """Keras's own list of variables created in a stateless scope and not yet initialised."""
     from keras.src.backend.common import global_state
 
-    return list(global_state.get_global_attribute("uninitialized_variables") or [])
+    pending: list[Any] = global_state.get_global_attribute(
+        "uninitialized_variables", [], set_to_default=True
+    )
+    return pending
 
 
-def _is_deferred(variable: Any) -> bool:
+def is_deferred(variable: Any) -> bool:
     """True for a Keras variable created in a stateless scope and not initialised since."""
     return getattr(variable, "_value", 0) is None and hasattr(variable, "_deferred_initialize")
 
 
 def deferred_variables(model: Any) -> tuple[Any, ...]:
     """The variables of ``model`` that hold no value yet."""
-    return tuple(v for v in getattr(model, "variables", ()) if _is_deferred(v))
+    return tuple(v for v in getattr(model, "variables", ()) if is_deferred(v))
 
 
 def is_weightless(model: Any) -> bool:
@@ -130,51 +162,77 @@ def materialize(model: Any, device_of: Mapping[int, str] | None = None) -> int:
         scope = tf.device(device) if device else contextlib.nullcontext()
         with scope:
             variable._deferred_initialize()
-    _forget_pending(pending)
     if pending:
         logger.debug("materialised %d variables of %s", len(pending), getattr(model, "name", ""))
     return len(pending)
 
 
-def _forget_pending(done: Sequence[Any]) -> None:
-    """Drop ``done`` from Keras's list of variables awaiting initialisation, so a later
-    ``initialize_all_variables`` does not initialise them twice."""
-    from keras.src.backend.common import global_state
+def available_memory_bytes() -> int | None:
+    """The memory this machine can give a new allocation now (Linux ``MemAvailable``), or None
+    where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
-    pending = global_state.get_global_attribute("uninitialized_variables")
-    if pending:
-        ids = {id(v) for v in done}
-        pending[:] = [v for v in pending if id(v) not in ids]
+
+def weight_bytes(variables: Sequence[Any]) -> int:
+    """The bytes the values of ``variables`` take."""
+    import numpy as np
+
+    return sum(
+        int(np.prod(v.shape, dtype=np.int64)) * np.dtype(str(v.dtype)).itemsize for v in variables
+    )
 
 
-def _failing_layer(tb: TracebackType | None) -> Any:
-    """The innermost Keras layer (a frame's ``self``) on the traceback ``tb``, or None."""
+def _failing_layer(exc: BaseException) -> Any:
+    """The innermost Keras layer (a frame's ``self``) on the traceback of ``exc`` or of the
+    exceptions it was raised from (a loader wraps the user's error in its own), or None."""
     layer = None
-    while tb is not None:
-        candidate = tb.tb_frame.f_locals.get("self")
-        if isinstance(candidate, keras.layers.Layer):
-            layer = candidate
-        tb = tb.tb_next
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb: TracebackType | None = error.__traceback__
+        while tb is not None:
+            candidate = tb.tb_frame.f_locals.get("self")
+            if isinstance(candidate, keras.layers.Layer):
+                layer = candidate
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
     return layer
+
+
+def _failure(exc: Exception, what: str, made: Sequence[Any]) -> WeightlessBuildError:
+    """``exc`` (raised while ``what`` was built without weights, after creating the variables
+    ``made``) as a WeightlessBuildError that names the layer and the bytes built so far."""
+    if isinstance(exc, WeightlessBuildError):
+        message, name = exc.reason, exc.layer
+    else:
+        layer = _failing_layer(exc)
+        name = layer.name if layer is not None else None
+        where = f"layer {name!r} ({type(layer).__name__})" if layer is not None else what
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = (
+            f"{where} cannot be built without its weights ({type(exc).__name__}: {first[:200]})"
+        )
+    return WeightlessBuildError(message, name, weight_bytes(made))
 
 
 def build_without_weights(build: Callable[[], T], what: str = "the model") -> T:
     """``build()`` inside :func:`without_weights`.
 
-    Raises :class:`WeightlessBuildError` naming the layer when the build needs real weight
-    values (a layer that assigns to or computes with a variable in ``build``).
+    Raises :class:`WeightlessBuildError` naming the layer (and the bytes of the weights created
+    before it failed) when the build fails or needs real weight values (a layer that assigns to
+    a variable while it is built).
     """
+    made = Deferred()
     try:
-        with without_weights():
+        with without_weights() as made:
             return build()
-    except WeightlessBuildError:
-        raise
     except Exception as exc:  # any failure of user code inside the scope
-        layer = _failing_layer(sys.exc_info()[2])
-        name = f"{layer.name!r} ({type(layer).__name__})" if layer is not None else None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = f"layer {name}" if name else what
-        raise WeightlessBuildError(
-            f"{where} cannot be built without its weights ({type(exc).__name__}: {first[:200]})",
-            layer.name if layer is not None else None,
-        ) from exc
+        raise _failure(exc, what, made.variables) from exc

@@ -20,6 +20,7 @@ from typing import Any
 
 from partitioner.core.errors import ModelLoadError
 from partitioner.core.files import file_kind
+from partitioner.core.units import format_bytes
 
 __all__ = ["BUILDER_NAMES", "check_model_path", "load_model", "split_spec"]
 
@@ -65,25 +66,40 @@ def _import_file(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     directory = str(path.resolve().parent)
     sys.path.insert(0, directory)
+    # registered as imports are, so what looks its module up (dataclasses, pickle) finds it
+    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        raise ModelLoadError(
-            f"{path}:{exc.lineno}: syntax error: {exc.msg}; fix the file and run again"
-        ) from None
-    except SystemExit as exc:
-        raise ModelLoadError(
-            f"importing {path} called sys.exit({exc.code!r}); remove the exit from the model "
-            "file (or put it under if __name__ == '__main__':)"
-        ) from None
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        raise ModelLoadError(f"importing {path} failed: {_brief(exc, path)}") from None
+        _run_module(spec.loader, module, path)
     finally:
         if sys.path and sys.path[0] == directory:
             sys.path.pop(0)
     return module
+
+
+def _run_module(loader: Any, module: ModuleType, path: Path) -> None:
+    """Execute ``module``'s file; whatever it raises (Ctrl-C aside) as one ModelLoadError,
+    with the module unregistered again."""
+    try:
+        loader.exec_module(module)
+    except KeyboardInterrupt:
+        sys.modules.pop(module.__name__, None)
+        raise
+    except BaseException as exc:
+        sys.modules.pop(module.__name__, None)
+        raise _import_error(exc, path) from None
+
+
+def _import_error(exc: BaseException, path: Path) -> ModelLoadError:
+    if isinstance(exc, SyntaxError):
+        return ModelLoadError(
+            f"{path}:{exc.lineno}: syntax error: {exc.msg}; fix the file and run again"
+        )
+    if isinstance(exc, SystemExit):
+        return ModelLoadError(
+            f"importing {path} called sys.exit({exc.code!r}); remove the exit from the model "
+            "file (or put it under if __name__ == '__main__':)"
+        )
+    return ModelLoadError(f"importing {path} failed: {_brief(exc, path)}")
 
 
 def _brief(exc: BaseException, path: Path) -> str:
@@ -142,8 +158,40 @@ def _as_model(value: Any, what: str, path: Path) -> Any:
     )
 
 
-def load_model(spec: str) -> Any:
-    """The model named by ``PATH[:ATTR]`` (see the module docstring)."""
+def load_model(spec: str, *, weightless: bool = False) -> Any:
+    """The model named by ``PATH[:ATTR]`` (see the module docstring).
+
+    ``weightless``: import and build it without allocating its weights
+    (:func:`passes.weightless.without_weights`); a model that cannot be built so (a layer
+    assigns to a variable while it is built) is built again with its weights when they fit in
+    the memory this machine has free (a warning names the layer), and refused in one line with
+    the bytes it needs when they do not.
+    """
+    if not weightless:
+        return _load(spec)
+    from passes.weightless import (
+        WeightlessBuildError,
+        available_memory_bytes,
+        build_without_weights,
+    )
+
+    try:
+        return build_without_weights(lambda: _load(spec), what=spec)
+    except WeightlessBuildError as exc:
+        failure = exc
+    free = available_memory_bytes()
+    if free is not None and failure.weight_bytes > free:
+        raise ModelLoadError(
+            f"{failure.reason}, and building it with its weights needs at least "
+            f"{format_bytes(failure.weight_bytes)} for them; this machine has "
+            f"{format_bytes(free)} free"
+        ) from None
+    model = _load(spec)  # the user's own error, when the model fails with weights too
+    logger.warning("%s; built it with its weights instead", failure.reason)
+    return model
+
+
+def _load(spec: str) -> Any:
     import keras
 
     path, attr = split_spec(spec)

@@ -643,6 +643,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=os.fdopen(os.dup(2), "w", encoding=sys.stderr.encoding, errors="replace"),
         stderr=True,
     )
+    for handler in logging.getLogger().handlers:  # warnings must show through the silence too
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(err.file)
     try:
         return _run(args, out, err)
     except PartitionError as exc:
@@ -728,7 +731,9 @@ def _plan(args: argparse.Namespace, prepared: Prepared, err: Console) -> tuple[A
         from partitioner.cli.loader import load_model
 
         progress(f"loading {args.model}")
-        model = load_model(args.model)
+        # Planning needs shapes, not weight values: the model is built without its weights
+        # unless its layers are timed on this machine's devices.
+        model = load_model(args.model, weightless=not (args.profile or args.profile_ops))
         load_s = time.perf_counter() - t0
         plan = partition_prepared(model, prepared, progress=progress)
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s))

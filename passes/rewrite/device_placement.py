@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from partitioner.core.errors import RewriteError
 from passes.trace import Unit, model_input, placement_units
+from passes.weightless import is_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,9 @@ def _pin(obj: Any, device: str) -> Any:
 
 
 def _move_weights(copy_unit: Unit, source_unit: Unit, device: str) -> int:
-    """Re-create the copy's variables on ``device``, holding the source's values.
+    """Re-create the copy's variables on ``device``, holding the source's values (a source
+    built without weights, :mod:`passes.weightless`: values from its initializers, created on
+    ``device``).
 
     Keras defers creating variables built during a symbolic call and creates them later outside
     any device scope, so a ``tf.device`` around ``build`` is not enough; instead each variable's
@@ -87,7 +90,10 @@ def _move_weights(copy_unit: Unit, source_unit: Unit, device: str) -> int:
         )
     with tf.device(device):
         for new, old in zip(new_weights, old_weights):
-            new._initialize(old.numpy())
+            if is_deferred(old):  # a model built without weights: they are born here
+                new._initialize_with_initializer(old._initializer)
+            else:
+                new._initialize(old.numpy())
     return len(new_weights)
 
 
@@ -260,7 +266,8 @@ def place_model(
                 f"original {len(model.weights)}; the model could not be copied faithfully"
             )
         for new, old in zip(rest_new, rest_old):
-            new.assign(old.numpy())
+            if not is_deferred(old):  # else the copy keeps its own fresh initial value
+                new.assign(old.numpy())
     placed = PlacedModel(inner, dict(zip(names, devices)), name=f"{model.name}_placed")
     finish_copy(placed, model, sample_inputs)
     return placed

@@ -80,6 +80,7 @@ from passes.rewrite.pipeline import (
     pipeline_model,
     split_structure,
 )
+from passes.weightless import is_weightless
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +330,8 @@ def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Mo
             f"the copy of {model.name!r} has other weights than the original "
             f"({len(copy.weights)} vs {len(model.weights)}); implement get_config/from_config"
         )
-    copy.set_weights(model.get_weights())
+    if not is_weightless(model):  # else the copy's fresh weights, made in this scope, stay
+        copy.set_weights(model.get_weights())
     return copy
 
 
