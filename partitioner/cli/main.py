@@ -644,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stderr=True,
     )
     for handler in logging.getLogger().handlers:  # warnings must show through the silence too
-        if isinstance(handler, logging.StreamHandler):
+        if type(handler) is logging.StreamHandler and handler.stream is sys.stderr:
             handler.setStream(err.file)
     try:
         return _run(args, out, err)
