@@ -152,3 +152,55 @@ def test_check_model_path(tmp_path: Path) -> None:
     assert check_model_path(f"{path}:build") == path
     with pytest.raises(ModelLoadError, match="no such file"):
         check_model_path(str(tmp_path / "missing.py:build"))
+
+
+ASSIGNS = """
+import keras
+
+class Doubled(keras.layers.Layer):
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], 1024), initializer="ones")
+        self.w.assign(self.w * 2.0)
+
+    def call(self, x):
+        return x @ self.w
+
+def build_model():
+    x = keras.Input((256,))
+    return keras.Model(x, Doubled(name="doubled")(x))
+"""
+
+
+def test_a_model_file_is_loaded_without_its_weights(tmp_path: Path) -> None:
+    from passes.weightless import deferred_variables
+
+    text = MODEL + (
+        "\nfrom dataclasses import dataclass\n\n@dataclass(frozen=True)\nclass Size:\n"
+        "    width: int = 3\n\ndef build_model():\n    return _mlp(f'm{Size().width}')\n"
+    )  # a model file may define dataclasses: the module is registered while it runs
+    model = load_model(str(write(tmp_path, "net.py", text)), weightless=True)
+    assert model.name == "m3"
+    assert len(deferred_variables(model)) == len(model.variables) == 4
+
+
+def test_a_model_that_needs_its_weights_is_built_with_them_when_they_fit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, "assigns.py", ASSIGNS)
+    model = load_model(str(path), weightless=True)
+    assert float(model.get_layer("doubled").w.numpy()[0, 0]) == 2.0  # the build's own value
+    assert "layer 'doubled' assigns to doubled/" in caplog.text
+    assert "built it with its weights instead" in caplog.text
+
+
+def test_a_model_that_needs_weights_that_do_not_fit_is_refused_with_the_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import passes.weightless
+
+    monkeypatch.setattr(passes.weightless, "available_memory_bytes", lambda: 1000)
+    path = write(tmp_path, "assigns.py", ASSIGNS)
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(path), weightless=True)
+    message = str(err.value)
+    assert "layer 'doubled' assigns" in message and "1.00 MiB" in message and "1000 B" in message
