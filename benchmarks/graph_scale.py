@@ -498,7 +498,7 @@ def format_table(result: dict[str, Any]) -> str:
         mark = "" if r["counts"] else " *"
         lines.append(
             f"{r['phase'] + mark:<40}{r['wall_s']:>9.2f}"
-            f"{r['peak_rss_bytes'] / 2**30:>9.2f} GiB  {r['note']}"
+            f"{r['peak_rss_bytes'] / 2**30:>9.2f} GiB  {r['note'][:110]}"
         )
     lines.append("-" * 80)
     verdict = "met" if result["met"] else "NOT met"
