@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from partitioner.core.errors import TraceError
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
-from passes import weightless
+from passes import blocks, weightless
 
 logger = logging.getLogger(__name__)
 
@@ -666,15 +666,23 @@ def _trace_step(
 
 
 def _weightless_step(
-    model: keras.Model, specs: Sequence[tf.TensorSpec], recorder: _CallRecorder
+    model: keras.Model,
+    specs: Sequence[tf.TensorSpec],
+    recorder: _CallRecorder,
+    repeat: blocks.Repeat | None = None,
 ) -> tuple[Any, int | None, dict[str, str]]:
     """:func:`_trace_step` for a model without weights (:mod:`passes.weightless`): every variable
     is a ``tf.TensorSpec`` argument, mapped onto its variable by a ``StatelessScope`` while the
     forward runs, and the gradients are taken with respect to those arguments. Also returns
     each variable argument's op name -> the unit holding the variable (so its bytes belong to
-    that layer, as a read op's would)."""
-    trainable, frozen = list(model.trainable_variables), list(model.non_trainable_variables)
+    that layer, as a read op's would). With ``repeat``, the model runs with its repeated blocks
+    past the second skipped (:func:`passes.blocks.reduced_call`), and only the variables of the
+    layers that run are arguments."""
+    skipped = blocks.skipped_variables(model, repeat) if repeat is not None else set()
+    trainable = [v for v in model.trainable_variables if id(v) not in skipped]
+    frozen = [v for v in model.non_trainable_variables if id(v) not in skipped]
     variables = trainable + frozen
+    forward = blocks.reduced_call(model, repeat) if repeat is not None else None
     var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
     boundary: list[int] = []
 
@@ -683,7 +691,8 @@ def _weightless_step(
         mapping = list(zip(variables, values))
         with keras.StatelessScope(mapping, initialize_variables=False):
             with recorder.recording(graph):
-                outputs = model(model_input(model, inputs), training=True)
+                batch = model_input(model, inputs)
+                outputs = forward(batch) if forward else model(batch, training=True)
         loss = _synthetic_loss(outputs)
         boundary.append(len(graph.get_operations()))
         grads = tf.gradients(loss, values[: len(trainable)]) if trainable else []
@@ -799,6 +808,49 @@ def _backward_owner(op: Any, owner: Mapping[str, str | None]) -> str | None:
     return None
 
 
+def _graph_of(
+    model: keras.Model, batch_size: int, concrete: Any, forward_end: int | None, parts: Any
+) -> tuple[Graph, float]:
+    """The IR of the traced ``concrete`` step, and the seconds its FLOP count took; ``parts``
+    is (recorder, units, the variable arguments' owners)."""
+    recorder, units, fixed_owners = parts
+    tf_ops = concrete.graph.get_operations()
+    t1 = time.perf_counter()
+    flops = _count_flops(concrete.graph)
+    flops_time_s = time.perf_counter() - t1
+    end = len(tf_ops) if forward_end is None else forward_end
+    ops, edges = _ops_and_edges(tf_ops, end, recorder, flops, fixed_owners)
+    graph = Graph(
+        name=model.name,
+        ops=_topological(ops, edges),
+        edges=tuple(edges),
+        layers=tuple(_layer_info(u) for u in units),
+        batch_size=batch_size,
+    )
+    return graph, flops_time_s
+
+
+def _weightless_graph(
+    model: keras.Model, specs: Sequence[tf.TensorSpec], units: Sequence[Unit], batch_size: int
+) -> tuple[Graph, float]:
+    """The IR of a weightless model's step, and the seconds its FLOP count took. A run of
+    repeated blocks (:mod:`passes.blocks`) is traced two blocks deep and the other blocks are
+    written from the second; where that is not exact, the whole model is traced."""
+    repeat = blocks.find_repeat(model, [u.name for u in units])
+    if repeat is not None:
+        recorder = _CallRecorder(units)
+        concrete, end, owners = _weightless_step(model, specs, recorder, repeat)
+        reduced, flops_s = _graph_of(model, batch_size, concrete, end, (recorder, units, owners))
+        full = blocks.expand_repeat(reduced, repeat)
+        if full is not None:
+            logger.debug("traced 2 of %d blocks of %d layers", repeat.count, repeat.period)
+            return full, flops_s
+        logger.debug("the %d repeated blocks differ in their ops: tracing all", repeat.count)
+    recorder = _CallRecorder(units)
+    concrete, end, owners = _weightless_step(model, specs, recorder)
+    return _graph_of(model, batch_size, concrete, end, (recorder, units, owners))
+
+
 def trace_model(
     model: keras.Model, *, batch_size: int, input_shape: ShapeArg | None = None
 ) -> TraceResult:
@@ -808,36 +860,21 @@ def trace_model(
     units = placement_units(model)
     if not units:
         raise TraceError(f"model {model.name!r} has no layers to place")
-    recorder = _CallRecorder(units)
-    fixed_owners: dict[str, str] = {}
     without_weights = weightless.is_weightless(model)
+    concrete = None
     if without_weights:
-        concrete, forward_end, fixed_owners = _weightless_step(model, specs, recorder)
+        graph, flops_time_s = _weightless_graph(model, specs, units, batch_size)
     else:
+        recorder = _CallRecorder(units)
         concrete, forward_end = _trace_step(model, specs, recorder)
-    trace_time_s = time.perf_counter() - t0
-    tf_graph = concrete.graph
-    tf_ops = tf_graph.get_operations()
-    if forward_end is None:
-        forward_end = len(tf_ops)
-
-    t1 = time.perf_counter()
-    flops = _count_flops(tf_graph)
-    flops_time_s = time.perf_counter() - t1
-
-    ops, edges = _ops_and_edges(tf_ops, forward_end, recorder, flops, fixed_owners)
-    graph = Graph(
-        name=model.name,
-        ops=_topological(ops, edges),
-        edges=tuple(edges),
-        layers=tuple(_layer_info(u) for u in units),
-        batch_size=batch_size,
-    )
+        parts: tuple[Any, ...] = (recorder, units, {})
+        graph, flops_time_s = _graph_of(model, batch_size, concrete, forward_end, parts)
+    trace_time_s = time.perf_counter() - t0 - flops_time_s
     logger.debug(
         "traced %s: %d ops, %d edges, %d layers in %.2fs (+%.2fs FLOPs)",
         model.name,
-        len(ops),
-        len(edges),
+        len(graph.ops),
+        len(graph.edges),
         len(units),
         trace_time_s,
         flops_time_s,
@@ -847,7 +884,7 @@ def trace_model(
         units=units,
         trace_time_s=trace_time_s,
         flops_time_s=flops_time_s,
-        step_function=None if without_weights else concrete,
+        step_function=concrete,
         weightless=without_weights,
         tf32_enabled=bool(tf.config.experimental.tensor_float_32_execution_enabled()),
         input_bounds=integer_input_bounds(model),

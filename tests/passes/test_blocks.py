@@ -1,0 +1,105 @@
+"""passes.blocks: a weightless model's repeated blocks are traced two deep and the others
+written from the second; the graph is the full trace's, op for op, and plans the same."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import keras
+import pytest
+
+from cost_models.estimate.costs import cost_graph
+from partitioner.api import prepare
+from partitioner.core.ir import Graph
+from partitioner.core.options import TargetOptions
+from partitioner.simulation.evaluate import evaluate
+from partitioner.solvers import get_solver, solve
+from passes import blocks
+from passes.trace import placement_units, trace_model
+from passes.weightless import build_without_weights
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import decoder
+
+
+def _full_trace(model: keras.Model, batch: int, monkeypatch: pytest.MonkeyPatch) -> Graph:
+    with monkeypatch.context() as patch:
+        patch.setattr(blocks, "MIN_BLOCKS", 10**6)  # no run is long enough: trace it all
+        return trace_model(model, batch_size=batch).graph
+
+
+def _sequence(graph: Graph) -> list[tuple[Any, ...]]:
+    """Each op as the rest of the pipeline sees it, in graph order (ids aside)."""
+    return [
+        (o.layer, o.op_type, o.phase, o.output_shapes, o.output_bytes, o.flops, o.transposed_bytes)
+        for o in graph.ops
+    ]
+
+
+def _edges(graph: Graph) -> list[tuple[Any, ...]]:
+    position = {o.id: k for k, o in enumerate(graph.ops)}
+    return sorted((position[e.src], position[e.dst], e.bytes, e.output_index) for e in graph.edges)
+
+
+@pytest.mark.parametrize("swiglu", [True, False], ids=["llama", "gpt"])
+def test_the_expanded_graph_is_the_full_trace_op_for_op(
+    swiglu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shape = decoder.DecoderShape("tiny", 7, 64, 2, 128, 16, 100, swiglu)
+    model = build_without_weights(lambda: decoder.decoder(shape))
+    repeat = blocks.find_repeat(model, [u.name for u in placement_units(model)])
+    assert repeat is not None and (repeat.period, repeat.count) == (9 if swiglu else 7, 7)
+    expanded = trace_model(model, batch_size=4).graph
+    full = _full_trace(model, 4, monkeypatch)
+    assert _sequence(expanded) == _sequence(full)
+    assert _edges(expanded) == _edges(full)
+    assert expanded.layers == full.layers
+    # and so every cost, solver and simulation downstream is the same
+    topology = prepare(TargetOptions(gpus=4, device_type="a100-80gb", batch_size=4)).topology
+    costed = [cost_graph(g, topology=topology, optimizer="adam") for g in (expanded, full)]
+    result, _ = solve(costed[0], get_solver("metis", seed=0, time_limit_s=5))
+    steps = [evaluate(c, result.assignment).step_time_s for c in costed]
+    assert steps[0] == steps[1]
+
+
+def test_the_reduced_trace_runs_only_two_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    shape = decoder.DecoderShape("tiny", 6, 32, 2, 64, 8, 50, True)
+    model = build_without_weights(lambda: decoder.decoder(shape))
+    called: list[str] = []
+    original = keras.layers.Layer.__call__
+
+    def counting(layer: Any, *args: Any, **kwargs: Any) -> Any:
+        called.append(layer.name)
+        return original(layer, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
+    graph = trace_model(model, batch_size=2).graph
+    assert "attn_1" in called and "attn_2" not in called and "attn_5" not in called
+    assert {o.layer for o in graph.ops} >= {"attn_5", "ffn_down_5", "norm_ffn_3"}
+
+
+def test_no_run_is_found_where_blocks_are_not_alike() -> None:
+    def varied() -> keras.Model:
+        x = keras.Input((8,))
+        h = x
+        for width in (16, 16, 32, 32, 64, 64):
+            h = keras.layers.Dense(width, activation="relu")(h)
+        return keras.Model(x, h)
+
+    model = build_without_weights(varied)
+    assert blocks.find_repeat(model, [u.name for u in placement_units(model)]) is None
+
+
+def test_a_stack_read_in_the_middle_is_not_a_run() -> None:
+    def skip() -> keras.Model:
+        x = keras.Input((8,))
+        hs = [x]
+        for k in range(6):
+            hs.append(keras.layers.Dense(8, name=f"d{k}")(hs[-1]))
+        out = keras.layers.Add(name="sum")([hs[-1], hs[3]])  # reads a middle block
+        return keras.Model(x, out)
+
+    model = build_without_weights(skip)
+    assert blocks.find_repeat(model, [u.name for u in placement_units(model)]) is None
