@@ -4,6 +4,9 @@ exactly from two traces (partitioner.core.batching)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -169,3 +172,29 @@ def test_without_weights_is_exported_and_plans_a_model_that_never_existed() -> N
         model = decoder()
     plan = partitioner.partition(model, gpus=2, batch_size=BATCH)
     assert plan.step_time_s > 0 and is_weightless(model)
+
+
+def _peak_rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's VmHWM")
+def test_a_7b_decoder_is_planned_without_its_28_gb_of_weights() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import decoder
+
+    Path("/proc/self/clear_refs").write_text("5")  # the peak RSS mark starts from here
+    before = _peak_rss_bytes()
+    with partitioner.without_weights():
+        model = decoder.llama_7b()
+    plan = partitioner.partition(
+        model, gpus=8, device_type="a100-80gb", topology="nvlink", batch_size=8, time_limit_s=1
+    )
+    grown = _peak_rss_bytes() - before
+    assert model.count_params() > 6.5e9 and is_weightless(model)
+    assert plan.strategy is not None and plan.step_time_s > 0
+    assert grown < 2 * 2**30, f"planning grew the peak resident memory by {grown / 2**30:.1f} GiB"
