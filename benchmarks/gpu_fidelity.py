@@ -11,8 +11,11 @@ simulated by :func:`partitioner.simulation.evaluate.evaluate` (the step the plan
 for ``solver='single'``).
 
 The reference is ``benchmarks/data/gpu_published.json``: published single-GPU training
-throughputs (NVIDIA DeepLearningExamples, TensorFlow, each with its URL and conditions) and
-nccl-tests all-reduce bus bandwidths. Rows marked ``calibration`` fit the GPU roofline's
+throughputs (NVIDIA DeepLearningExamples, TensorFlow, each with its URL and conditions: images/s
+for ResNet-50 and EfficientNet-B0, sequences/s for BERT-large pretraining at sequence length 128,
+a weightless :func:`benchmarks.zoo.transformer_lm`) and nccl-tests all-reduce bus bandwidths.
+TensorFlow's FLOP count of an adjoint batch matmul is wrong (:func:`fix_batch_matmul_flops`
+recounts it: the BERT weight gradients). Rows marked ``calibration`` fit the GPU roofline's
 efficiencies -- tensor-core ops by peak (:data:`cost_models.estimate.precision.TENSOR_CORE_OPS`),
 memory traffic, the other ops' compute, and the memory fraction of TensorFlow's slow float16
 depthwise filter-gradient kernel on Volta -- by coordinate descent minimising their root mean
@@ -60,7 +63,7 @@ from cost_models.estimate.collectives import all_reduce_s
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.precision import TENSOR_CORE_OPS, PrecisionPolicy, policy_from_keras
 from partitioner.core.files import write_atomic
-from partitioner.core.ir import Graph, peak_bytes
+from partitioner.core.ir import Edge, Graph, Op, peak_bytes
 from partitioner.simulation.evaluate import evaluate
 from partitioner.solvers.base import device_memory_bytes
 
@@ -121,9 +124,33 @@ class Fit:
         )
 
 
+def _bert_large() -> Any:
+    """BERT-large (24 post-LN blocks, 1024 wide, 16 heads, FFN 4096) at sequence length 128,
+    built without its weights (:mod:`passes.weightless`: the trace needs shapes, not values).
+    Its LM head covers all 128 positions (NVIDIA's MLM head gathers the ~20 masked ones)."""
+    from benchmarks.zoo import transformer_lm
+    from passes.weightless import build_without_weights
+
+    return build_without_weights(
+        lambda: transformer_lm(
+            name="bert_large",
+            blocks=24,
+            d_model=1024,
+            heads=16,
+            ffn=4096,
+            seq=128,
+            vocab=30522,
+            causal=False,
+            pre_norm=False,
+        )
+    )
+
+
 def _keras_model(name: str) -> Any:
     import keras
 
+    if name == "bert_large":
+        return _bert_large()
     build = {
         "resnet50": keras.applications.ResNet50,
         "efficientnetb0": keras.applications.EfficientNetB0,
@@ -131,17 +158,59 @@ def _keras_model(name: str) -> Any:
     return build[name](weights=None)
 
 
+_BATCH_MATMULS = frozenset({"BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+
+
+def _inner_dim(graph: Graph, op: Op, inputs: Sequence[Edge]) -> int | None:
+    """The contracted dimension of batch matmul ``op`` when TensorFlow's FLOP count used the
+    wrong one, else ``None``.
+
+    TensorFlow's registered count (``tensorflow/python/profiler/internal/flops_registry.py``,
+    ``_calc_batch_mat_mul_flops``) reads ``transpose_a``, an attribute BatchMatMul does not have
+    (its own is ``adj_x``), so it takes ``k = a.shape[-1]`` also when ``a`` is adjoint, i.e.
+    ``a`` is ``(.., k, m)`` and it counts ``k = m``: the weight gradient ``x^T dy`` of a dense
+    layer over a 3-D input (Keras 3's EinsumDense) counts ``d_model / seq`` times its FLOPs.
+    Recovered from the IR: the ``k`` the count used is ``flops / (2 * output elements)``; when
+    it equals the output's rows ``m`` and the inputs ending in ``m`` are ``(.., k', m)`` with
+    ``k' != m``, ``a`` was adjoint and ``k'`` is the true ``k``."""
+    out = op.output_shapes[0]
+    if len(out) < 2 or not op.flops:
+        return None
+    m = out[-2]
+    if op.flops // (2 * math.prod(out)) != m:
+        return None
+    shapes = [graph.ops[graph.op_index[e.src]].output_shapes[e.output_index] for e in inputs]
+    ends = [s[-2] for s in shapes if len(s) >= 2 and s[-1] == m]
+    return None if not ends or m in ends else ends[0]
+
+
+def fix_batch_matmul_flops(graph: Graph) -> Graph:
+    """``graph`` with the FLOPs of its adjoint batch matmuls recounted (:func:`_inner_dim`;
+    the trace takes TensorFlow's count as it is)."""
+    inputs: dict[str, list[Edge]] = {}
+    for e in graph.edges:
+        inputs.setdefault(e.dst, []).append(e)
+    ops = list(graph.ops)
+    for i, op in enumerate(ops):
+        if op.op_type in _BATCH_MATMULS:
+            k = _inner_dim(graph, op, inputs.get(op.id, []))
+            if k is not None:
+                ops[i] = dataclasses.replace(op, flops=2 * math.prod(op.output_shapes[0]) * k)
+    return dataclasses.replace(graph, ops=tuple(ops))
+
+
 _CACHE_DIR: list[Path] = []
 """``--trace-cache DIR``: traced graphs pickled there and reused (development runs)."""
 
 
 def traced_graph(model: str, batch_size: int, policy: str) -> Graph:
-    """One training step of ``model`` traced under the Keras dtype policy ``policy`` (cached)."""
+    """One training step of ``model`` traced under the Keras dtype policy ``policy`` (cached),
+    its adjoint batch matmuls recounted (:func:`fix_batch_matmul_flops`)."""
     key = (model, batch_size, policy)
     if key not in _TRACED:
         cached = _CACHE_DIR[0] / f"{model}_{batch_size}_{policy}.pkl" if _CACHE_DIR else None
         if cached is not None and cached.exists():
-            _TRACED[key] = pickle.loads(cached.read_bytes())
+            _TRACED[key] = fix_batch_matmul_flops(pickle.loads(cached.read_bytes()))
             return _TRACED[key]
         import keras
 
@@ -154,6 +223,7 @@ def traced_graph(model: str, batch_size: int, policy: str) -> Graph:
             keras.mixed_precision.set_global_policy("float32")
         if cached is not None:
             cached.write_bytes(pickle.dumps(_TRACED[key]))
+        _TRACED[key] = fix_batch_matmul_flops(_TRACED[key])
     return _TRACED[key]
 
 
@@ -214,7 +284,9 @@ def _terms(row: Mapping[str, Any]) -> _Terms:
 def _log_rms(rows: Sequence[Mapping[str, Any]], terms: Sequence[_Terms], fit: Fit) -> float:
     """Root mean square of log(predicted / published) throughput over ``rows``."""
     logs = [
-        math.log(row["batch_size"] / term.step_s(fit, _family(row)) / row["published_images_per_s"])
+        math.log(
+            row["batch_size"] / term.step_s(fit, _family(row)) / row["published_samples_per_s"]
+        )
         for row, term in zip(rows, terms, strict=True)
     ]
     return math.sqrt(sum(x * x for x in logs) / len(logs))
@@ -227,7 +299,9 @@ def _with(fit: Fit, name: str, value: float) -> Fit:
         return dataclasses.replace(fit, tensor_core={**fit.tensor_core, key: value})
     if kind == "slow":
         return dataclasses.replace(fit, half_slow_memory={**fit.half_slow_memory, key: value})
-    return dataclasses.replace(fit, **{"memory" if kind == "memory" else "other_compute": value})
+    if kind == "memory":
+        return dataclasses.replace(fit, memory=value)
+    return dataclasses.replace(fit, other_compute=value)
 
 
 def fit_efficiencies(rows: Sequence[Mapping[str, Any]]) -> Fit:
@@ -286,10 +360,10 @@ def predict(row: Mapping[str, Any], roofline: RooflineModel) -> dict[str, Any]:
             for k in ("id", "model", "batch_size", "precision", "device", "role", "source")
         },
         "planned_precision": _row_policy(row).value,
-        "published_images_per_s": row["published_images_per_s"],
-        "predicted_images_per_s": round(predicted, 1),
+        "published_samples_per_s": row["published_samples_per_s"],
+        "predicted_samples_per_s": round(predicted, 1),
         "predicted_step_s": step_s,
-        "error": predicted / row["published_images_per_s"] - 1.0,
+        "error": predicted / row["published_samples_per_s"] - 1.0,
         "peak_memory_bytes": peak_bytes(costed.layer_memory),
         "device_memory_bytes": get_device_type(row["device"]).memory_bytes,
     }
@@ -317,7 +391,7 @@ def mixed_speedup(roofline: RooflineModel) -> dict[str, Any]:
     """Predicted ResNet-50 throughput on an A100 at batch 256, mixed_float16 over float32 (TF32)."""
     base = {"model": "resnet50", "batch_size": 256, "device": "a100-80gb", "role": "check"}
     fp32 = predict(
-        {**base, "id": "tf32", "precision": "float32", "source": "", "published_images_per_s": 1},
+        {**base, "id": "tf32", "precision": "float32", "source": "", "published_samples_per_s": 1},
         roofline,
     )
     amp = predict(
@@ -326,14 +400,14 @@ def mixed_speedup(roofline: RooflineModel) -> dict[str, Any]:
             "id": "amp",
             "precision": "mixed_float16",
             "source": "",
-            "published_images_per_s": 1,
+            "published_samples_per_s": 1,
         },
         roofline,
     )
     return {
-        "tf32_images_per_s": fp32["predicted_images_per_s"],
-        "mixed_float16_images_per_s": amp["predicted_images_per_s"],
-        "speedup": amp["predicted_images_per_s"] / fp32["predicted_images_per_s"],
+        "tf32_images_per_s": fp32["predicted_samples_per_s"],
+        "mixed_float16_images_per_s": amp["predicted_samples_per_s"],
+        "speedup": amp["predicted_samples_per_s"] / fp32["predicted_samples_per_s"],
     }
 
 
@@ -362,13 +436,13 @@ def all_reduce_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def table(results: Mapping[str, Any]) -> str:
     """The benchmark's table as Markdown (the README block and the terminal)."""
     lines = [
-        "| row | device | precision | batch | published img/s | predicted img/s | error | role |",
+        "| row | device | precision | batch | published /s | predicted /s | error | role |",
         "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for r in results["throughput"]:
         lines.append(
             f"| {r['model']} | {r['device']} | {r['planned_precision']} | {r['batch_size']} | "
-            f"{r['published_images_per_s']:.0f} | {r['predicted_images_per_s']:.0f} | "
+            f"{r['published_samples_per_s']:.0f} | {r['predicted_samples_per_s']:.0f} | "
             f"{100 * r['error']:+.1f}% | {r['role']} |"
         )
     for r in results["all_reduce"]:
