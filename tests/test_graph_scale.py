@@ -11,10 +11,12 @@ of the simulation model changes them; a speed-up must not.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import pytest
 
 from benchmarks.graph_scale import Settings, blocks_for, format_table, make_costed, make_topology
+from partitioner.core.errors import InvalidGraphError
 from partitioner.core.ir import CostedGraph, Schedule
 from partitioner.core.strategy import Strategy
 from partitioner.simulation.bounds import costed_lower_bounds
@@ -138,3 +140,27 @@ def test_filling_empty_devices_is_unchanged(name: str, expected: str) -> None:
     options = {"time_limit_s": 2.0, "ilp": False} if name == "auto" else {}
     result = get_solver(name, **options).solve(problem)
     assert digest((result.assignment, result.objective, result.notes)) == expected
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_shared_row_of_op_times_is_checked_once_and_still_refused(
+    costed: CostedGraph, bad: float
+) -> None:
+    row = (bad, *costed.op_compute_time_s[0][1:])
+    for rows in ((row,) * 16, (*costed.op_compute_time_s[:15], row)):
+        with pytest.raises(InvalidGraphError, match="finite non-negative"):
+            replace(costed, op_compute_time_s=rows)
+
+
+def test_layer_times_are_summed_once_per_distinct_row(costed: CostedGraph) -> None:
+    layer_rows = costed.layer_compute_time_s
+    assert all(r is layer_rows[0] for r in layer_rows)
+    slower = tuple(2 * t for t in costed.op_compute_time_s[0])
+    mixed = replace(costed, op_compute_time_s=(slower, *costed.op_compute_time_s[1:]))
+    rows = mixed.layer_compute_time_s
+    assert rows[1] is rows[15] and rows[0] is not rows[1]
+    owner = costed.graph.layer_graph
+    expected = [0.0] * len(owner.nodes)
+    for op, t in zip(costed.graph.ops, slower, strict=True):
+        expected[owner.index[owner.op_owner[op.id]]] += t
+    assert rows[0] == tuple(expected) and rows[1] == layer_rows[0]

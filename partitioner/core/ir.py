@@ -640,8 +640,9 @@ class CostedGraph:
                 f"{len(self.op_compute_time_s)} rows of op times for "
                 f"{self.topology.num_devices} devices"
             )
-        for row in self.op_compute_time_s:
-            if len(row) != n_ops or any(not (t >= 0 and math.isfinite(t)) for t in row):
+        # devices of one type share one row object: check each distinct row once
+        for row in {id(r): r for r in self.op_compute_time_s}.values():
+            if len(row) != n_ops or not all(0.0 <= t < math.inf for t in row):
                 raise InvalidGraphError(
                     f"op times must be {n_ops} finite non-negative numbers per device"
                 )
@@ -650,15 +651,18 @@ class CostedGraph:
 
     @cached_property
     def layer_compute_time_s(self) -> tuple[tuple[float, ...], ...]:
-        """Forward + backward time of each layer (layer order) on each device."""
+        """Forward + backward time of each layer (layer order) on each device; devices that share
+        a row of op times share their row of layer times (each distinct row summed once)."""
         lg = self.graph.layer_graph
-        rows = []
+        owner = [lg.index[lg.op_owner[op.id]] for op in self.graph.ops]
+        made: dict[int, tuple[float, ...]] = {}
         for d_times in self.op_compute_time_s:
-            per_layer = [0.0] * len(lg.nodes)
-            for op, t in zip(self.graph.ops, d_times):
-                per_layer[lg.index[lg.op_owner[op.id]]] += t
-            rows.append(tuple(per_layer))
-        return tuple(rows)
+            if id(d_times) not in made:
+                per_layer = [0.0] * len(lg.nodes)
+                for k, t in zip(owner, d_times):
+                    per_layer[k] += t
+                made[id(d_times)] = tuple(per_layer)
+        return tuple(made[id(d_times)] for d_times in self.op_compute_time_s)
 
     def problem(self) -> PartitionProblem:
         """The layer-level problem a solver sees (built once per costed graph)."""

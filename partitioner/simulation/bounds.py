@@ -73,7 +73,11 @@ def min_devices_for_memory(problem: PartitionProblem) -> int:
 
 
 def _min_times(rows: tuple[tuple[float, ...], ...]) -> list[float]:
-    return [min(col) for col in zip(*rows)]
+    """Each column's smallest time; devices that share a row object are read once."""
+    distinct = tuple({id(r): r for r in rows}.values())
+    if len(distinct) == 1:
+        return list(distinct[0])
+    return [min(col) for col in zip(*distinct)]
 
 
 def _longest_path(weights: list[float], edges: list[tuple[int, int]]) -> float:
