@@ -14,13 +14,22 @@ The reference is ``benchmarks/data/gpu_published.json``: published single-GPU tr
 throughputs (NVIDIA DeepLearningExamples, TensorFlow, each with its URL and conditions: images/s
 for ResNet-50 and EfficientNet-B0, sequences/s for BERT-large pretraining at sequence length 128,
 a weightless :func:`benchmarks.zoo.transformer_lm`) and nccl-tests all-reduce bus bandwidths.
-TensorFlow's FLOP count of an adjoint batch matmul is wrong (:func:`fix_batch_matmul_flops`
-recounts it: the BERT weight gradients). Rows marked ``calibration`` fit the GPU roofline's
-efficiencies -- tensor-core ops by peak (:data:`cost_models.estimate.precision.TENSOR_CORE_OPS`),
-memory traffic, the other ops' compute, and the memory fraction of TensorFlow's slow float16
-depthwise filter-gradient kernel on Volta -- by coordinate descent minimising their root mean
-square log error (16-bit ops off the tensor cores run at the datasheet half rate of their family,
-:data:`_HALF_COMPUTE_SCALE`, not fitted); ``validation`` rows are only predicted. All-reduce rows
+TensorFlow's FLOP registry is wrong for two op families the rows run, and
+:func:`recount_flops` recounts them: an adjoint batch matmul (the BERT weight gradients, counted
+``d_model / seq`` times over) and the depthwise convolutions' gradients (no count: 0 FLOPs).
+Rows marked ``calibration`` fit the GPU roofline's efficiencies -- tensor-core ops by peak
+(:data:`cost_models.estimate.precision.TENSOR_CORE_OPS`), memory traffic, the other ops'
+compute, the depthwise convolutions' compute, and the memory fraction of TensorFlow's slow
+float16 depthwise filter-gradient kernel on Volta -- by coordinate descent minimising their root
+mean square log error (16-bit ops off the tensor cores run at the datasheet half rate of their
+family, :data:`_HALF_COMPUTE_SCALE`, not fitted); ``validation`` rows are only predicted. Seven
+parameters on six calibration rows: the calibration errors show the model can fit, the
+validation rows whether it predicts. The depthwise fraction comes out near 3% of the CUDA-core
+peak: GPU depthwise kernels, forward and both gradients, reach a small fraction of the GPU
+(Qin et al., "Diagonalwise Refactorization: An Efficient Training Method for Depthwise
+Convolutions", https://arxiv.org/abs/1803.09926: they "cannot fully utilize the GPU capacity"),
+which is what makes EfficientNet-B0 in TF32 on an A100 slower per image than its memory
+traffic says, and 2.9x slower than in float16 (half2 math at 4x the fp32 rate). All-reduce rows
 compare the ring model at the catalog's per-link-kind bus-bandwidth efficiency with nccl-tests. ``--write-calibration`` stores the fit as
 ``cost_models/data/calibration_<family>.json`` for the families the rows cover (volta, ampere),
 which :func:`cost_models.estimate.analytic.calibrated_roofline` then uses for every device of
@@ -88,21 +97,24 @@ _HALF_SLOW_FAMILIES = ("volta",)
 """... fitted on Volta only: the A100 mixed-precision rows run 2.9x (EfficientNet) their TF32
 rows, so no such kernel shows there."""
 _PEAKS = ("fp32", "tf32", "fp16", "bf16")
-_DEPTHWISE_EFFICIENCY = 0.3
-"""Depthwise convolutions' fraction of the CUDA-core peak (not fitted: they are memory-bound)."""
+_DEPTHWISE_START = 0.3
+"""Where the fit of the depthwise convolutions' fraction of the CUDA-core peak starts."""
 _TRACED: dict[tuple[str, int, str], Graph] = {}
 
 
 @dataclass(frozen=True)
 class Fit:
     """The fitted efficiencies: tensor-core ops by the peak they run at, memory traffic, the
-    other ops' compute, and per family the 16-bit depthwise filter gradient's memory fraction."""
+    other ops' compute, the depthwise convolutions' compute (fraction of the CUDA-core peak,
+    times the family's half rate when 16-bit), and per family the 16-bit depthwise filter
+    gradient's memory fraction."""
 
     tensor_core: Mapping[str, float]
     memory: float
     other_compute: float
     half_slow_memory: Mapping[str, float]
     kernel_overhead_s: float = 0.0
+    depthwise: float = _DEPTHWISE_START
 
     def roofline(self, family: str) -> RooflineModel:
         """The roofline of GPUs of ``family`` (its datasheet half rate, its slow kernels)."""
@@ -111,7 +123,7 @@ class Fit:
             tensor_core.setdefault("bf16", tensor_core["fp16"])
         slow = self.half_slow_memory.get(family)
         return RooflineModel(
-            efficiency=dict.fromkeys(DEPTHWISE_OPS, _DEPTHWISE_EFFICIENCY),
+            efficiency=dict.fromkeys(DEPTHWISE_OPS, self.depthwise),
             tensor_core_efficiency=tensor_core,
             default_compute_efficiency=self.other_compute,
             memory_efficiency=self.memory,
@@ -199,18 +211,49 @@ def fix_batch_matmul_flops(graph: Graph) -> Graph:
     return dataclasses.replace(graph, ops=tuple(ops))
 
 
+_DEPTHWISE_GRADIENTS = frozenset(DEPTHWISE_OPS - {"DepthwiseConv2dNative"})
+
+
+def fix_depthwise_flops(graph: Graph) -> Graph:
+    """``graph`` with FLOPs for its depthwise convolutions' gradients: TensorFlow registers no
+    FLOP count for ``DepthwiseConv2dNativeBackpropInput`` / ``...BackpropFilter`` (0 in the
+    trace), and each does the forward's multiply-adds (``2 kh kw`` per output element of the
+    forward). A gradient op with 0 FLOPs takes its layer's forward count when the layer has
+    one forward depthwise op (a layer called twice is left as it is)."""
+    forward: dict[str | None, list[int]] = {}
+    for op in graph.ops:
+        if op.op_type == "DepthwiseConv2dNative":
+            forward.setdefault(op.layer, []).append(op.flops)
+    ops = tuple(
+        dataclasses.replace(op, flops=forward[op.layer][0])
+        if op.op_type in _DEPTHWISE_GRADIENTS
+        and not op.flops
+        and len(forward.get(op.layer, ())) == 1
+        else op
+        for op in graph.ops
+    )
+    return dataclasses.replace(graph, ops=ops)
+
+
+def recount_flops(graph: Graph) -> Graph:
+    """``graph`` with the FLOPs TensorFlow's registry gets wrong recounted: adjoint batch
+    matmuls (:func:`fix_batch_matmul_flops`) and depthwise gradients
+    (:func:`fix_depthwise_flops`)."""
+    return fix_depthwise_flops(fix_batch_matmul_flops(graph))
+
+
 _CACHE_DIR: list[Path] = []
 """``--trace-cache DIR``: traced graphs pickled there and reused (development runs)."""
 
 
 def traced_graph(model: str, batch_size: int, policy: str) -> Graph:
     """One training step of ``model`` traced under the Keras dtype policy ``policy`` (cached),
-    its adjoint batch matmuls recounted (:func:`fix_batch_matmul_flops`)."""
+    its FLOPs recounted where TensorFlow's registry is wrong (:func:`recount_flops`)."""
     key = (model, batch_size, policy)
     if key not in _TRACED:
         cached = _CACHE_DIR[0] / f"{model}_{batch_size}_{policy}.pkl" if _CACHE_DIR else None
         if cached is not None and cached.exists():
-            _TRACED[key] = fix_batch_matmul_flops(pickle.loads(cached.read_bytes()))
+            _TRACED[key] = recount_flops(pickle.loads(cached.read_bytes()))
             return _TRACED[key]
         import keras
 
@@ -223,7 +266,7 @@ def traced_graph(model: str, batch_size: int, policy: str) -> Graph:
             keras.mixed_precision.set_global_policy("float32")
         if cached is not None:
             cached.write_bytes(pickle.dumps(_TRACED[key]))
-        _TRACED[key] = fix_batch_matmul_flops(_TRACED[key])
+        _TRACED[key] = recount_flops(_TRACED[key])
     return _TRACED[key]
 
 
@@ -252,7 +295,7 @@ class _Terms:
         import numpy as np
 
         compute = self.compute_s["other"] / fit.other_compute
-        compute = compute + self.compute_s["depthwise"] / _DEPTHWISE_EFFICIENCY
+        compute = compute + self.compute_s["depthwise"] / fit.depthwise
         for key in _PEAKS:
             compute = compute + self.compute_s[key] / fit.tensor_core.get(key, 1.0)
         memory = self.memory_s / fit.memory
@@ -293,8 +336,11 @@ def _log_rms(rows: Sequence[Mapping[str, Any]], terms: Sequence[_Terms], fit: Fi
 
 
 def _with(fit: Fit, name: str, value: float) -> Fit:
-    """``fit`` with one parameter (``tc:<peak>``, ``memory``, ``other``, ``slow:<family>``) set."""
+    """``fit`` with one parameter (``tc:<peak>``, ``memory``, ``other``, ``depthwise``,
+    ``slow:<family>``) set."""
     kind, _, key = name.partition(":")
+    if kind == "depthwise":
+        return dataclasses.replace(fit, depthwise=value)
     if kind == "tc":
         return dataclasses.replace(fit, tensor_core={**fit.tensor_core, key: value})
     if kind == "slow":
@@ -307,8 +353,9 @@ def _with(fit: Fit, name: str, value: float) -> Fit:
 def fit_efficiencies(rows: Sequence[Mapping[str, Any]]) -> Fit:
     """Coordinate descent (:data:`_SWEEPS` sweeps, a grid per parameter) minimising the root mean
     square log(predicted / published) throughput over ``rows``: each tensor-core peak the rows
-    use, the memory fraction, the other ops' compute fraction, and the slow 16-bit kernel's
-    memory fraction of each family in :data:`_HALF_SLOW_FAMILIES` whose rows run 16-bit."""
+    use, the memory fraction, the other ops' compute fraction, the depthwise convolutions'
+    compute fraction (when the rows have any), and the slow 16-bit kernel's memory fraction of
+    each family in :data:`_HALF_SLOW_FAMILIES` whose rows run 16-bit."""
     terms = [_terms(r) for r in rows]
     grids: dict[str, tuple[float, ...]] = {
         f"tc:{k}": _GRID_EFFICIENCY
@@ -316,6 +363,8 @@ def fit_efficiencies(rows: Sequence[Mapping[str, Any]]) -> Fit:
         if any(float(t.compute_s[k].sum()) > 0 for t in terms)
     }
     grids.update({"memory": _GRID_MEMORY, "other": _GRID_LOW})
+    if any(float(t.compute_s["depthwise"].sum()) > 0 for t in terms):
+        grids["depthwise"] = _GRID_LOW
     for family in _HALF_SLOW_FAMILIES:
         if any(
             _family(r) == family and bool(t.slow.any()) for r, t in zip(rows, terms, strict=True)
@@ -459,7 +508,8 @@ def summary(results: Mapping[str, Any]) -> list[str]:
     """One line per target: met or not, with the figures."""
     lines = [
         f"fit ({family} calibration rows): tensor-core efficiency by peak {fit['tensor_core']}, "
-        f"memory {fit['memory']}, other compute {fit['other_compute']} of the fp32 peak (16-bit: "
+        f"memory {fit['memory']}, other compute {fit['other_compute']} and depthwise convolutions "
+        f"{fit['depthwise_compute']} of the fp32 peak (16-bit: "
         f"x{fit['half_compute_scale']} by family, datasheets), 16-bit depthwise filter gradient's "
         f"memory fraction {fit['half_slow_memory']}, elementwise fusion on"
         for family, fit in results["fit"].items()
@@ -551,6 +601,7 @@ def run(write_calibration: bool = False) -> dict[str, Any]:
                 "tensor_core": dict(fit.tensor_core),
                 "memory": fit.memory,
                 "other_compute": fit.other_compute,
+                "depthwise_compute": fit.depthwise,
                 "half_compute_scale": dict(_HALF_COMPUTE_SCALE),
                 "half_slow_memory": dict(fit.half_slow_memory),
                 "kernel_overhead_s": fit.kernel_overhead_s,

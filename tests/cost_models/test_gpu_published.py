@@ -6,7 +6,13 @@ import json
 
 from cost_model_graphs import act, op
 
-from benchmarks.gpu_fidelity import DATA, RESULTS, fix_batch_matmul_flops, readme_block
+from benchmarks.gpu_fidelity import (
+    DATA,
+    RESULTS,
+    fix_batch_matmul_flops,
+    readme_block,
+    recount_flops,
+)
 from cost_models.devices.catalog import get_device_type
 from cost_models.estimate.precision import policy_from_keras
 from partitioner.core.ir import Edge, Graph, LayerInfo, Phase
@@ -56,3 +62,25 @@ def test_adjoint_batch_matmuls_are_recounted_and_others_kept() -> None:
     assert fixed["fwd"] == forward
     assert fixed["wgrad"] == 2 * b * d * d * s
     assert fix_batch_matmul_flops(fix_batch_matmul_flops(graph)) == fix_batch_matmul_flops(graph)
+
+
+def test_depthwise_gradients_get_their_forward_flops() -> None:
+    """TensorFlow counts no FLOPs for the depthwise gradients; each does the forward's work."""
+    forward = 2 * 3 * 3 * 8 * 14 * 14 * 32
+    ops = (
+        op("x", "Placeholder", None, shape=(8, 14, 14, 32)),
+        op("dw", "DepthwiseConv2dNative", "l", shape=(8, 14, 14, 32), flops=forward),
+        op("din", "DepthwiseConv2dNativeBackpropInput", "l", shape=(8, 14, 14, 32),
+           phase=Phase.BACKWARD),
+        op("dfilter", "DepthwiseConv2dNativeBackpropFilter", "l", shape=(3, 3, 32, 1),
+           phase=Phase.BACKWARD),
+        op("dw2", "DepthwiseConv2dNative", "twice", shape=(8, 14, 14, 32), flops=forward),
+        op("dw3", "DepthwiseConv2dNative", "twice", shape=(8, 14, 14, 32), flops=forward),
+        op("din2", "DepthwiseConv2dNativeBackpropInput", "twice", shape=(8, 14, 14, 32),
+           phase=Phase.BACKWARD),
+    )  # fmt: skip
+    edges = (Edge("x", "dw", act(8, 14, 14, 32)), Edge("dw", "din", act(8, 14, 14, 32)))
+    layers = (LayerInfo("l", "DepthwiseConv2D"), LayerInfo("twice", "DepthwiseConv2D"))
+    fixed = {o.id: o.flops for o in recount_flops(Graph("g", ops, edges, layers)).ops}
+    assert fixed["din"] == fixed["dfilter"] == forward
+    assert fixed["din2"] == 0  # a layer called twice: which forward is not known
