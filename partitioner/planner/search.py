@@ -18,7 +18,20 @@ For ``N`` devices and a global batch ``B`` the planner enumerates strategies of 
 Every candidate is scored by :func:`~partitioner.simulation.strategy.simulate_strategy`, the step
 the rewrite would run, with the costs of its own per-replica batch (``costed_at(B / R)``). The
 best candidate that fits in memory wins; when none fits, the one that overflows least is
-returned and says so. The best pipeline or split is then refined by
+returned and says so.
+
+**What is not simulated.** Shapes are scored in the order of a lower bound on their step (the
+work over their devices, the largest layer, the critical path of a micro-batch; shapes whose
+devices cannot hold the model's weights last), and results are listed in enumeration order
+whatever order they were scored in. A candidate is not simulated when a lower bound on its step
+(:func:`~partitioner.simulation.strategy.strategy_lower_bound_s`: its busiest device, the
+critical path, its exact all-reduce) is above the step of a candidate of its family that fits,
+or its weights alone overflow a device while one of its family fits (a shape is not even placed
+when its bound already says so): exact, the choice and every family's best are those of
+simulating everything (``StrategyOptions.prune=False`` does). Past the time limit a shape is
+placed by the first solver only, and a shape whose families all have a candidate that fits is
+not scored at all: :attr:`StrategySearch.notes` names those shapes and the least step any of
+them could reach, against the choice. The best pipeline or split is then refined by
 :func:`~partitioner.planner.refine.refine_strategy`, scored the same way. The planner never
 returns a strategy slower than a candidate it evaluated, ``single`` included.
 
@@ -37,6 +50,7 @@ Pure Python, no TensorFlow.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -53,6 +67,8 @@ from partitioner.simulation.strategy import (
     StrategySimulation,
     microbatch_costed,
     simulate_strategy,
+    static_overflow,
+    strategy_lower_bound_s,
 )
 from partitioner.solvers import get_solver
 from partitioner.solvers.stages import make_acyclic
@@ -89,6 +105,10 @@ class StrategyOptions:
     also_score: tuple[tuple[Strategy, str], ...] = ()
     """Strategies placed elsewhere (a plan's own solver's split), each with the name of what placed
     it, scored beside the search's own when their family is asked for."""
+    prune: bool = True
+    """Skip simulating a candidate whose lower bounds show it cannot be its family's best (exact:
+    the choice and every family's best are unchanged; :attr:`StrategySearch.candidates` then
+    lists only what was simulated). ``False`` simulates every candidate."""
 
 
 @dataclass(frozen=True)
@@ -299,18 +319,62 @@ def _families_of(replicas: int, stages: int) -> tuple[Family, ...]:
     return (Family.PIPELINE, Family.PLACED)
 
 
+PRUNE_SLACK = 1e-9
+"""Relative slack before a lower bound prunes a candidate: the simulators add the same times in
+another order, so a bound may exceed the simulated step by rounding."""
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One device layout of one ``R x S`` shape: the unit the search orders and prunes."""
+
+    order: int
+    """Its position in the enumeration (shapes by ``R`` then ``S``, then layouts): results are
+    listed in this order whatever order they were scored in, so ties resolve as before."""
+    replicas: int
+    stages: int
+    groups: tuple[tuple[int, ...], ...]
+    bound_s: tuple[tuple[Family, float], ...]
+    """Per family it can yield: a lower bound on the step of any of its candidates."""
+    overflows: bool
+    """Replica 0's devices cannot hold the model's weights, gradients and optimizer slots."""
+
+    def key(self) -> tuple[bool, float, int]:
+        """Scoring order: what may fit first, then the smallest bound, then enumeration."""
+        return (self.overflows, self.least_s, self.order)
+
+    @property
+    def least_s(self) -> float:
+        return min(b for _, b in self.bound_s)
+
+    def describe(self) -> str:
+        return f"{self.replicas} x {self.stages}"
+
+
 class _Scorer:
     """Scores strategies, remembering the costed graph of each batch (a replica's, a
-    micro-batch's) and the lower bounds of each graph a strategy is simulated on."""
+    micro-batch's) and the lower bounds of each graph a strategy is simulated on; skips a
+    candidate that a lower bound shows cannot be its family's best (:meth:`prunable`)."""
 
-    def __init__(self, costed_at: CostedAt, batch_size: int, deadline: float) -> None:
+    def __init__(
+        self, costed_at: CostedAt, batch_size: int, deadline: float, prune: bool = True
+    ) -> None:
         self._costed_at = costed_at
+        self.prune = prune
         self.batch_size = batch_size
         self._costed: dict[int, CostedGraph] = {}
         self._priced: dict[tuple[int, int], tuple[CostedGraph, LowerBounds]] = {}
         self.deadline = deadline
         self.candidates: list[StrategyCandidate] = []
         self.rejected: list[tuple[str, str]] = []
+        self.best_fit_s: dict[Family, float] = {}
+        """Per family, the fastest simulated step of a candidate that fits."""
+        self.pruned = 0
+        self.unplaced: list[_Item] = []
+        self.cut: list[_Item] = []
+        self.position = (0, 0)
+        self._keys: list[tuple[int, int]] = []
+        self._rejected_keys: list[tuple[int, int]] = []
 
     def at(self, batch: int) -> CostedGraph:
         """The model costed at ``batch`` (``costed_at``, once per batch)."""
@@ -334,16 +398,51 @@ class _Scorer:
             self._priced[key] = (costed, costed_lower_bounds(costed))
         return self._priced[key]
 
-    def score(self, strategy: Strategy, placement: str) -> StrategyCandidate | None:
+    def prunable(self, family: Family, bound_s: float, overflows: bool) -> bool:
+        """Whether a candidate of ``family`` whose step is at least ``bound_s`` (and which surely
+        does not fit, when ``overflows``) cannot be its family's best: a candidate of the family
+        that fits is already faster, or as fast and listed first. Exact: a candidate that does
+        not fit ranks after every one that fits."""
+        best = self.best_fit_s.get(family)
+        return best is not None and (overflows or bound_s * (1 - PRUNE_SLACK) > best)
+
+    def score(self, strategy: Strategy, placement: str, *, prune: bool = True) -> StrategyCandidate | None:
+        """Simulate ``strategy`` unless ``prune`` and its lower bounds show it cannot be its
+        family's best (counted in :attr:`pruned`)."""
+        self.position = (self.position[0], self.position[1] + 1)
         try:
             costed, bounds = self.priced(strategy.replicas, strategy.num_microbatches)
+            if prune and self.prune and self.prunable(
+                strategy.family,
+                strategy_lower_bound_s(costed, strategy, bounds),
+                static_overflow(costed, strategy),
+            ):
+                self.pruned += 1
+                return None
             sim = simulate_strategy(costed, strategy, bounds=bounds)
         except PartitionError as exc:
-            self.rejected.append((f"{strategy.describe()} ({placement})", str(exc)))
+            self.reject(f"{strategy.describe()} ({placement})", str(exc))
             return None
         candidate = _candidate(sim, placement, costed.topology)
         self.candidates.append(candidate)
+        self._keys.append(self.position)
+        if sim.fits:
+            family = strategy.family
+            self.best_fit_s[family] = min(self.best_fit_s.get(family, math.inf), sim.step_time_s)
         return candidate
+
+    def reject(self, what: str, why: str) -> None:
+        self.rejected.append((what, why))
+        self._rejected_keys.append(self.position)
+
+    def in_enumeration_order(self) -> None:
+        """List the candidates and rejections in enumeration order, not scoring order."""
+        pairs = sorted(zip(self._keys, self.candidates), key=lambda kv: kv[0])
+        self.candidates = [c for _, c in pairs]
+        self._keys = [k for k, _ in pairs]
+        done = sorted(zip(self._rejected_keys, self.rejected), key=lambda kv: kv[0])
+        self.rejected = [r for _, r in done]
+        self._rejected_keys = [k for k, _ in done]
 
 
 def _candidate(sim: StrategySimulation, placement: str, topology: Topology) -> StrategyCandidate:
@@ -354,19 +453,77 @@ def _candidate(sim: StrategySimulation, placement: str, topology: Topology) -> S
     return StrategyCandidate(simulation=sim, placement=placement, replica_device_types=types)
 
 
-def _score_shape(
-    scorer: _Scorer, replicas: int, stages: int, options: StrategyOptions
-) -> None:
-    costed = scorer.costed(replicas)
-    n_layers = len(costed.layer_memory)
-    for groups in device_layouts(costed.topology, replicas, stages):
-        if stages == 1:
-            scorer.score(Strategy(device_groups=groups, stage_of_layer=(0,) * n_layers), "-")
+def _items(
+    scorer: _Scorer, shapes: list[tuple[int, int]], options: StrategyOptions
+) -> list[_Item]:
+    """Every (shape, layout) with its lower bounds, in the order they are scored."""
+    items: list[_Item] = []
+    for replicas, stages in shapes:
+        costed = scorer.costed(replicas)
+        for groups in device_layouts(costed.topology, replicas, stages):
+            bound_s = _item_bounds(scorer, replicas, groups, options)
+            if not bound_s:
+                continue
+            static = sum(
+                m.param_bytes + m.gradient_bytes + m.optimizer_bytes for m in costed.layer_memory
+            )
+            room = sum(costed.topology.devices[d].memory_bytes for d in groups[0])
+            bounds = tuple(bound_s.items())
+            items.append(_Item(len(items), replicas, stages, groups, bounds, static > room))
+    return sorted(items, key=_Item.key)
+
+
+def _item_bounds(
+    scorer: _Scorer,
+    replicas: int,
+    groups: tuple[tuple[int, ...], ...],
+    options: StrategyOptions,
+) -> dict[Family, float]:
+    """Per family ``groups`` can yield, a lower bound on the step of any of its candidates:
+    the least over its micro-batch counts ``M`` of the largest of the work over ``S`` devices
+    (each layer at its fastest device's time), the largest layer and the critical path of one
+    micro-batch; with one stage, :func:`strategy_lower_bound_s` itself (all-reduce included)."""
+    stages = len(groups[0])
+    out: dict[Family, float] = {}
+    if stages == 1:
+        n_layers = len(scorer.costed(replicas).layer_memory)
+        strategy = Strategy(device_groups=groups, stage_of_layer=(0,) * n_layers)
+        if strategy.family in options.families:
+            costed, bounds = scorer.priced(replicas, 1)
+            out[strategy.family] = strategy_lower_bound_s(costed, strategy, bounds)
+        return out
+    per_replica = scorer.batch_size // replicas
+    for m in microbatch_choices(per_replica, stages, options.max_microbatches_per_stage):
+        family = Family.PLACED if m == 1 else (Family.PIPELINE if replicas == 1 else Family.HYBRID)
+        if family not in options.families or (m == 1 and replicas > 1):
             continue
-        micro = microbatch_choices(
-            scorer.batch_size // replicas, stages, options.max_microbatches_per_stage
-        )
-        _score_placements(scorer, groups, micro, options, replicas)
+        costed, bounds = scorer.priced(replicas, m)
+        work_s = bounds.work_s * costed.topology.num_devices / stages
+        bound = max(work_s, bounds.largest_layer_s, bounds.critical_path_s / m)
+        out[family] = min(out.get(family, math.inf), bound)
+    return out
+
+
+def _score_item(scorer: _Scorer, item: _Item, options: StrategyOptions) -> None:
+    """Score ``item``'s candidates, unless bounds show that none can be its family's best
+    (then it is not even placed) or, past the time limit, its families already have a
+    candidate that fits (noted as cut)."""
+    scorer.position = (item.order, 0)
+    if scorer.prune and all(scorer.prunable(f, b, item.overflows) for f, b in item.bound_s):
+        scorer.unplaced.append(item)
+        return
+    late = time.monotonic() > scorer.deadline
+    if scorer.prune and late and all(f in scorer.best_fit_s for f, _ in item.bound_s):
+        scorer.cut.append(item)
+        return
+    if item.stages == 1:
+        n_layers = len(scorer.costed(item.replicas).layer_memory)
+        scorer.score(Strategy(device_groups=item.groups, stage_of_layer=(0,) * n_layers), "-")
+        return
+    micro = microbatch_choices(
+        scorer.batch_size // item.replicas, item.stages, options.max_microbatches_per_stage
+    )
+    _score_placements(scorer, item.groups, micro, options, item.replicas)
 
 
 def _score_placements(
@@ -384,13 +541,13 @@ def _score_placements(
         counts = pipelined_counts if pipelined else ([1] if want_plain else [])
         if not counts:
             continue
-        # Past the time limit every shape is still scored, with the first placement solver only.
+        # Past the time limit a shape is scored with the first placement solver only.
         solvers = options.placement_solvers
         if time.monotonic() > scorer.deadline:
             solvers = solvers[:1]
         for name, found in _stage_placements(costed, groups[0], solvers, options, pipelined):
             if isinstance(found, PartitionError):
-                scorer.rejected.append((f"{len(groups)} x {len(groups[0])} by {name}", str(found)))
+                scorer.reject(f"{len(groups)} x {len(groups[0])} by {name}", str(found))
                 continue
             for m in counts:
                 for schedule in options.schedules if m > 1 else (Schedule.NONE,):
@@ -411,14 +568,17 @@ def search_strategies(
         raise UsageError(f"batch_size={batch_size} must be >= 1")
     num_devices = costed_at(batch_size).topology.num_devices
     shapes = _checked_shapes(num_devices, batch_size, options)
-    scorer = _Scorer(costed_at, batch_size, deadline=0.0)
+    scorer = _Scorer(costed_at, batch_size, deadline=0.0, prune=options.prune)
     _cost_first(scorer, shapes, options)
+    items = _items(scorer, shapes, options)
     scorer.deadline = time.monotonic() + options.time_limit_s
-    for replicas, stages in shapes:
-        _score_shape(scorer, replicas, stages, options)
+    for item in items:
+        _score_item(scorer, item, options)
+    scorer.in_enumeration_order()
+    scorer.position = (len(items), 0)
     for strategy, placement in options.also_score:
         if strategy.family in options.families and strategy not in _scored(scorer):
-            scorer.score(strategy, placement)
+            scorer.score(strategy, placement, prune=False)
     if not scorer.candidates and not scorer.rejected:
         raise UsageError(_microbatch_message(batch_size, num_devices, options))
     if not scorer.candidates:
@@ -433,7 +593,12 @@ def search_strategies(
         best=best,
         candidates=tuple(scorer.candidates),
         rejected=tuple(scorer.rejected),
-        notes=(*skipped, *refined, *_uneven_notes(scorer.candidates)),
+        notes=(
+            *skipped,
+            *_pruned_notes(scorer, best, options),
+            *refined,
+            *_uneven_notes(scorer.candidates),
+        ),
     )
 
 
@@ -446,6 +611,47 @@ def _cost_first(scorer: _Scorer, shapes: list[tuple[int, int]], options: Strateg
     search's time limit starts: the limit bounds the search, not the costing."""
     for replicas, m in _priced_keys(scorer.batch_size, shapes, options):
         scorer.priced(replicas, m)
+
+
+def _pruned_notes(
+    scorer: _Scorer, best: StrategyCandidate, options: StrategyOptions
+) -> tuple[str, ...]:
+    """What was not simulated: exactly (a bound), and what the time limit cut."""
+    notes = []
+    parts = []
+    if scorer.pruned:
+        parts.append(f"{scorer.pruned} candidate{'s' if scorer.pruned > 1 else ''} not simulated")
+    if scorer.unplaced:
+        parts.append(f"shapes {_words(_shapes_of(scorer.unplaced), 'and')} not placed")
+    if parts:
+        notes.append(
+            " and ".join(parts)
+            + ": a lower bound on each step (the busiest device, the critical path, the "
+            "all-reduce) is above a candidate of its family that fits, or its weights alone "
+            "overflow a device; the choice and each family's best are those of simulating all"
+        )
+    if scorer.cut:
+        least = min(item.least_s for item in scorer.cut)
+        verdict = (
+            "none of them could have been chosen"
+            if least * (1 - PRUNE_SLACK) > best.step_time_s
+            else f"one might have been faster than the {format_seconds(best.step_time_s)} chosen"
+        )
+        notes.append(
+            f"past the time limit (time_limit_s={options.time_limit_s:g}) shapes "
+            f"{_words(_shapes_of(scorer.cut), 'and')} not scored, their families having a "
+            f"candidate that fits: their steps are at least {format_seconds(least)}, so {verdict}"
+        )
+    return tuple(notes)
+
+
+def _shapes_of(items: list[_Item]) -> list[str]:
+    """``R x S`` of each item's shape, each once, in enumeration order (the first six, then
+    how many more)."""
+    shapes = list(dict.fromkeys(i.describe() for i in sorted(items, key=lambda i: i.order)))
+    if len(shapes) > 8:
+        return [*shapes[:6], f"{len(shapes) - 6} more"]
+    return shapes
 
 
 def _refined(
@@ -483,7 +689,8 @@ def _forced_family_message(
         f"needs {format_bytes(need, exact=True)} (a replica holds its stages' weights, "
         f"gradients and optimizer slots) and its limit is {format_bytes(limit, exact=True)}"
     )
-    everything = replace(options, families=tuple(Family), refine=False)
+    # every candidate: the smallest hybrid that fits need not be its family's fastest
+    everything = replace(options, families=tuple(Family), refine=False, prune=False)
     try:
         found = search_strategies(costed_at, batch_size, everything)
     except PartitionError:

@@ -49,6 +49,8 @@ __all__ = [
     "gradient_bytes_per_stage",
     "microbatch_costed",
     "simulate_strategy",
+    "static_overflow",
+    "strategy_lower_bound_s",
 ]
 
 
@@ -203,6 +205,70 @@ def _replicas(
     return tuple(steps), peak, first
 
 
+def _all_reduce(
+    costed: CostedGraph, strategy: Strategy
+) -> tuple[tuple[int, ...], AllReduceAlgorithm, float]:
+    """Each stage's gradient bytes, the algorithm, and the seconds of the all-reduce of every
+    stage's gradients among its replicas, all stages at once (0 for one replica)."""
+    topology = costed.topology
+    grads = gradient_bytes_per_stage(costed, strategy)
+    algorithm = all_reduce_algorithm(topology, strategy)
+    if strategy.replicas == 1:
+        return grads, algorithm, 0.0
+    rings = [
+        (tuple(group[s] for group in strategy.device_groups), grads[s])
+        for s in range(strategy.stages)
+    ]
+    reduce = (
+        concurrent_all_reduce_s
+        if algorithm is AllReduceAlgorithm.RING
+        else concurrent_reduce_to_one_s
+    )
+    return grads, algorithm, reduce(topology, rings)
+
+
+def strategy_lower_bound_s(
+    costed: CostedGraph, strategy: Strategy, bounds: LowerBounds
+) -> float:
+    """A lower bound on ``simulate_strategy(costed, strategy).step_time_s``, without simulating.
+
+    A device runs its ops one at a time (the step and the pipeline simulators queue them; a
+    pipeline runs each of ``M`` micro-batches at ``1 / M`` of the op times), so a replica's step
+    is at least its busiest device's layer times; it is at least the op-level critical path of
+    one (micro-)batch (``bounds.critical_path_s / M``); the slowest replica paces the step, and
+    the all-reduce (computed exactly, as :func:`simulate_strategy` does) follows it."""
+    rows = costed.layer_compute_time_s
+    per_stage: dict[int, list[float]] = {}  # per distinct row of layer times (alike devices)
+    for d in strategy.devices:
+        if id(rows[d]) not in per_stage:
+            sums = [0.0] * strategy.stages
+            for t, s in zip(rows[d], strategy.stage_of_layer):
+                sums[s] += t
+            per_stage[id(rows[d])] = sums
+    busiest = max(
+        per_stage[id(rows[d])][s] for group in strategy.device_groups for s, d in enumerate(group)
+    )
+    path_s = bounds.critical_path_s / strategy.num_microbatches
+    return max(busiest, path_s) + _all_reduce(costed, strategy)[2]
+
+
+def static_overflow(costed: CostedGraph, strategy: Strategy) -> bool:
+    """Whether some device of ``strategy`` cannot hold even its stage's weights, gradients,
+    optimizer slots and largest transient (a floor under both simulators' peaks), so the
+    strategy surely does not fit."""
+    static = [0] * strategy.stages
+    transient = [0] * strategy.stages
+    for m, s in zip(costed.layer_memory, strategy.stage_of_layer):
+        static[s] += m.param_bytes + m.gradient_bytes + m.optimizer_bytes
+        transient[s] = max(transient[s], m.transient_bytes)
+    devices = costed.topology.devices
+    return any(
+        static[s] + transient[s] > devices[d].memory_bytes
+        for group in strategy.device_groups
+        for s, d in enumerate(group)
+    )
+
+
 def simulate_strategy(
     costed: CostedGraph, strategy: Strategy, *, bounds: LowerBounds | None = None
 ) -> StrategySimulation:
@@ -217,21 +283,11 @@ def simulate_strategy(
     topology = costed.topology
     bounds = bounds or costed_lower_bounds(costed)
     replica_step_s, peak, first = _replicas(costed, strategy, bounds)
-    grads = gradient_bytes_per_stage(costed, strategy)
-    rings = [
-        (tuple(group[s] for group in strategy.device_groups), grads[s])
-        for s in range(strategy.stages)
-    ]
-    algorithm = all_reduce_algorithm(topology, strategy)
-    reduce = (
-        concurrent_all_reduce_s
-        if algorithm is AllReduceAlgorithm.RING
-        else concurrent_reduce_to_one_s
-    )
+    grads, algorithm, all_reduce_s = _all_reduce(costed, strategy)
     return StrategySimulation(
         strategy=strategy,
         replica_step_s=replica_step_s,
-        all_reduce_s=reduce(topology, rings) if strategy.replicas > 1 else 0.0,
+        all_reduce_s=all_reduce_s,
         algorithm=algorithm,
         gradient_bytes=grads,
         peak_memory_bytes=tuple(peak),

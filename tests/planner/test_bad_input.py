@@ -126,7 +126,7 @@ def test_replica_counts_skipped_for_divisibility_are_noted() -> None:
         "gives each replica an equal share); scored 1, 2 and 3; for 4 replicas use "
         "batch_size=28 or 32"
     ) in found.notes
-    forced = _search(4, 30, families=(Family.DATA_PARALLEL,))
+    forced = _search(4, 30, families=(Family.DATA_PARALLEL,), prune=False)
     assert {c.strategy.replicas for c in forced.candidates} == {2, 3}
     assert any(n.startswith("4 replicas not scored") for n in forced.notes)
 
