@@ -428,9 +428,13 @@ def _search_phase(rows: list[Row], costed: CostedGraph, blocks: int, args: Setti
         counts=False,
     )
     if found is not None:
-        rows[-1].note = (
-            f"{len(found.candidates)} candidates, best {found.best.strategy.describe()} "
-            f"{found.best.step_time_s * 1e3:.1f} ms"
+        skipped = [n for n in found.notes if "a lower bound on each step" in n or "past the" in n]
+        rows[-1].note = "; ".join(
+            [
+                f"{len(found.candidates)} candidates simulated, best "
+                f"{found.best.strategy.describe()} {found.best.step_time_s * 1e3:.1f} ms",
+                *skipped,
+            ]
         )
 
 
