@@ -13,7 +13,8 @@ follows. The IR the rest of the pipeline sees is the one the full trace would gi
 
 When blocks are identical (what :func:`find_repeat` checks)
 ---------------------------------------------------------
-Layers are compared by class, configuration (name aside), weight shapes and output shapes; a run
+Layers are compared by class, configuration (name aside; a layer whose ``get_config`` fails, by
+its scalar attributes), weight shapes and output shapes; a run
 of ``period`` layers repeated ``count >= MIN_BLOCKS`` times is a repeat when every layer of
 blocks ``1 .. count-1`` reads, inside the run, only its own block or the one before at the same
 relative positions as block 1's layer does, and outside the run the same layers as block 1's
@@ -83,8 +84,14 @@ def _signature(layer: Any) -> Any:
     shapes and dtypes, output shapes."""
     try:
         config = dict(layer.get_config())
-    except Exception:  # a custom layer without get_config: never the same as another
-        return ("unique", id(layer))
+    except Exception:  # no working get_config: its scalar attributes stand for it
+        config = {
+            key: value
+            for key, value in vars(layer).items()
+            if isinstance(value, (int, float, str, bool, type(None), tuple))
+            and "name" not in key
+            and "path" not in key
+        }
     config.pop("name", None)
     weights = tuple((tuple(w.shape), str(w.dtype)) for w in layer.weights)
     outputs = tuple(tuple(t.shape) for node in layer._inbound_nodes for t in node.output_tensors)
@@ -171,7 +178,7 @@ def skipped_variables(model: Any, repeat: Repeat) -> set[int]:
     """``id`` of every variable of the layers :func:`reduced_call` skips."""
     layers = _layers(model)
     first, end = repeat.start + 2 * repeat.period, repeat.start + repeat.period * repeat.count
-    return {id(w) for layer in layers[first:end] for w in layer.weights}
+    return {id(w) for layer in layers[first:end] for w in layer.variables}
 
 
 def reduced_call(model: Any, repeat: Repeat) -> Callable[[Any], Any]:
@@ -229,16 +236,22 @@ def _unit_regions(graph: Graph, repeat: Repeat) -> dict[str, Region] | None:
 def _glue_regions(graph: Graph, regions: dict[str, Region]) -> dict[str, Region] | None:
     """Regions of the glue ops, from the layer-owned ops they read or feed: a glue op between
     two blocks (a gradient's sum over a block output's consumers) belongs to the later block,
-    one between the last block and what follows to what follows; None when one joins block 1
-    to what comes before the run."""
+    one between the last block and what follows to what follows, one that every block reads
+    and block 1 does not feed (an input) stays as it is; None when one joins block 1 to what
+    comes before the run."""
     near: dict[str, set[Region]] = {op.id: set() for op in graph.ops if op.layer is None}
+    fed_by: dict[str, set[Region]] = {op_id: set() for op_id in near}
     for e in graph.edges:
+        if e.dst in near and e.src in regions:
+            fed_by[e.dst].add(regions[e.src])
         for end, other in ((e.src, e.dst), (e.dst, e.src)):
             if end in near and other in regions:
                 near[end].add(regions[other])
     glue: dict[str, Region] = {}
     for op_id, touched in near.items():
-        if "block1" in touched:
+        if "block1" not in fed_by[op_id] and {"block0", "block1"} <= touched:
+            glue[op_id] = "mixed"  # a source every block reads (an input mask): kept once
+        elif "block1" in touched:
             if touched <= {"block0", "block1"}:
                 glue[op_id] = "block1"
             elif touched <= {"block1", "after"}:
@@ -270,12 +283,41 @@ def _counterparts(
     pairs: dict[str, str] = {}
     for position in {key for key, _ in groups}:
         first, second = groups.get((position, 0), []), groups.get((position, 1), [])
-        if [(o.op_type, o.output_shapes, o.output_dtypes) for o in first] != [
-            (o.op_type, o.output_shapes, o.output_dtypes) for o in second
-        ]:
+        matched = _by_name(first, second) or _by_order(first, second)
+        if matched is None:
             return None
-        pairs.update((a.id, b.id) for a, b in zip(first, second))
+        pairs.update(matched)
     return pairs
+
+
+def _kind(op: Op) -> tuple[Any, ...]:
+    return (op.op_type, op.output_shapes, op.output_dtypes)
+
+
+def _by_order(first: Sequence[Op], second: Sequence[Op]) -> dict[str, str] | None:
+    """The two lists' ops paired in order, if they are alike in order."""
+    if [_kind(o) for o in first] != [_kind(o) for o in second]:
+        return None
+    return {a.id: b.id for a, b in zip(first, second)}
+
+
+def _by_name(first: Sequence[Op], second: Sequence[Op]) -> dict[str, str] | None:
+    """The two layers' ops paired by name with the layer's own name taken out (TensorFlow
+    names an op after its layer's scope; the gradient pass may create two blocks' ops in
+    different orders), if every op finds an alike partner that way."""
+    if not first or len(first) != len(second) or first[0].layer is None:
+        return None
+    a_layer, b_layer = first[0].layer, second[0].layer
+    if b_layer is None:
+        return None
+    keyed = {o.id.replace(b_layer, "\0"): o for o in second}
+    pairs: dict[str, str] = {}
+    for o in first:
+        partner = keyed.get(o.id.replace(a_layer, "\0"))
+        if partner is None or _kind(partner) != _kind(o):
+            return None
+        pairs[o.id] = partner.id
+    return pairs if len(set(pairs.values())) == len(pairs) else None
 
 
 def _copy_id(op_id: str, block: int) -> str:

@@ -142,8 +142,8 @@ def variable_owners(units: Sequence[Any]) -> dict[int, str]:
     layer holds it (a shared variable belongs to its first holder, as its read op does in an
     ordinary trace)."""
     owners: dict[int, str] = {}
-    for unit in units:
-        for w in getattr(unit.operation, "weights", ()) or ():
+    for unit in units:  # ``variables``: the weights and the state of its random seeds
+        for w in getattr(unit.operation, "variables", ()) or ():
             owners.setdefault(id(w), unit.name)
     return owners
 

@@ -24,12 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import decoder
 
 
-def _full_trace(model: keras.Model, batch: int, monkeypatch: pytest.MonkeyPatch) -> Graph:
-    with monkeypatch.context() as patch:
-        patch.setattr(blocks, "MIN_BLOCKS", 10**6)  # no run is long enough: trace it all
-        return trace_model(model, batch_size=batch).graph
-
-
 def _sequence(graph: Graph) -> list[tuple[Any, ...]]:
     """Each op as the rest of the pipeline sees it, in graph order (ids aside)."""
     return [
@@ -43,16 +37,13 @@ def _edges(graph: Graph) -> list[tuple[Any, ...]]:
     return sorted((position[e.src], position[e.dst], e.bytes, e.output_index) for e in graph.edges)
 
 
-@pytest.mark.parametrize("swiglu", [True, False], ids=["llama", "gpt"])
-def test_the_expanded_graph_is_the_full_trace_op_for_op(
-    swiglu: bool, monkeypatch: pytest.MonkeyPatch
+def _same_as_the_full_trace(
+    model: keras.Model, monkeypatch: pytest.MonkeyPatch, input_shape: Any = None
 ) -> None:
-    shape = decoder.DecoderShape("tiny", 7, 64, 2, 128, 16, 100, swiglu)
-    model = build_without_weights(lambda: decoder.decoder(shape))
-    repeat = blocks.find_repeat(model, [u.name for u in placement_units(model)])
-    assert repeat is not None and (repeat.period, repeat.count) == (9 if swiglu else 7, 7)
-    expanded = trace_model(model, batch_size=4).graph
-    full = _full_trace(model, 4, monkeypatch)
+    expanded = trace_model(model, batch_size=4, input_shape=input_shape).graph
+    with monkeypatch.context() as patch:
+        patch.setattr(blocks, "MIN_BLOCKS", 10**6)  # no run is long enough: trace it all
+        full = trace_model(model, batch_size=4, input_shape=input_shape).graph
     assert _sequence(expanded) == _sequence(full)
     assert _edges(expanded) == _edges(full)
     assert expanded.layers == full.layers
@@ -62,6 +53,36 @@ def test_the_expanded_graph_is_the_full_trace_op_for_op(
     result, _ = solve(costed[0], get_solver("metis", seed=0, time_limit_s=5))
     steps = [evaluate(c, result.assignment).step_time_s for c in costed]
     assert steps[0] == steps[1]
+
+
+@pytest.mark.parametrize("swiglu", [True, False], ids=["llama", "gpt"])
+def test_the_expanded_graph_is_the_full_trace_op_for_op(
+    swiglu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shape = decoder.DecoderShape("tiny", 7, 64, 2, 128, 16, 100, swiglu)
+    model = build_without_weights(lambda: decoder.decoder(shape))
+    repeat = blocks.find_repeat(model, [u.name for u in placement_units(model)])
+    assert repeat is not None and (repeat.period, repeat.count) == (9 if swiglu else 7, 7)
+    _same_as_the_full_trace(model, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["GPT2Backbone", "LlamaBackbone"])
+def test_keras_hub_backbones_expand_to_their_full_trace(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One unit per transformer layer, every layer reading the padding mask, dropout seeds;
+    Llama's decoder layer has no working get_config (compared by its attributes)."""
+    keras_hub = pytest.importorskip("keras_hub")
+    sizes = {"vocabulary_size": 500, "num_layers": 6, "hidden_dim": 64, "intermediate_dim": 128}
+    if name == "GPT2Backbone":
+        sizes |= {"num_heads": 2, "max_sequence_length": 32}
+    else:
+        sizes |= {"num_query_heads": 2, "num_key_value_heads": 2}
+    model = build_without_weights(lambda: getattr(keras_hub.models, name)(**sizes))
+    repeat = blocks.find_repeat(model, [u.name for u in placement_units(model)])
+    assert repeat is not None and (repeat.period, repeat.count) == (1, 6)
+    _same_as_the_full_trace(model, monkeypatch, {"token_ids": (16,), "padding_mask": (16,)})
 
 
 def test_the_reduced_trace_runs_only_two_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
