@@ -26,7 +26,9 @@ Calibrated models: :mod:`cost_models.estimate.calibrate` fits the efficiencies a
 measured layer times; a fitted model is stored as ``cost_models/data/calibration_<name>.json``
 (:func:`roofline_to_dict` / :func:`roofline_from_dict`), and :func:`calibrated_roofline` returns
 the packaged one that applies to a device type (its own, or one fitted on a device of the same
-family), else :data:`DEFAULT_ROOFLINE`.
+family), else :data:`DEFAULT_ROOFLINE`. Packaged: ``cpu`` (the reference 2-core machine),
+``volta`` and ``ampere`` (published TensorFlow training throughputs, ``python -m
+benchmarks.gpu_fidelity --write-calibration``); :func:`calibration_note` says which apply.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from types import MappingProxyType
@@ -64,6 +66,7 @@ __all__ = [
     "RooflineModel",
     "RooflineTerms",
     "calibrated_roofline",
+    "calibration_note",
     "device_family",
     "estimate_op_times_s",
     "read_calibration",
@@ -540,7 +543,31 @@ def calibrated_roofline(device_type: str) -> RooflineModel:
     """The packaged calibrated model for ``device_type``'s family, else :data:`DEFAULT_ROOFLINE`.
 
     Packaged calibrations are ``cost_models/data/calibration_<family>.json`` (the family is the
-    catalog's ``family`` field); the one for ``cpu`` was fitted on the reference 2-core machine.
-    """
+    catalog's ``family`` field); the one for ``cpu`` was fitted on the reference 2-core machine,
+    ``volta`` and ``ampere`` on published TensorFlow throughputs (:func:`calibration_note`)."""
     found = _packaged_calibration(device_family(device_type))
     return DEFAULT_ROOFLINE if found is None else found
+
+
+def calibration_note(device_types: Iterable[str]) -> str:
+    """One line on the roofline :func:`calibrated_roofline` gives ``device_types`` (for a plan's
+    cost notes): calibrated for their families, the datasheet roofline, or -- when a topology
+    mixes the two -- a warning that their times come from differently fitted models (the GPU
+    calibrations, ``calibration_volta.json`` and ``calibration_ampere.json``, are fitted on
+    published TensorFlow throughputs by ``python -m benchmarks.gpu_fidelity``; other GPU
+    families keep the datasheet efficiencies, which price a V100 and an H100 differently than
+    a fit of both would)."""
+    families = {device_family(name) for name in device_types}
+    calibrated = sorted(f for f in families if _packaged_calibration(f) is not None)
+    plain = sorted(families.difference(calibrated))
+    if not plain:
+        return "roofline calibrated for " + ", ".join(calibrated)
+    if not calibrated:
+        return "datasheet roofline (no calibration for " + ", ".join(plain) + ")"
+    return (
+        "roofline calibrated for "
+        + ", ".join(calibrated)
+        + " but not for "
+        + ", ".join(plain)
+        + ": their times come from different models, compare them with care"
+    )

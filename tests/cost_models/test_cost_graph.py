@@ -7,7 +7,7 @@ from cost_model_graphs import mlp
 
 from cost_models.devices.catalog import get_device_type
 from cost_models.devices.communication import get_link
-from cost_models.estimate.analytic import estimate_op_times_s
+from cost_models.estimate.analytic import calibrated_roofline, estimate_op_times_s
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, layer_memory
 from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError
@@ -21,7 +21,7 @@ def test_cost_graph_builds_a_valid_problem() -> None:
     assert all(d.device_type == "a100-80gb" for d in topo.devices)
     assert topo.devices[0].memory_bytes == get_device_type("a100").memory_bytes
     assert topo.link == get_link("nvlink3")
-    row = estimate_op_times_s(g, get_device_type("a100"))
+    row = estimate_op_times_s(g, get_device_type("a100"), calibrated_roofline("a100"))
     assert costed.op_compute_time_s == (row, row, row)
     assert costed.layer_memory == layer_memory(g, Optimizer.SGD)
     problem = costed.problem()

@@ -16,7 +16,13 @@ from cost_models.devices.topology import (
     topology_from_tf_config,
     topology_summary,
 )
-from cost_models.estimate.analytic import DEFAULT_ROOFLINE, RooflineModel, estimate_op_times_s
+from cost_models.estimate.analytic import (
+    DEFAULT_ROOFLINE,
+    RooflineModel,
+    calibrated_roofline,
+    calibration_note,
+    estimate_op_times_s,
+)
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.precision import op_peak_flops, traced_precision
 from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError, UsageError
@@ -334,8 +340,13 @@ def _matmul_graph(dtype: str = "float32") -> Graph:
 def test_v100_vs_h100_times_follow_the_catalog(dtype: str) -> None:
     g = _matmul_graph(dtype)
     v100, h100 = get_device_type("v100"), get_device_type("h100")
-    slow = cost_graph(g, device_type="v100", num_devices=1).layer_compute_time_s[0]
-    fast = cost_graph(g, device_type="h100", num_devices=1).layer_compute_time_s[0]
+    # The datasheet roofline on both (the V100's family has a packaged calibration)
+    slow = cost_graph(
+        g, device_type="v100", num_devices=1, roofline=DEFAULT_ROOFLINE
+    ).layer_compute_time_s[0]
+    fast = cost_graph(
+        g, device_type="h100", num_devices=1, roofline=DEFAULT_ROOFLINE
+    ).layer_compute_time_s[0]
     # The matmul layer is compute-bound on both: its time less the kernel launches scales with
     # the peak FLOP/s of the precision; the Relu layer is memory-bound: with the bandwidth.
     ops_per_layer = 2
@@ -351,9 +362,7 @@ def test_v100_vs_h100_times_follow_the_catalog(dtype: str) -> None:
     act_h = fast[1] - ops_per_layer * h100.kernel_overhead_s
     assert act_v / act_h == pytest.approx(bw_ratio, rel=1e-9)
     # and the matmul time is the roofline's compute term, from the catalog's figure
-    expected = (
-        2 * (2 * 4096**3) / (peak_v * DEFAULT_ROOFLINE.compute_efficiency("MatMul"))
-    )
+    expected = 2 * (2 * 4096**3) / (peak_v * DEFAULT_ROOFLINE.compute_efficiency("MatMul"))
     assert dense_v == pytest.approx(expected, rel=1e-9)
 
 
@@ -362,10 +371,12 @@ def test_a_mixed_topology_gets_each_device_types_times() -> None:
     topo = load_topology(str(EXAMPLES / "two_gpu_types.toml"))
     costed = cost_graph(g, topology=topo, optimizer="sgd")
     assert costed.topology == topo
+    # each type's own roofline: the datasheet one for the H100, the V100 family's calibration
     assert costed.op_compute_time_s == (
         estimate_op_times_s(g, get_device_type("h100")),
-        estimate_op_times_s(g, get_device_type("v100")),
+        estimate_op_times_s(g, get_device_type("v100"), calibrated_roofline("v100")),
     )
+    assert "but not for hopper" in calibration_note(d.device_type for d in topo.devices)
     problem = costed.problem()
     assert problem.compute_time_s[0][0] < problem.compute_time_s[1][0] / 4  # 67 vs 15.7 TFLOP/s
     capped = cost_graph(g, topology=topo, memory_limit_bytes=GIB)
