@@ -93,7 +93,7 @@ def _signature(layer: Any) -> Any:
             and "path" not in key
         }
     config.pop("name", None)
-    weights = tuple((tuple(w.shape), str(w.dtype)) for w in layer.weights)
+    weights = tuple((tuple(w.shape), str(w.dtype)) for w in getattr(layer, "weights", ()))
     outputs = tuple(tuple(t.shape) for node in layer._inbound_nodes for t in node.output_tensors)
     return (type(layer).__qualname__, repr(sorted(config.items(), key=str)), weights, outputs)
 
@@ -178,7 +178,7 @@ def skipped_variables(model: Any, repeat: Repeat) -> set[int]:
     """``id`` of every variable of the layers :func:`reduced_call` skips."""
     layers = _layers(model)
     first, end = repeat.start + 2 * repeat.period, repeat.start + repeat.period * repeat.count
-    return {id(w) for layer in layers[first:end] for w in layer.variables}
+    return {id(w) for layer in layers[first:end] for w in getattr(layer, "variables", ())}
 
 
 def reduced_call(model: Any, repeat: Repeat) -> Callable[[Any], Any]:
