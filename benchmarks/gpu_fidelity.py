@@ -14,8 +14,8 @@ The reference is ``benchmarks/data/gpu_published.json``: published single-GPU tr
 throughputs (NVIDIA DeepLearningExamples, TensorFlow, each with its URL and conditions: images/s
 for ResNet-50 and EfficientNet-B0, sequences/s for BERT-large pretraining at sequence length 128,
 a weightless :func:`benchmarks.zoo.transformer_lm`) and nccl-tests all-reduce bus bandwidths.
-TensorFlow's FLOP registry is wrong for two op families the rows run, and
-:func:`recount_flops` recounts them: an adjoint batch matmul (the BERT weight gradients, counted
+TensorFlow's FLOP registry is wrong for two op families the rows run, and the trace counts them
+itself (``passes.trace._own_count``): an adjoint batch matmul (the BERT weight gradients, counted
 ``d_model / seq`` times over) and the depthwise convolutions' gradients (no count: 0 FLOPs).
 Rows marked ``calibration`` fit the GPU roofline's efficiencies -- tensor-core ops by peak
 (:data:`cost_models.estimate.precision.TENSOR_CORE_OPS`), memory traffic, the other ops'
@@ -77,7 +77,7 @@ from cost_models.estimate.collectives import all_reduce_s
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.precision import TENSOR_CORE_OPS, PrecisionPolicy, policy_from_keras
 from partitioner.core.files import write_atomic
-from partitioner.core.ir import Edge, Graph, Op, peak_bytes
+from partitioner.core.ir import Graph, peak_bytes
 from partitioner.simulation.evaluate import evaluate
 from partitioner.solvers.base import device_memory_bytes
 
@@ -177,90 +177,17 @@ def _keras_model(name: str) -> Any:
     return build[name](weights=None)
 
 
-_BATCH_MATMULS = frozenset({"BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
-
-
-def _inner_dim(graph: Graph, op: Op, inputs: Sequence[Edge]) -> int | None:
-    """The contracted dimension of batch matmul ``op`` when TensorFlow's FLOP count used the
-    wrong one, else ``None``.
-
-    TensorFlow's registered count (``tensorflow/python/profiler/internal/flops_registry.py``,
-    ``_calc_batch_mat_mul_flops``) reads ``transpose_a``, an attribute BatchMatMul does not have
-    (its own is ``adj_x``), so it takes ``k = a.shape[-1]`` also when ``a`` is adjoint, i.e.
-    ``a`` is ``(.., k, m)`` and it counts ``k = m``: the weight gradient ``x^T dy`` of a dense
-    layer over a 3-D input (Keras 3's EinsumDense) counts ``d_model / seq`` times its FLOPs.
-    Recovered from the IR: the ``k`` the count used is ``flops / (2 * output elements)``; when
-    it equals the output's rows ``m`` and the inputs ending in ``m`` are ``(.., k', m)`` with
-    ``k' != m``, ``a`` was adjoint and ``k'`` is the true ``k``."""
-    out = op.output_shapes[0]
-    if len(out) < 2 or not op.flops:
-        return None
-    m = out[-2]
-    if op.flops // (2 * math.prod(out)) != m:
-        return None
-    shapes = [graph.ops[graph.op_index[e.src]].output_shapes[e.output_index] for e in inputs]
-    ends = [s[-2] for s in shapes if len(s) >= 2 and s[-1] == m]
-    return None if not ends or m in ends else ends[0]
-
-
-def fix_batch_matmul_flops(graph: Graph) -> Graph:
-    """``graph`` with the FLOPs of its adjoint batch matmuls recounted (:func:`_inner_dim`;
-    the trace takes TensorFlow's count as it is)."""
-    inputs: dict[str, list[Edge]] = {}
-    for e in graph.edges:
-        inputs.setdefault(e.dst, []).append(e)
-    ops = list(graph.ops)
-    for i, op in enumerate(ops):
-        if op.op_type in _BATCH_MATMULS:
-            k = _inner_dim(graph, op, inputs.get(op.id, []))
-            if k is not None:
-                ops[i] = dataclasses.replace(op, flops=2 * math.prod(op.output_shapes[0]) * k)
-    return dataclasses.replace(graph, ops=tuple(ops))
-
-
-_DEPTHWISE_GRADIENTS = frozenset(DEPTHWISE_OPS - {"DepthwiseConv2dNative"})
-
-
-def fix_depthwise_flops(graph: Graph) -> Graph:
-    """``graph`` with FLOPs for its depthwise convolutions' gradients: TensorFlow registers no
-    FLOP count for ``DepthwiseConv2dNativeBackpropInput`` / ``...BackpropFilter`` (0 in the
-    trace), and each does the forward's multiply-adds (``2 kh kw`` per output element of the
-    forward). A gradient op with 0 FLOPs takes its layer's forward count when the layer has
-    one forward depthwise op (a layer called twice is left as it is)."""
-    forward: dict[str | None, list[int]] = {}
-    for op in graph.ops:
-        if op.op_type == "DepthwiseConv2dNative":
-            forward.setdefault(op.layer, []).append(op.flops)
-    ops = tuple(
-        dataclasses.replace(op, flops=forward[op.layer][0])
-        if op.op_type in _DEPTHWISE_GRADIENTS
-        and not op.flops
-        and len(forward.get(op.layer, ())) == 1
-        else op
-        for op in graph.ops
-    )
-    return dataclasses.replace(graph, ops=ops)
-
-
-def recount_flops(graph: Graph) -> Graph:
-    """``graph`` with the FLOPs TensorFlow's registry gets wrong recounted: adjoint batch
-    matmuls (:func:`fix_batch_matmul_flops`) and depthwise gradients
-    (:func:`fix_depthwise_flops`)."""
-    return fix_depthwise_flops(fix_batch_matmul_flops(graph))
-
-
 _CACHE_DIR: list[Path] = []
 """``--trace-cache DIR``: traced graphs pickled there and reused (development runs)."""
 
 
 def traced_graph(model: str, batch_size: int, policy: str) -> Graph:
-    """One training step of ``model`` traced under the Keras dtype policy ``policy`` (cached),
-    its FLOPs recounted where TensorFlow's registry is wrong (:func:`recount_flops`)."""
+    """One training step of ``model`` traced under the Keras dtype policy ``policy`` (cached)."""
     key = (model, batch_size, policy)
     if key not in _TRACED:
         cached = _CACHE_DIR[0] / f"{model}_{batch_size}_{policy}.pkl" if _CACHE_DIR else None
         if cached is not None and cached.exists():
-            _TRACED[key] = recount_flops(pickle.loads(cached.read_bytes()))
+            _TRACED[key] = pickle.loads(cached.read_bytes())
             return _TRACED[key]
         import keras
 
@@ -273,7 +200,6 @@ def traced_graph(model: str, batch_size: int, policy: str) -> Graph:
             keras.mixed_precision.set_global_policy("float32")
         if cached is not None:
             cached.write_bytes(pickle.dumps(_TRACED[key]))
-        _TRACED[key] = recount_flops(_TRACED[key])
     return _TRACED[key]
 
 

@@ -555,12 +555,63 @@ def _einsum_flops(op: Any) -> int:
     return points if len(operands) == 1 else 2 * points
 
 
+_BATCH_MATMULS = frozenset({"BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+_DEPTHWISE_GRADIENTS = frozenset(
+    {"DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter"}
+)
+
+
+def _known(shape: Any) -> list[int] | None:
+    dims = shape.as_list() if shape.rank is not None else None
+    return None if dims is None or any(d is None for d in dims) else [int(d) for d in dims]
+
+
+def _batch_matmul_flops(op: Any) -> int:
+    """A batch matmul's multiply-adds, ``2 * output elements * k``, with ``k`` read where
+    ``adj_x`` puts it. TensorFlow's registered count (``flops_registry.py``,
+    ``_calc_batch_mat_mul_flops``) reads ``transpose_a``, which BatchMatMul does not have, so it
+    takes ``a.shape[-1]`` for an adjoint ``a`` too: a dense layer's weight gradient ``x^T dy``
+    over a 3-D input counts ``d_model / seq`` times its work. 0 when a shape is unknown."""
+    a, out = _known(op.inputs[0].shape), _known(op.outputs[0].shape)
+    if a is None or out is None or len(a) < 2:
+        return 0
+    try:
+        adjoint = bool(op.get_attr("adj_x"))
+    except (ValueError, TypeError):
+        adjoint = False
+    return 2 * math.prod(out) * (a[-2] if adjoint else a[-1])
+
+
+def _depthwise_gradient_flops(op: Any) -> int:
+    """A depthwise convolution's gradient (input or filter) does the forward's multiply-adds,
+    ``2 * kh * kw`` per element of the forward's output (``out_backprop``); TensorFlow
+    registers no count for either. 0 when a shape is unknown."""
+    grad = _known(op.inputs[2].shape)
+    kernel = _known(op.inputs[1].shape if "Input" in op.type else op.outputs[0].shape)
+    if grad is None or kernel is None or len(kernel) != 4:
+        return 0
+    return 2 * kernel[0] * kernel[1] * math.prod(grad)
+
+
+def _own_count(op: Any) -> int | None:
+    """Our FLOP count where TensorFlow's profiler has none or a wrong one, else None."""
+    if op.type in _BATCH_MATMULS:
+        return _batch_matmul_flops(op) or None
+    if op.type in _DEPTHWISE_GRADIENTS:
+        return _depthwise_gradient_flops(op) or None
+    return None
+
+
 def _count_flops(graph: Any) -> dict[str, int]:
     """FLOPs per op from TensorFlow's profiler; a while loop gets its body's FLOPs times its trip
     count (the profiler itself gives loops 0), recursively for nested loops; an ``Einsum`` gets
-    :func:`_einsum_flops` where the profiler has no figure."""
+    :func:`_einsum_flops` where the profiler has no figure; batch matmuls and depthwise
+    gradients our own count (:func:`_own_count`: the profiler's is wrong or missing)."""
     flops = _profiled_flops(graph)
     for op in graph.get_operations():
+        own = _own_count(op)
+        if own is not None:
+            flops[op.name] = own
         if op.type == "Einsum" and not flops.get(op.name):
             counted = _einsum_flops(op)
             if counted:

@@ -281,7 +281,9 @@ def test_unrolled_rnn_partial_weight_gradients_are_a_transient() -> None:
     (node,) = [n for n in graph.layer_graph.nodes if n.name == "rnn"]
     kernel, recurrent = 4 * features * units, 4 * units * units
     assert node.gradient_partial_bytes >= steps * (kernel + recurrent)
-    assert node.gradient_partial_bytes <= 2 * steps * (kernel + recurrent) + 4 * steps * 4 * units * 4
+    assert (
+        node.gradient_partial_bytes <= 2 * steps * (kernel + recurrent) + 4 * steps * 4 * units * 4
+    )
 
 
 def test_einsum_gets_its_flops() -> None:
@@ -305,7 +307,35 @@ def test_matmuls_record_the_operands_they_read_transposed() -> None:
     graph = trace_model(model, batch_size=4).graph
     matmuls = [o for o in graph.ops if o.op_type == "MatMul"]
     assert all(o.transposed_bytes == 0 for o in matmuls if o.phase is Phase.FORWARD)
-    backward_b = {o.transposed_bytes for o in matmuls if o.phase is Phase.BACKWARD and o.layer == "b"}
+    backward_b = {
+        o.transposed_bytes for o in matmuls if o.phase is Phase.BACKWARD and o.layer == "b"
+    }
     # dX reads b's kernel (32 x 8 floats) transposed; dW reads a's output (4 x 32) transposed.
     assert backward_b == {4 * 32 * 8, 4 * 4 * 32}
     assert all(o.transposed_bytes == 0 for o in graph.ops if o.op_type != "MatMul")
+
+
+def test_adjoint_batch_matmuls_count_their_contracted_dimension() -> None:
+    """TensorFlow's registry counts the weight gradient x^T dy of an EinsumDense over (b, s, d)
+    with k = d instead of k = s; the trace counts 2 * b * d * d * s."""
+    b, s, d = 4, 16, 64
+    x = keras.Input((s, d))
+    model = keras.Model(x, keras.layers.EinsumDense("bsd,de->bse", (s, d), name="proj")(x))
+    graph = trace_model(model, batch_size=b).graph
+    matmuls = [o for o in graph.ops if o.layer == "proj" and "BatchMatMul" in o.op_type]
+    assert sorted(o.flops for o in matmuls) == sorted([2 * b * s * d * d] * len(matmuls)), [
+        (o.id, o.output_shapes, o.flops) for o in matmuls
+    ]
+
+
+def test_depthwise_gradients_count_the_forward_multiply_adds() -> None:
+    """TensorFlow registers no count for DepthwiseConv2dNativeBackpropInput/Filter (0)."""
+    x = keras.Input((14, 14, 32))
+    model = keras.Model(x, keras.layers.DepthwiseConv2D(3, padding="same", name="dw")(x))
+    graph = trace_model(model, batch_size=8).graph
+    forward = 2 * 3 * 3 * 8 * 14 * 14 * 32
+    counts = {o.op_type: o.flops for o in graph.ops if o.op_type.startswith("DepthwiseConv2d")}
+    assert counts["DepthwiseConv2dNative"] == forward
+    assert counts["DepthwiseConv2dNativeBackpropFilter"] == forward
+    # the input gradient is not needed for the first layer's input; where made, it counts alike
+    assert counts.get("DepthwiseConv2dNativeBackpropInput", forward) == forward
