@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cost_models.devices.catalog import DeviceKind, get_device_type
 from cost_models.devices.topology import load_topology, topology_summary
+from cost_models.estimate.analytic import calibration_note
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, parse_optimizer
 from cost_models.estimate.precision import parse_precision, traced_precision
@@ -535,7 +536,8 @@ def _cost(
         costed = cost_graph(
             traced.graph, topology=prepared.topology, optimizer=prepared.optimizer, precision=policy
         )
-    notes: tuple[str, ...] = (ESTIMATED_NOTE,)
+    types = {d.device_type for d in prepared.topology.devices}
+    notes: tuple[str, ...] = (f"{ESTIMATED_NOTE} ({calibration_note(types)})",)
     measure = prepared.measure
     if measure.profile:
         with _timed(phases, "profile"):
