@@ -537,7 +537,7 @@ def _cost(
             traced.graph, topology=prepared.topology, optimizer=prepared.optimizer, precision=policy
         )
     types = {d.device_type for d in prepared.topology.devices}
-    notes: tuple[str, ...] = (f"{ESTIMATED_NOTE} ({calibration_note(types)})",)
+    notes: tuple[str, ...] = (f"{ESTIMATED_NOTE}: {calibration_note(types)}",)
     measure = prepared.measure
     if measure.profile:
         with _timed(phases, "profile"):
