@@ -19,13 +19,13 @@ residual add. Sizes (blocks x width, heads, FFN, context, vocabulary):
 ========== ======================== ===== ====== ======= ===== ===========
 builder    shape of                 blocks width  FFN    seq   parameters
 ========== ======================== ===== ====== ======= ===== ===========
-gpt_125m   GPT-2 small              12    768    3072    1024  ~163 M *
+gpt_125m   GPT-2 small              12    768    3072    1024  ~163 M (1)
 gpt_1_6b   GPT-2 XL                 48    1600   6400    1024  ~1.6 B
 llama_7b   Llama 7B                 32    4096   11008   2048  ~6.7 B
 llama_13b  Llama 13B                40    5120   13824   2048  ~13 B
 ========== ======================== ===== ====== ======= ===== ===========
 
-\* GPT-2 ties its output head to the token embedding (~124 M); here the head is its own
+(1) GPT-2 ties its output head to the token embedding (~124 M); here the head is its own
 layer, as in Llama, so the GPT shapes carry one more vocabulary x width matrix.
 
 Running this file builds ``gpt_125m`` without weights and shows its summary.
