@@ -721,7 +721,7 @@ def _weightless_step(
     specs: Sequence[tf.TensorSpec],
     recorder: _CallRecorder,
     repeat: blocks.Repeat | None = None,
-) -> tuple[Any, int | None, dict[str, str]]:
+) -> tuple[Any, int | None, dict[str, tuple[str, str]]]:
     """:func:`_trace_step` for a model without weights (:mod:`passes.weightless`): every variable
     is a ``tf.TensorSpec`` argument, mapped onto its variable by a ``StatelessScope`` while the
     forward runs, and the gradients are taken with respect to those arguments. Also returns
@@ -736,14 +736,19 @@ def _weightless_step(
     forward = blocks.reduced_call(model, repeat) if repeat is not None else None
     var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
     boundary: list[int] = []
+    assigns: dict[str, Any] = {}
 
     def step(inputs: list[tf.Tensor], values: list[tf.Tensor]) -> Any:
         graph = tf.compat.v1.get_default_graph()
         mapping = list(zip(variables, values))
-        with keras.StatelessScope(mapping, initialize_variables=False):
+        with keras.StatelessScope(mapping, initialize_variables=False) as scope:
             with recorder.recording(graph):
                 batch = model_input(model, inputs)
                 outputs = forward(batch) if forward else model(batch, training=True)
+        for variable, value in mapping:  # what the step assigns (a seed, BatchNorm statistics)
+            update = scope.state_mapping.get(id(variable))
+            if update is not None and update is not value:
+                assigns[tf.identity(update).op.name] = variable
         loss = _synthetic_loss(outputs)
         boundary.append(len(graph.get_operations()))
         grads = tf.gradients(loss, values[: len(trainable)]) if trainable else []
@@ -758,10 +763,15 @@ def _weightless_step(
     owner_of_var = weightless.variable_owners(recorder.units)
     arguments = concrete.graph.inputs[len(specs) : len(specs) + len(variables)]
     owners = {
-        t.op.name: owner_of_var[id(v)]
+        t.op.name: (owner_of_var[id(v)], "ReadVariableOp")
         for t, v in zip(arguments, variables)
         if id(v) in owner_of_var
     }
+    owners.update(
+        (name, (owner_of_var[id(v)], "AssignVariableOp"))
+        for name, v in assigns.items()
+        if id(v) in owner_of_var
+    )
     return concrete, boundary[0] if boundary else None, owners
 
 
@@ -787,11 +797,11 @@ def _ops_and_edges(
     forward_end: int,
     recorder: _CallRecorder,
     flops: dict[str, int],
-    fixed_owners: Mapping[str, str],
+    fixed_owners: Mapping[str, tuple[str, str]],
 ) -> tuple[list[Op], list[Edge]]:
     """The IR's ops (with their owning layer and phase) and edges, in creation order;
-    ``fixed_owners`` names the layer of ops made outside every layer call (a weightless trace's
-    variable arguments)."""
+    ``fixed_owners`` names the layer and the op type of the stand-ins made outside every layer
+    call (a weightless trace's variable arguments and update assignments)."""
     list_bytes: dict[tuple[str, int], int] = {
         (op.name, i): size
         for op in tf_ops
@@ -809,7 +819,8 @@ def _ops_and_edges(
     for pos, op in enumerate(tf_ops):
         if pos < forward_end:
             phase = Phase.FORWARD
-            layer = fixed_owners.get(op.name) or recorder.owner_of(pos)
+            stand_in = fixed_owners.get(op.name)
+            layer = stand_in[0] if stand_in else recorder.owner_of(pos)
         else:
             phase = Phase.BACKWARD
             layer = _backward_owner(op, owner)
@@ -820,11 +831,15 @@ def _ops_and_edges(
             shapes.append(dims)
             dtypes.append(dtype)
             out_bytes += size
+        # a weightless trace's stand-ins: an argument for a variable's read, an identity for
+        # the assignment of its update (which outputs nothing)
+        op_type = fixed_owners[op.name][1] if op.name in fixed_owners else op.type
+        if op_type == "AssignVariableOp":
+            out_bytes = 0
         ops.append(
             Op(
                 id=op.name,
-                # a weightless trace's variable argument stands for the read of the variable
-                op_type="ReadVariableOp" if op.name in fixed_owners else op.type,
+                op_type=op_type,
                 layer=layer,
                 phase=phase,
                 output_shapes=tuple(shapes),

@@ -91,13 +91,51 @@ def without_weights() -> Iterator[Deferred]:
     pending = _pending()
     start = len(pending)
     try:
-        with keras.StatelessScope(initialize_variables=False) as scope:
+        with keras.StatelessScope(initialize_variables=False) as scope, _values_deferred():
             yield made
     finally:
         made.variables[:] = pending[start:]
         del pending[start:]
     if scope.state_mapping:  # a build assigned to a variable: the value would be lost
         raise _assigned(made.variables, scope.state_mapping)
+
+
+class _Value:
+    """An initializer that gives back a value: a variable created from a value (an optimizer's
+    learning rate in a model file that compiles its model) is deferred like the others."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self, shape: Any, dtype: Any = None) -> Any:
+        return keras.ops.cast(keras.ops.reshape(self.value, shape), dtype or self.value.dtype)
+
+
+@contextlib.contextmanager
+def _values_deferred() -> Iterator[None]:
+    """Keras refuses a variable made from a value in a stateless scope; while this is active,
+    such a value becomes a :class:`_Value` initializer of its shape and dtype instead."""
+    from keras.src.backend.common.variables import Variable
+
+    original = Variable.__init__
+
+    def init(
+        self: Any, initializer: Any, shape: Any = None, dtype: Any = None, *a: Any, **k: Any
+    ) -> None:
+        if (
+            initializer is not None
+            and not callable(initializer)
+            and not isinstance(initializer, str)
+        ):
+            value = keras.ops.convert_to_tensor(initializer, dtype=dtype)
+            initializer, shape, dtype = _Value(value), tuple(value.shape), value.dtype
+        original(self, initializer, shape, dtype, *a, **k)
+
+    Variable.__init__ = init
+    try:
+        yield
+    finally:
+        Variable.__init__ = original
 
 
 def _assigned(variables: Sequence[Any], assigned: Mapping[int, Any]) -> WeightlessBuildError:

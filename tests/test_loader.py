@@ -204,3 +204,19 @@ def test_a_model_that_needs_weights_that_do_not_fit_is_refused_with_the_bytes(
         load_model(str(path), weightless=True)
     message = str(err.value)
     assert "layer 'doubled' assigns" in message and "1.00 MiB" in message and "1000 B" in message
+
+
+def test_a_model_file_that_compiles_its_model_loads_without_weights(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An optimizer makes variables from values (its learning rate), which Keras refuses in a
+    stateless scope; they are deferred like the weights, and the plan is the one with weights."""
+    import partitioner
+    from passes.weightless import is_weightless
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "mnist_mlp.py"
+    model = load_model(str(path), weightless=True)
+    assert is_weightless(model) and model.compiled and not caplog.text
+    weighted = load_model(str(path))
+    plans = [partitioner.partition(m, gpus=2, batch_size=32) for m in (model, weighted)]
+    assert plans[0].step_time_s == plans[1].step_time_s
