@@ -825,26 +825,19 @@ def _ops_and_edges(
             phase = Phase.BACKWARD
             layer = _backward_owner(op, owner)
         owner[op.name] = layer
-        shapes, dtypes, out_bytes = [], [], 0
-        for out in op.outputs:
-            dims, dtype, size = tensor_bytes(out)
-            shapes.append(dims)
-            dtypes.append(dtype)
-            out_bytes += size
+        outputs = [tensor_bytes(out) for out in op.outputs]
         # a weightless trace's stand-ins: an argument for a variable's read, an identity for
         # the assignment of its update (which outputs nothing)
         op_type = fixed_owners[op.name][1] if op.name in fixed_owners else op.type
-        if op_type == "AssignVariableOp":
-            out_bytes = 0
         ops.append(
             Op(
                 id=op.name,
                 op_type=op_type,
                 layer=layer,
                 phase=phase,
-                output_shapes=tuple(shapes),
-                output_dtypes=tuple(dtypes),
-                output_bytes=out_bytes,
+                output_shapes=tuple(o[0] for o in outputs),
+                output_dtypes=tuple(o[1] for o in outputs),
+                output_bytes=0 if op_type == "AssignVariableOp" else sum(o[2] for o in outputs),
                 flops=flops.get(op.name, 0),
                 transposed_bytes=_transposed_bytes(op) if "MatMul" in op.type else 0,
             )
