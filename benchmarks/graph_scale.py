@@ -311,7 +311,7 @@ def make_costed(
 # -- timing ------------------------------------------------------------------------------------
 
 
-def _reset_peak_rss() -> bool:
+def reset_peak_rss() -> bool:
     """Reset the kernel's peak-RSS mark of this process (Linux); whether it could."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -320,7 +320,7 @@ def _reset_peak_rss() -> bool:
     return True
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
     """The process's peak RSS since the last reset (``VmHWM``), else since it started."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -347,7 +347,7 @@ def _timed(
     rows: list[Row], phase: str, call: Callable[[], _T], *, counts: bool = True
 ) -> _T | None:
     """Run ``call`` as one phase; a PartitionError is the phase's note, not a crash."""
-    _reset_peak_rss()
+    reset_peak_rss()
     t0 = time.perf_counter()
     note = ""
     out: _T | None
@@ -356,7 +356,7 @@ def _timed(
     except PartitionError as exc:
         out, note = None, f"{type(exc).__name__}: {exc}"
     wall = time.perf_counter() - t0
-    rows.append(Row(phase, wall, _peak_rss_bytes(), counts, note))
+    rows.append(Row(phase, wall, peak_rss_bytes(), counts, note))
     sys.stderr.write(f"  {phase}: {wall:.2f} s {note[:100]}\n")
     return out
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.graph_scale import Settings, _peak_rss_bytes, _reset_peak_rss
+from benchmarks.graph_scale import Settings, peak_rss_bytes, reset_peak_rss
 from benchmarks.graph_scale import run as run_graph
 from partitioner.core.errors import InfeasibleError
 from partitioner.core.files import write_atomic
@@ -57,13 +57,13 @@ class _Phases:
     def start(self, name: str) -> None:
         self.stop()
         self._name, self._t0 = name, time.perf_counter()
-        _reset_peak_rss()
+        reset_peak_rss()
 
     def stop(self) -> None:
         if self._name:
             wall = time.perf_counter() - self._t0
             self.rows.append(
-                {"phase": self._name, "wall_s": wall, "peak_rss_bytes": _peak_rss_bytes()}
+                {"phase": self._name, "wall_s": wall, "peak_rss_bytes": peak_rss_bytes()}
             )
         self._name = ""
 

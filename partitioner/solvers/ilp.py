@@ -521,6 +521,17 @@ class IlpSolver(SolverOptions):
             f"time limit {self.time_limit_s:g} s reached before CP-SAT found a placement; "
             f"returned the warm start ({source})"
         )
+        return self._warm_result(hint, value, notes, t0, _clamp_bound(outcome.bound_s, value))
+
+    def _warm_result(
+        self,
+        hint: tuple[int, ...],
+        value: float,
+        notes: list[str],
+        t0: float,
+        best_bound: float | None = None,
+    ) -> SolverResult:
+        """The warm start returned as the solver's (feasible) result."""
         return SolverResult(
             solver=self.name,
             assignment=hint,
@@ -528,7 +539,7 @@ class IlpSolver(SolverOptions):
             objective=value,
             solve_time_s=time.perf_counter() - t0,
             notes=tuple(notes),
-            best_bound=_clamp_bound(outcome.bound_s, value),
+            best_bound=best_bound,
         )
 
     def _too_large(
@@ -548,14 +559,7 @@ class IlpSolver(SolverOptions):
             )
         notes.append(f"{too_long}; CP-SAT not run, returned the warm start ({source})")
         logger.info("ilp: %s", notes[-1])
-        return SolverResult(
-            solver=self.name,
-            assignment=hint,
-            status=SolveStatus.FEASIBLE,
-            objective=value,
-            solve_time_s=time.perf_counter() - t0,
-            notes=tuple(notes),
-        )
+        return self._warm_result(hint, value, notes, t0)
 
     def _searched(
         self,
