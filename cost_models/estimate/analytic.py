@@ -62,6 +62,7 @@ __all__ = [
     "FUSIBLE_OPS",
     "HALF_DTYPES",
     "MATMUL_LIKE_OPS",
+    "MATMUL_OPS",
     "ZERO_WORK_OPS",
     "RooflineModel",
     "RooflineTerms",
@@ -73,6 +74,7 @@ __all__ = [
     "roofline_from_dict",
     "roofline_terms",
     "roofline_to_dict",
+    "tensor_core_key",
 ]
 
 logger = logging.getLogger(__name__)
@@ -121,6 +123,21 @@ DEPTHWISE_OPS: frozenset[str] = frozenset(
     }
 )
 """Depthwise convolutions: dense math, but on CUDA cores (not in :data:`TENSOR_CORE_OPS`)."""
+
+MATMUL_OPS: frozenset[str] = frozenset(
+    {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "_FusedMatMul"}
+)
+"""The matmul class of :data:`TENSOR_CORE_OPS` (cuBLAS GEMMs); the others are convolutions
+(cuDNN). The two reach different fractions of a tensor-core peak: TF32 GEMMs run near the TF32
+peak, while TF32 convolutions reach a small part of it
+(:attr:`RooflineModel.tensor_core_efficiency`)."""
+
+
+def tensor_core_key(op_type: str, peak_key: str) -> str:
+    """The :attr:`RooflineModel.tensor_core_efficiency` key of a tensor-core op running at
+    ``peak_key``: ``'matmul:<peak>'`` for :data:`MATMUL_OPS`, else ``'<peak>'``."""
+    return f"matmul:{peak_key}" if op_type in MATMUL_OPS else peak_key
+
 
 MATMUL_LIKE_OPS: frozenset[str] = TENSOR_CORE_OPS | DEPTHWISE_OPS
 """Op types of dense math that reach a good fraction of a peak (tensor-core ops and depthwise
@@ -198,8 +215,10 @@ class RooflineModel:
     )
     """Fraction of peak a tensor-core op (:data:`~cost_models.estimate.precision.TENSOR_CORE_OPS`)
     achieves by the peak it runs at (``'fp32'``, ``'tf32'``, ``'fp16'``, ``'bf16'``: TF32 kernels
-    reach a smaller fraction of their peak than FP16 ones); peaks it leaves out use
-    :meth:`compute_efficiency`. Calibrated on GPUs; empty unless fitted."""
+    reach a smaller fraction of their peak than FP16 ones), and by op class where calibrated:
+    a key ``'matmul:<peak>'`` (:func:`tensor_core_key`) prices the matmuls of :data:`MATMUL_OPS`
+    at that peak, which otherwise share the ``'<peak>'`` figure with the convolutions. Peaks it
+    leaves out use :meth:`compute_efficiency`. Calibrated on GPUs; empty unless fitted."""
     half_compute_scale: float = 1.0
     """16-bit (float16, bfloat16) ops off the tensor cores run at this multiple of the fp32
     CUDA-core peak (packed half2 arithmetic: 2 on Volta, 4 on the A100, whose datasheet gives
@@ -304,7 +323,8 @@ class _Rates(dict[tuple[str, str], float]):
         peak_key = op_peak_key(self._device, op_type, dtype, self._policy)
         eff = self._model.compute_efficiency(op_type)
         if op_type in TENSOR_CORE_OPS:
-            eff = self._model.tensor_core_efficiency.get(peak_key, eff)
+            by_peak = self._model.tensor_core_efficiency
+            eff = by_peak.get(tensor_core_key(op_type, peak_key), by_peak.get(peak_key, eff))
         rate = self._device.peak_flops_per_s[peak_key] * self._model.peak_flops_scale * eff
         if op_type not in TENSOR_CORE_OPS and dtype in HALF_DTYPES:
             rate *= self._model.half_compute_scale
