@@ -47,9 +47,10 @@ dropout                         its mask
 ==============================  ============================================================
 
 XLA (``jit_compile``, auto-clustering) fuses an elementwise chain and recomputes its inner
-values in the backward fusion, keeping only the chain's inputs (a GELU keeps ``x``): this
-model counts TensorFlow's op-by-op graph, an upper bound for XLA runs (about 8 of the 28
-tensors of ``batch x seq x d_model`` a BERT block keeps are GELU intermediates).
+values in the backward fusion, keeping only the chain's inputs: this model counts TensorFlow's
+op-by-op graph, an upper bound for XLA runs. A BERT block (post-LN, exact GELU) keeps 28 tensors
+the size of ``batch x seq x d_model`` by this count, 12 of them the GELU's three intermediates,
+where XLA would keep its input (4).
 
 **Transients.** The partial gradients a layer's backward adds up (a batch norm's input gets
 three, one per use of ``x``; an unrolled RNN's weight one per step) are alive only while that
