@@ -90,3 +90,22 @@ def test_batch_norm_transients_count_once_per_device() -> None:
     peak = peak_bytes(mem)
     assert peak == sum(m.total_bytes for m in mem) + max(transients)
     assert device_memory_bytes((0,) * len(mem), costed.problem()) == [peak]
+
+
+def test_gelu_keeps_three_intermediates_not_its_input() -> None:
+    """Keras's exact GELU, ``0.5 x erfc(-x / sqrt 2)``: its backward reads ``0.5 x``,
+    ``-x / sqrt 2`` and the ``erfc``; ``x`` itself and the ``Neg`` are read only by the
+    gradients of the constants, which TensorFlow prunes (cost_models/estimate/memory.py)."""
+    x = keras.Input((32,), name="x")
+    h = keras.layers.Dense(16, activation="gelu", name="ffn")(x)
+    y = keras.layers.Dense(4, name="out")(h)
+    graph = _graph(keras.Model(x, y))
+    saved = {m.layer: m.activation_bytes for m in layer_memory(graph)}
+    # the model input (ffn's weight gradient), the three GELU tensors, and the GELU's output
+    # (read by out's weight gradient; kept in the layer that produced it)
+    assert saved["ffn"] == B * 32 * F32 + 3 * B * 16 * F32 + B * 16 * F32
+    # its output, which the (synthetic) loss's gradient reads, and the scalar loss (fetched)
+    assert saved["out"] == B * 4 * F32 + F32
+    # the IR's raw count also has x and -x, read by the pruned branches
+    raw = {n.name: n.activation_bytes for n in graph.layer_graph.nodes}
+    assert raw["ffn"] == saved["ffn"] + 2 * B * 16 * F32
