@@ -56,7 +56,7 @@ from partitioner.core.errors import PlanError, RewriteError, UsageError
 from partitioner.core.ir import EventKind, Phase, Schedule
 from partitioner.core.microbatch import InexactKind, inexact_class_names
 from partitioner.simulation.schedules import order_stages, pipeline_schedules, schedule_steps
-from passes.rewrite.device_placement import PlacedModel, finish_copy, place_model
+from passes.rewrite.device_placement import PlacedModel, apply_in_place, finish_copy, place_model
 from passes.trace import placement_units
 
 logger = logging.getLogger(__name__)
@@ -463,21 +463,9 @@ class SplitBatchTraining(keras.Model):
         return _batch_errors()
 
     def _apply_gradients(self, grads_and_vars: list[tuple[Any, Any]]) -> None:
-        """One optimizer update, each variable's on its own device, and nothing elsewhere.
-
-        In a replica context, Keras's TensorFlow optimizer first "all-reduces" the gradients over
-        the replicas; with no ``tf.distribute`` strategy that is one ``IdentityN`` of *every*
-        gradient, an op with no device, which TensorFlow places on the client's device: on a
-        cluster every gradient then travels to the client and back before its update (measured
-        on ``benchmarks.cluster_pipeline``: 8 x 4 MiB of gradients each way per step). With no
-        strategy there is one replica and nothing to reduce, so the update runs in the default
-        strategy's cross-replica context (``merge_call``), where Keras skips the reduction.
-        """
-        replica = tf.distribute.get_replica_context()
-        if replica is None or tf.distribute.has_strategy():
-            self.optimizer.apply_gradients(grads_and_vars)
-            return
-        replica.merge_call(lambda _strategy: self.optimizer.apply_gradients(grads_and_vars))
+        """One optimizer update, each variable's on its own device, and nothing elsewhere
+        (:func:`passes.rewrite.device_placement.apply_in_place`)."""
+        apply_in_place(self.optimizer, grads_and_vars)
 
     # -- clean errors for a batch that does not split -------------------------------------------
 

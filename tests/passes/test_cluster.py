@@ -443,7 +443,7 @@ def test_pipeline_stages_overlap_on_two_single_core_workers(tmp_path: Path) -> N
     """Stage 1 starts on micro-batch 0 while stage 0 still computes later forwards.
 
     With one inter-op thread per worker, stage 0's sends waited behind its whole chain of
-    forwards, so stage 1's first forward ended only after stage 0's last one (and the
+    forwards, so stage 1's first forward started only after stage 0's last one ended (and the
     measured task times were all ~0 because the measured step computed nothing).
     """
     cores = sorted(os.sched_getaffinity(0))
@@ -461,8 +461,11 @@ def test_pipeline_stages_overlap_on_two_single_core_workers(tmp_path: Path) -> N
     for m in range(4):
         start, end = tasks[(0, f"F{m}")]
         assert end - start >= flop / FAST_CORE_FLOP_PER_S, (m, start, end)
-    # stage 1's F0 ended before stage 0's F3 did: the activations were sent on time
-    assert tasks[(1, "F0")][1] < tasks[(0, "F3")][1], tasks
+    # stage 1's F0 started (its input had arrived) before stage 0's F3 ended: the activations
+    # were sent on time, not after stage 0's whole chain of forwards. The start, not the end:
+    # how long F0 then computes depends on who else uses stage 1's core (another test process
+    # under xdist), which is not what this checks.
+    assert tasks[(1, "F0")][0] < tasks[(0, "F3")][1], tasks
 
 
 def _fault_run(tmp_path: Path, break_worker: str) -> tuple[dict[str, Any], float, Any]:
