@@ -41,10 +41,13 @@ third of the phase-1 rows' FLOP rate on an A100: 104 sequences/s of ~212 GF, ~22
 283/s of ~240 GF, ~68 TF/s). One TF32 efficiency for both classes cannot fit both families: fitted on the
 convolution rows (0.22 of the TF32 peak, TensorFlow's TF32 convolutions reach a small part of
 it) it predicted BERT-large phase 1 on an A100 at 108/s against the published 283/s; matmuls
-come out near 0.8. Splitting the FP32 and FP16 peaks by class as well was not needed: the
-phase-2 V100 FP32 and AMP rows fit within 5% with the shared figures. The FP16 figure runs to
-its bound (1.0): the mixed-precision rows spend their time on memory traffic and the other ops
-in this model, so the fit has little hold on it. The depthwise fraction comes out near 3% of
+come out near 0.8. Splitting the FP32 and FP16 peaks by class as well is not supported by
+the data: the phase-2 V100 FP32 and AMP rows fit within 5% with the shared figures, and a
+separate ``'matmul:fp16'`` (tried: nine parameters) runs to its bound, 1.0, with the
+convolutions at 0.84, for a validation median of 8.0% against 8.6%. The shared FP16 figure
+runs to its bound too: the mixed-precision rows spend most of their predicted time on memory
+traffic and the other ops (Keras 3 keeps float32 copies around its batch and layer norms and
+softmax), so the fit has little hold on it. The depthwise fraction comes out near 3% of
 the CUDA-core peak: GPU depthwise kernels, forward and both gradients, reach a small fraction of
 the GPU (Qin et al., "Diagonalwise Refactorization: An Efficient Training Method for Depthwise
 Convolutions", https://arxiv.org/abs/1803.09926: they "cannot fully utilize the GPU capacity"),
