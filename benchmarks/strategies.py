@@ -453,9 +453,6 @@ class StrategyCalibration:
     """How many candidates the search scored and why it could not score others."""
     step_calibration: tuple[tuple[int, float, float], ...] = ()
     """Per profiled batch: the factor on its op times and its measured whole step (seconds)."""
-    worker_factor: float = 1.0
-    """The whole model's step on a cluster worker over the same step in a plain process
-    (:func:`measure_remote_single`); every row but ``single`` is priced at it."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -589,52 +586,22 @@ def same_realisation(a: Strategy, b: Strategy) -> bool:
     )  # fmt: skip
 
 
-def on_workers(costed: Any, factor: float) -> Any:
-    """``costed`` with every op's time ``factor`` times longer: the ops as a process serving
-    TensorFlow's distributed runtime runs them (:func:`measure_remote_single`)."""
-    if factor == 1.0:
-        return costed
-    rows = {id(r): tuple(t * factor for t in r) for r in costed.op_compute_time_s}
-    return replace(costed, op_compute_time_s=tuple(rows[id(r)] for r in costed.op_compute_time_s))
-
-
-def runs_on_workers(strategy: Strategy) -> bool:
-    """Every row but one device: the cluster's workers or the data-parallel (MWMS) processes."""
-    return strategy.replicas * strategy.stages > 1
-
-
 def predict_strategy(
-    strategy: Strategy, costs: ProfiledCosts, batch_size: int, terms: StepTerms,
-    worker_factor: float = 1.0,
-) -> Prediction:  # fmt: skip
-    """``simulate_strategy`` at the per-replica batch (micro-batch profile for a pipeline), the
-    ops and the measured update terms at ``worker_factor`` unless the strategy is one device."""
+    strategy: Strategy, costs: ProfiledCosts, batch_size: int, terms: StepTerms
+) -> Prediction:
+    """``simulate_strategy`` at the per-replica batch (micro-batch profile for a pipeline)."""
     from partitioner.simulation.strategy import microbatch_costed, simulate_strategy
 
-    f = worker_factor if runs_on_workers(strategy) else 1.0
     per_replica = batch_size // strategy.replicas
     m = strategy.num_microbatches
-
-    def at(b: int) -> Any:
-        return on_workers(costs.at(b), f)
-
-    sim = simulate_strategy(microbatch_costed(at(per_replica), at(per_replica // m), m), strategy)
-    pred = predict_terms(strategy, max(sim.replica_step_s), sim.all_reduce_s, scaled(terms, f))
+    sim = simulate_strategy(
+        microbatch_costed(costs.at(per_replica), costs.at(per_replica // m), m), strategy
+    )
+    pred = predict_terms(strategy, max(sim.replica_step_s), sim.all_reduce_s, terms)
     if m == 1:
         return pred
-    linear = simulate_strategy(at(per_replica), strategy)
+    linear = simulate_strategy(costs.at(per_replica), strategy)
     return replace(pred, linear_s=replace(pred, replica_s=max(linear.replica_step_s)).step_s)
-
-
-def scaled(terms: StepTerms, factor: float) -> StepTerms:
-    """The measured updates and accumulations at ``factor`` (the client's terms are the
-    client's)."""
-    return StepTerms(
-        terms.all_update_s * factor,
-        {d: t * factor for d, t in terms.device_update_s.items()},
-        {d: t * factor for d, t in terms.device_accumulate_s.items()},
-        terms.client_s,
-    )
 
 
 def _placement_terms(
@@ -676,12 +643,12 @@ def _search_summary(search: Any) -> str:
 
 def _fixed_rows(
     spec: cz.ModelSpec, plan: Any, names: Sequence[str], costs: ProfiledCosts,
-    terms: StepTerms, auto: Strategy, worker_factor: float,
+    terms: StepTerms, auto: Strategy,
 ) -> tuple[list[PlannedRow], str]:  # fmt: skip
     """The predicted fixed rows, and the key of the one that runs as ``auto`` (else ``auto``)."""
     rows, auto_key = [], "auto"
     for key, label, strategy in row_strategies(spec, plan, names):
-        prediction = predict_strategy(strategy, costs, spec.batch_size, terms, worker_factor)
+        prediction = predict_strategy(strategy, costs, spec.batch_size, terms)
         rows.append(_planned(key, label, strategy, names, prediction))
         if auto_key == "auto" and same_realisation(strategy, auto):
             auto_key = key
@@ -696,23 +663,17 @@ def strategy_topology(link: LinkFit, collective: AllReduceFit | None) -> Any:
 
 def calibrate_strategies(
     spec: cz.ModelSpec, link: LinkFit, *, steps: int, warmup: int, work: Path,
-    collective: AllReduceFit | None = None, remote_single_s: float | None = None,
+    collective: AllReduceFit | None = None,
 ) -> StrategyCalibration:  # fmt: skip
-    """Plan and time (cluster_zoo), then search and predict every row (module docstring).
-
-    ``remote_single_s``: the whole model's step on a worker (:func:`measure_remote_single`);
-    over this process's own step of it, the worker factor."""
+    """Plan and time (cluster_zoo), then search and predict every row (module docstring)."""
     from partitioner.plan.model import Plan
     from partitioner.planner.search import StrategyOptions, search_strategies
 
     cal = cz.calibrate(spec, link, steps=steps, warmup=warmup, work=work)
-    factor = 1.0 if remote_single_s is None else remote_single_s / cal.single_step_s
     model = spec.build()
     costs = ProfiledCosts(model, strategy_topology(link, collective), reps=max(3, steps // 2))
     options = StrategyOptions(schedules=SEARCH_SCHEDULES)
-    search = search_strategies(
-        lambda b: on_workers(costs.at(b), factor), spec.batch_size, options
-    )
+    search = search_strategies(costs.at, spec.batch_size, options)
     names = costs.layer_names
     plan = Plan.from_json_dict(json.loads(cal.plan_json))
     client_s = cz.client_terms_s(link, cal.feed_bytes)
@@ -721,12 +682,12 @@ def calibrate_strategies(
         dict(enumerate(cal.device_accumulate_s)), client_s,
     )  # fmt: skip
     auto = search.best.strategy
-    rows, auto_key = _fixed_rows(spec, plan, names, costs, terms, auto, factor)
+    rows, auto_key = _fixed_rows(spec, plan, names, costs, terms, auto)
     if auto_key == "auto":
         placement = dict(zip(names, auto.layer_devices(0)))
         reps = max(10, 2 * steps)
         auto_terms = _placement_terms(model, placement, cal.all_update_s, client_s, reps)
-        prediction = predict_strategy(auto, costs, spec.batch_size, auto_terms, factor)
+        prediction = predict_strategy(auto, costs, spec.batch_size, auto_terms)
         rows.append(_planned("auto", f"auto: {auto.describe()}", auto, names, prediction))
     family_best = tuple(
         (f.value, c.step_time_s, c.strategy.describe()) for f, c in search.best_per_family().items()
@@ -734,13 +695,13 @@ def calibrate_strategies(
     return StrategyCalibration(
         cz.calibration_to_json(cal), tuple(rows), auto_key, auto.describe(),
         search.best.step_time_s, family_best, _search_summary(search),
-        tuple((b, f, t) for b, (f, t) in sorted(costs.step_factors.items())), factor,
+        tuple((b, f, t) for b, (f, t) in sorted(costs.step_factors.items())),
     )  # fmt: skip
 
 
 def calibrate_in_child(
     spec: cz.ModelSpec, link: LinkFit, core: int, *, steps: int, warmup: int,
-    collective: AllReduceFit | None = None, remote_single_s: float | None = None,
+    collective: AllReduceFit | None = None,
 ) -> StrategyCalibration:  # fmt: skip
     """:func:`calibrate_strategies` in a fresh process pinned to ``core`` with one TF thread."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -752,8 +713,6 @@ def calibrate_in_child(
         ]  # fmt: skip
         if collective is not None:
             cmd += ["--collective", json.dumps(asdict(collective))]
-        if remote_single_s is not None:
-            cmd += ["--remote-single", repr(remote_single_s)]
         done = subprocess.run(
             cmd, env=cz.child_env(), cwd=REPO_ROOT, capture_output=True, text=True
         )
@@ -766,7 +725,7 @@ def calibrate_in_child(
 
 def _child_calibrate(
     spec: cz.ModelSpec, link: LinkFit, core: int, out: Path, steps: int, warmup: int,
-    collective: AllReduceFit | None, remote_single_s: float | None = None,
+    collective: AllReduceFit | None,
 ) -> None:  # fmt: skip
     os.sched_setaffinity(0, {core})
     import tensorflow as tf
@@ -775,9 +734,8 @@ def _child_calibrate(
     tf.config.threading.set_inter_op_parallelism_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         result = calibrate_strategies(
-            spec, link, steps=steps, warmup=warmup, work=Path(tmp), collective=collective,
-            remote_single_s=remote_single_s,
-        )  # fmt: skip
+            spec, link, steps=steps, warmup=warmup, work=Path(tmp), collective=collective
+        )
     out.write_text(result.to_json(), encoding="utf-8")
 
 
@@ -949,34 +907,6 @@ def assemble_rows(
     return out
 
 
-def measure_remote_single(
-    spec: cz.ModelSpec, handle: Any, tasks: Sequence[str], *, steps: int, warmup: int
-) -> float:
-    """The whole model on worker 0, driven by this client: the median ``train_on_batch``.
-
-    Over the same step in a plain process pinned to one core (the ``single`` row's
-    measurement), it is the **worker factor**: what the same ops cost in a process that serves
-    TensorFlow's distributed runtime and is driven by a client (measured 1.1-1.2x here, the
-    cause not isolated: not the transfers, which are few, nor the two inter-op threads). The
-    predictions of every row that runs on the workers or in the data-parallel processes price
-    their ops at it; it is measured on no row's own strategy.
-    """
-    from passes.cluster.runtime import place_on_cluster
-
-    model = spec.build()
-    xs, y = cz.make_data(model, spec.batch_size)
-    names = [u.name for u in _units(model)]
-    placed = place_on_cluster(model, dict.fromkeys(names, tasks[0]), [x[:1] for x in xs], handle)
-    cz.compile_model(placed)
-    return statistics.median(time_steps(lambda: placed.train_on_batch(xs, y), steps, warmup))
-
-
-def _units(model: Any) -> Any:
-    from passes.trace import placement_units
-
-    return placement_units(model)
-
-
 def measure_spec(
     spec: cz.ModelSpec, link: LinkFit, cluster: tuple[Any, Sequence[str], Sequence[int]],
     cores: Sequence[int], *, steps: int, warmup: int, say: Any,
@@ -984,14 +914,11 @@ def measure_spec(
 ) -> tuple[StrategyCalibration, list[StrategyRow]]:  # fmt: skip
     """Calibrate, search and predict in the pinned child, then measure every row."""
     handle, tasks, pids = cluster
-    say(f"{spec.key}: the whole model on worker 0 ...\n")
-    remote = measure_remote_single(spec, handle, tasks, steps=steps, warmup=warmup)
     say(f"{spec.key}: planning, profiling and searching on core {cores[0]} ...\n")
     t0 = time.perf_counter()
     scal = calibrate_in_child(
-        spec, link, cores[0], steps=steps, warmup=warmup, collective=collective,
-        remote_single_s=remote,
-    )  # fmt: skip
+        spec, link, cores[0], steps=steps, warmup=warmup, collective=collective
+    )
     cal = cz.calibration_from_json(scal.zoo_json)
     say(f"{spec.key}: calibrated in {time.perf_counter() - t0:.0f} s; auto: {scal.auto_words}\n")
     measured = {
@@ -1025,8 +952,6 @@ def header(spec: cz.ModelSpec, scal: StrategyCalibration, steps: int, warmup: in
         f"search: {scal.search_summary}",
         "whole-step calibration of profiled op times (batch: factor, measured step): "
         + ", ".join(f"{b}: x{f:.3f}, {t * 1e3:.1f} ms" for b, f, t in scal.step_calibration),
-        f"worker factor (the whole model on worker 0 over one plain process): "
-        f"x{scal.worker_factor:.3f}; every row but single priced at it",
     ]
 
 
@@ -1096,7 +1021,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--role", default="main", choices=["main", "calibrate", "dp"], help=hidden)
     for name in ("--link", "--collective", "--out", "--done", "--ports"):
         parser.add_argument(name, default=None, help=hidden)
-    parser.add_argument("--remote-single", type=float, default=None, help=hidden)
     parser.add_argument("--core", type=int, default=0, help=hidden)
     parser.add_argument("--index", type=int, default=0, help=hidden)
     return parser
@@ -1123,9 +1047,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         link = _link_from_json(args.link)
         fit = AllReduceFit(**json.loads(args.collective)) if args.collective else None
         _child_calibrate(
-            SPECS[keys[0]], link, args.core, Path(args.out), args.steps, args.warmup, fit,
-            args.remote_single,
-        )  # fmt: skip
+            SPECS[keys[0]], link, args.core, Path(args.out), args.steps, args.warmup, fit
+        )
         return 0
     if args.role == "dp":
         ports = [int(p) for p in args.ports.split(",")]
@@ -1151,7 +1074,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 spec.key: [list(x) for x in scal.step_calibration]
                 for spec, scal, _ in result.models
             },
-            "worker_factor": {spec.key: scal.worker_factor for spec, scal, _ in result.models},
             "records": out,
             "wall_time_s": wall_time_s,
         }

@@ -243,23 +243,3 @@ def test_the_readme_row_is_the_json_s_verdicts() -> None:
     assert "predicted winner = measured winner on 1 of 1 (m)" in line
     assert "within 1.05x of the best measured row on 0 of 1: m 1.06x (1f1b)" in line
     assert "data parallel -3.2%; placed -4.5%; pipeline +6.1%; 4 of 4 rows within 15%" in line
-
-
-def test_the_worker_factor_prices_every_op_and_every_update_but_the_one_device_row() -> None:
-    from tests.test_placement import chain
-
-    costed = chain([1.0, 2.0, 3.0], n_dev=2)
-    slow = st.on_workers(costed, 1.25)
-    assert slow.op_compute_time_s == tuple(
-        tuple(t * 1.25 for t in r) for r in costed.op_compute_time_s
-    )
-    assert st.on_workers(costed, 1.0) is costed
-    assert costed.op_compute_time_s[0][0] == 0.5  # a new graph; the given one is unchanged
-    single = Strategy(((0,),), (0, 0, 0))
-    dp = Strategy(((0,), (1,)), (0, 0, 0))
-    split = Strategy(((0, 1),), (0, 0, 1))
-    assert [st.runs_on_workers(s) for s in (single, dp, split)] == [False, True, True]
-    doubled = st.scaled(TERMS, 2.0)
-    assert doubled.all_update_s == 0.020 and doubled.device_update_s == {0: 0.008, 1: 0.012}
-    assert doubled.device_accumulate_s == {0: 0.002, 1: 0.004}
-    assert doubled.client_s == TERMS.client_s
