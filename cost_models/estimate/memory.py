@@ -35,8 +35,9 @@ batch matmul (attention)        both operands: Q and K for the scores, the proba
                                 V for the context (the probabilities are also the softmax's
                                 output: one tensor)
 batch norm (Keras 3, unfused)   its input and the batch statistics (per channel, small)
-layer norm (Keras 3)            its input, ``x * rsqrt(var + eps)`` and the statistics
-                                (per row, small); its output is kept by the next matmul
+layer norm (Keras 3)            its input, ``gamma * rsqrt(var + eps)`` (broadcast to the
+                                input's size) and the statistics (per row, small); its
+                                output is kept by the next matmul
 GELU (exact, ``erfc``)          ``0.5 x``, ``-x / sqrt 2`` and ``erfc(-x / sqrt 2)`` (three
                                 tensors of the FFN width; not ``x`` itself: only the dead
                                 constant branches read it); its output by the next matmul
