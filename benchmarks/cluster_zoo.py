@@ -406,6 +406,45 @@ def records(result: ModelResult) -> list[dict[str, Any]]:
     return out
 
 
+README_ROW_START = "| two-process runs of three zoo models"
+README_ROW_WHAT = (
+    "two-process runs of three zoo models at reduced sizes (lstm_nmt 2+2 x LSTM(256); "
+    "multi_tower 4 x 2 Dense(1024); a GPT-style transformer_lm 4 x 256), planned by "
+    "`partition --profile-ops` on one core (every op timed inside the step, at the batch and the "
+    "micro-batch size)"
+)
+README_COMMAND = (
+    "`python -m benchmarks.cluster_zoo --models lstm_nmt,multi_tower,gpt_tiny "
+    "--json benchmarks/results/cluster_zoo.json`"
+)
+
+
+def readme_row(doc: Mapping[str, Any]) -> str:
+    """The README's "Measured" row of this benchmark, from its JSON: per model, each two-worker
+    row's measured speed-up over one process on one core and its prediction's error."""
+    by_model: dict[str, list[Mapping[str, Any]]] = {}
+    for rec in doc["records"]:
+        by_model.setdefault(str(rec["model"]).split(" ")[0], []).append(rec)
+    parts, single_errors = [], []
+    for name, recs in by_model.items():
+        single = next(r for r in recs if r["devices"] == 1)
+        base = float(single["measured_time_s"])
+        single_errors.append(abs(float(single["predicted_time_s"]) / base - 1))
+        rows = ", ".join(
+            f"{str(r['note']).removeprefix('2 workers, ')} {base / float(r['measured_time_s']):.2f}x"
+            f" ({float(r['predicted_time_s']) / float(r['measured_time_s']) - 1:+.0%})"
+            for r in recs
+            if r["devices"] == 2
+        )
+        parts.append(f"{name} {rows}")
+    result = (
+        "two workers vs one process on one core, measured speed-up (prediction's error): "
+        + "; ".join(parts)
+        + f"; one process predicted within {max(single_errors):.0%}"
+    )
+    return f"| {README_ROW_WHAT} | {README_COMMAND} | {result} |"
+
+
 def _fmt_ms(seconds: float | None) -> str:
     return "" if seconds is None else f"{seconds * 1e3:.1f}"
 

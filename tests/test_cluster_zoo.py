@@ -180,3 +180,25 @@ def test_end_to_end_tiny_mlp_on_two_workers(tmp_path: Path) -> None:
     ]
     assert all(r["measured_time_s"] > 0 and r["predicted_time_s"] > 0 for r in recs)
     assert "2 workers, 1F1B M=2" in done.stdout
+
+
+def test_the_readme_row_is_generated_from_the_json() -> None:
+    """Each two-worker row's speed-up over one process and its prediction's error, per model;
+    the README carries exactly the row the committed JSON gives (python -m benchmarks.readme)."""
+
+    def rec(note: str, devices: int, measured: float, predicted: float) -> dict[str, object]:
+        return {"model": "tiny 2 x Dense", "devices": devices, "note": note,
+                "measured_time_s": measured, "predicted_time_s": predicted}  # fmt: skip
+
+    doc = {"records": [
+        rec("1 process, 1 core", 1, 0.200, 0.210),
+        rec("2 workers, placed", 2, 0.250, 0.200),
+        rec("2 workers, 1F1B M=4", 2, 0.125, 0.150),
+    ]}  # fmt: skip
+    line = cz.readme_row(doc)
+    assert line.startswith(cz.README_ROW_START)
+    assert "tiny placed 0.80x (-20%), 1F1B M=4 1.60x (+20%)" in line
+    assert "one process predicted within 5%" in line
+    repo = Path(__file__).resolve().parents[1]
+    committed = json.loads((repo / "benchmarks/results/cluster_zoo.json").read_text("utf-8"))
+    assert cz.readme_row(committed) in (repo / "README.md").read_text("utf-8").splitlines()

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from partitioner.core.errors import PartitionError, PlanError, RewriteError, UsageError
 from partitioner.core.ir import EventKind, Schedule
+from passes.rewrite.device_placement import PlacedModel, place_model
 from passes.rewrite.pipeline import (
     PipelinedModel,
     PipelineTask,
@@ -438,7 +439,7 @@ def test_every_op_of_a_task_waits_for_the_previous_task_of_its_stage(schedule: S
 
 
 def device_less_ops_joining_stages(
-    pipelined: PipelinedModel, x: np.ndarray, y: np.ndarray
+    pipelined: PlacedModel, x: np.ndarray, y: np.ndarray
 ) -> list[str]:
     """Ops of the traced train step with no device that read tensors of >= 2 stage devices.
 
@@ -446,7 +447,7 @@ def device_less_ops_joining_stages(
     """
     fn = tf.function(lambda x, y: pipelined.train_step((x, y)), autograph=False)
     specs = (tf.TensorSpec(x.shape, tf.float32), tf.TensorSpec(y.shape, tf.float32))
-    stage_devices = set(pipelined.stage_devices)
+    stage_devices = set(pipelined.layer_devices.values())
     found = []
     for op in fn.get_concrete_function(*specs).graph.get_operations():
         sources = {t.op.device for t in op.inputs} & stage_devices
@@ -475,6 +476,26 @@ def test_the_update_step_moves_no_gradient_off_its_stage(optimizer: str) -> None
     object.__setattr__(
         unguarded, "_apply_gradients", lambda pairs: unguarded.optimizer.apply_gradients(pairs)
     )
+    assert any(op.startswith("IdentityN") for op in device_less_ops_joining_stages(unguarded, x, y))
+
+
+def test_the_plain_placed_update_moves_no_gradient_off_its_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plain split (no micro-batches) updates in place too: on a cluster, Keras's device-less
+    all-reduce sent every gradient to the client and back (the multi_tower split over two
+    loopback workers: 312 ms a step with it, 259 ms without)."""
+    model, plan = MODELS["mlp"]()
+    x, y = batch(model)
+    placed = place_model(model, plan, [x[:1]])
+    placed.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1, momentum=0.9), loss="mse")
+    assert device_less_ops_joining_stages(placed, x, y) == []
+
+    import passes.rewrite.device_placement as dp
+
+    monkeypatch.setattr(dp, "apply_in_place", lambda opt, pairs: opt.apply_gradients(pairs))
+    unguarded = place_model(model, plan, [x[:1]])
+    unguarded.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1), loss="mse")
     assert any(op.startswith("IdentityN") for op in device_less_ops_joining_stages(unguarded, x, y))
 
 
