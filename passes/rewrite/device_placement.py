@@ -51,14 +51,18 @@ def apply_in_place(optimizer: Any, grads_and_vars: list[tuple[Any, Any]]) -> Non
     the replicas; with no ``tf.distribute`` strategy that is one ``IdentityN`` of *every*
     gradient, an op with no device, which TensorFlow places on the client's device: on a
     cluster every gradient then travels to the client and back before its update (measured on
-    ``benchmarks.cluster_pipeline``: 8 x 4 MiB of gradients each way per step; on the plain
-    split of ``benchmarks.zoo.multi_tower`` over two loopback workers it cost the workers about
-    a fifth more CPU per step). With no strategy there is one replica and nothing to reduce, so
+    ``benchmarks.cluster_pipeline``: 8 x 4 MiB of gradients each way per step; the plain split
+    of the reduced ``benchmarks.zoo.multi_tower`` over two loopback workers took 312 ms a step
+    with it, 259 ms without). With no strategy there is one replica and nothing to reduce, so
     the update runs in the default strategy's cross-replica context (``merge_call``), where
-    Keras skips the reduction. Under a strategy, Keras's own path (its all-reduce is real).
+    Keras skips the reduction. Keras's own path is kept under a strategy (its all-reduce is
+    real) and for a ``LossScaleOptimizer`` (mixed precision), which refuses the cross-replica
+    context and applies its inner optimizer in the replica context: its gradients still make
+    the round trip on a cluster.
     """
     replica = tf.distribute.get_replica_context()
-    if replica is None or tf.distribute.has_strategy():
+    loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if replica is None or tf.distribute.has_strategy() or loss_scaled:
         optimizer.apply_gradients(grads_and_vars)
         return
     replica.merge_call(lambda _strategy: optimizer.apply_gradients(grads_and_vars))

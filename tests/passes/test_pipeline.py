@@ -499,6 +499,30 @@ def test_the_plain_placed_update_moves_no_gradient_off_its_device(
     assert any(op.startswith("IdentityN") for op in device_less_ops_joining_stages(unguarded, x, y))
 
 
+def test_mixed_precision_placed_and_pipelined_steps_equal_one_device() -> None:
+    """Keras's ``LossScaleOptimizer`` refuses the cross-replica update ``apply_in_place`` uses
+    otherwise ("apply() must be called in a replica context"): both rewrites keep Keras's path
+    for it, and one step updates the weights as the unsplit model does."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model, plan = MODELS["mlp"]()
+        x, y = batch(model)
+        copies = [keras.models.clone_model(model)]
+        copies[0].set_weights(model.get_weights())
+        copies += [place_model(model, plan, [x[:1]]), pipelined_copy(model, plan, 2)]
+        for copy in copies:
+            copy.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=False)
+            assert isinstance(copy.optimizer, keras.optimizers.LossScaleOptimizer)
+            copy.train_on_batch(x, y)
+        reference, placed, pipelined = (c.get_weights() for c in copies)
+        assert any(not np.allclose(a, b) for a, b in zip(reference, model.get_weights()))
+        for split in (placed, pipelined):
+            for a, b in zip(split, reference):
+                np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-3)  # float16 compute
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 # -- exactness warnings -----------------------------------------------------------------------
 
 
