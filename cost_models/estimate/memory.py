@@ -145,7 +145,11 @@ def _is_sink(graph: Graph, i: int) -> bool:
 def live_ops(graph: Graph) -> tuple[bool, ...]:
     """Which ops of ``graph`` run, by op position: those a step output or an effect op
     (:func:`_is_sink`) depends on. TensorFlow prunes the rest (a constant's gradient branch).
-    A graph none of whose backward ops is an output (hand-built) is taken as all live."""
+    A graph none of whose backward ops is an output (hand-built) is taken as all live.
+
+    The reverse reachability is written out over the graph's own edge lists rather than taken
+    from networkx: building an ``nx.DiGraph`` for it took 1.4 s on the 124,040-op graph of
+    :mod:`benchmarks.graph_scale` against 0.18 s here, and it runs once per costed batch."""
     sinks = [i for i in range(len(graph.ops)) if _is_sink(graph, i)]
     if not any(graph.ops[i].phase is Phase.BACKWARD for i in sinks):
         return (True,) * len(graph.ops)

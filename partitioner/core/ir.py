@@ -184,7 +184,10 @@ class LayerNode:
     param_bytes: int
     trainable_param_bytes: int
     activation_bytes: int
-    """Bytes of this layer's forward outputs that the backward pass reads (kept alive)."""
+    """Bytes of this layer's forward outputs that any backward op reads: the raw count, dead
+    gradient branches and views included. What the memory model charges is
+    :func:`cost_models.estimate.memory.kept_activation_bytes` (only the backward ops that run,
+    each buffer once)."""
     gradient_partial_bytes: int = 0
     """Bytes of the partial gradients this layer's backward sums (the inputs of its ``AddN`` ops:
     a weight an unrolled RNN uses at every step gets one partial gradient per step, all alive
