@@ -6,7 +6,8 @@ the original's weights and checked for: equal outputs (max abs diff <= 1e-5), ev
 its layer's device, and every op a layer creates on that layer's device. A model file with the
 awkward cases (a custom layer class, dict inputs and outputs, a nested model shared between two
 calls with a fixed ``training`` flag, ``keras.ops`` calls with arguments) is checked the same way,
-and names built to inject code are shown to stay inert.
+and names built to inject code are shown to stay inert. A seq2seq (functional and subclassed)
+checks that inputs from another device are copied before the decoder's loop reads them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ COMPUTE_OPS = frozenset({"MatMul", "BatchMatMulV2", "Conv2D", "DepthwiseConv2dNa
 # What an emitted module may import: nothing of partitioner, so it runs on its own.
 ALLOWED_IMPORTS = frozenset(
     {"__future__", "os", "sys", "functools", "importlib.util", "typing", "keras", "numpy",
-     "tensorflow", "keras.src.ops.numpy"}
+     "tensorflow", "keras.src.ops.numpy", "keras.src.backend"}
 )
 _counter = itertools.count()
 
@@ -545,6 +546,81 @@ def test_text_model_with_masks_and_two_outputs(tmp_path: Path) -> None:
     assert diff <= TOL, diff
     check_weights_placed(module, placed, plan)
     assert check_ops_placed(module, placed, plan, x, training=False) >= 2
+
+
+SEQ2SEQ_MODEL = '''
+import keras
+import numpy as np
+
+
+def encoded(layers, tokens):
+    """A decoder LSTM whose initial state and input (with its mask) come from layers that the
+    test puts on another device."""
+    src, enc, tgt, dec, head = layers
+    _, h, c = enc(src(tokens))
+    return head(dec(tgt(tokens), initial_state=[h, c]))
+
+
+def seq2seq_layers():
+    return [
+        keras.layers.Embedding(50, 8, mask_zero=True, name="src"),
+        keras.layers.LSTM(8, return_state=True, name="enc"),
+        keras.layers.Embedding(50, 8, mask_zero=True, name="tgt"),
+        keras.layers.LSTM(8, name="dec"),
+        keras.layers.Dense(3, name="head"),
+    ]
+
+
+class Seq2Seq(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.parts = seq2seq_layers()
+
+    def call(self, tokens):
+        return encoded(self.parts, tokens)
+
+
+def build_model(subclassed=False):
+    if subclassed:
+        model = Seq2Seq(name="seq2seq")
+        model(np.zeros((1, 6), dtype=np.int32))
+        return model
+    tokens = keras.Input((6,), dtype="int32", name="tokens")
+    return keras.Model(tokens, encoded(seq2seq_layers(), tokens), name="seq2seq")
+'''
+
+
+@pytest.mark.parametrize("subclassed", [False, True], ids=["functional", "subclassed"])
+def test_inputs_from_another_device_are_copied_before_a_loop_reads_them(
+    tmp_path: Path, subclassed: bool
+) -> None:
+    """The decoder's ``While`` on device 1 reads only tensors made on device 1; outputs equal.
+
+    Its initial state (from the encoder) and its input and mask (from an embedding) are made on
+    device 0: without the emitted ``received`` the loop read them from there, which TensorFlow
+    does on every step (tests/passes/test_device_placement.py checks the rewrite the same way).
+    """
+    path = tmp_path / "seq2seq_model.py"
+    path.write_text(SEQ2SEQ_MODEL, encoding="utf-8")
+    keras.utils.set_random_seed(0)
+    model = import_emitted(path).build_model(subclassed)
+    plan = {u.name: device(int(u.name in {"dec", "head"})) for u in placement_units(model)}
+    source, module = emit_and_import(model, plan, tmp_path, model_source=path, input_shape=(6,))
+    check_module_imports(source)
+    placed = module.build_model()
+    module.load_original_weights(placed, model)
+    x = np.array([[3, 4, 5, 0, 0, 0], [7, 1, 2, 9, 4, 0]], dtype=np.int32)
+    assert max_abs_diff(placed(x, training=False), model(x, training=False)) <= TOL
+    forward = tf.function(lambda t: placed(t, training=False), autograph=False)
+    graph = forward.get_concrete_function(tf.TensorSpec(x.shape, tf.int32)).graph
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    decoder = [op for op in loops if ends_with_device(op.device, device(1))]
+    assert decoder, [(op.name, op.device) for op in loops]
+    for op in decoder:
+        data = [t for t in op.inputs if t.dtype != tf.resource]
+        assert all(ends_with_device(t.op.device, device(1)) for t in data), [
+            (t.name, t.op.device) for t in data
+        ]
 
 
 def test_sequential_built_without_input_with_a_nested_sequential(tmp_path: Path) -> None:
