@@ -107,7 +107,10 @@ def received_on(device: str, values: Any) -> Any:
     here = tf.DeviceSpec.from_string(device)
 
     def receive(value: Any) -> Any:
-        if not isinstance(value, tf.Tensor) or _same_device(value.device, here):
+        if not isinstance(value, tf.Tensor):
+            return value
+        there = tf.DeviceSpec.from_string(value.device)
+        if there.make_merged_spec(here) == there:  # already on ``device``
             return value
         copy = tf.identity(value)
         mask = get_keras_mask(value)
@@ -116,17 +119,6 @@ def received_on(device: str, values: Any) -> Any:
         return copy
 
     return tree.map_structure(receive, values)
-
-
-def _same_device(device: str, here: tf.DeviceSpec) -> bool:
-    """Whether a tensor on ``device`` (as TensorFlow names it) is already on ``here``."""
-    if not device:
-        return False
-    there = tf.DeviceSpec.from_string(device)
-    fields = ("job", "replica", "task", "device_type", "device_index")
-    return all(
-        getattr(here, f) is None or getattr(there, f) == getattr(here, f) for f in fields
-    )
 
 
 def _pin(obj: Any, device: str) -> Any:
