@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import keras
 import numpy as np
@@ -40,3 +41,20 @@ def random_input(model: keras.Model, batch_size: int, seed: int = 0) -> np.ndarr
     (spec,) = input_specs(model, batch_size)
     rng = np.random.default_rng(seed)
     return rng.standard_normal(tuple(spec.shape)).astype(np.float32)
+
+
+def check_loops_read_only_their_device(graph: Any, device: str) -> None:
+    """Some loop of ``graph`` runs on ``device`` (a ``/device:CPU:k`` suffix), and every such
+    loop reads only tensors made there (its variables aside): the copy of inputs from other
+    devices that the rewrite and the emitted code both make (``received_on`` / ``received``)."""
+    import tensorflow as tf
+
+    def on_device(name: str) -> bool:
+        return name.endswith(device.lstrip("/"))
+
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    here = [op for op in loops if on_device(op.device)]
+    assert here, [(op.name, op.device) for op in loops]
+    for op in here:
+        data = [t for t in op.inputs if t.dtype != tf.resource]
+        assert all(on_device(t.op.device) for t in data), [(t.name, t.op.device) for t in data]

@@ -27,7 +27,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from example_models import EXAMPLE_NAMES, EXAMPLES_DIR, build_example, random_input
+from example_models import (
+    EXAMPLE_NAMES,
+    EXAMPLES_DIR,
+    build_example,
+    check_loops_read_only_their_device,
+    random_input,
+)
 
 from partitioner.cli.loader import load_model
 from partitioner.core.errors import RewriteError
@@ -613,14 +619,7 @@ def test_inputs_from_another_device_are_copied_before_a_loop_reads_them(
     assert max_abs_diff(placed(x, training=False), model(x, training=False)) <= TOL
     forward = tf.function(lambda t: placed(t, training=False), autograph=False)
     graph = forward.get_concrete_function(tf.TensorSpec(x.shape, tf.int32)).graph
-    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
-    decoder = [op for op in loops if ends_with_device(op.device, device(1))]
-    assert decoder, [(op.name, op.device) for op in loops]
-    for op in decoder:
-        data = [t for t in op.inputs if t.dtype != tf.resource]
-        assert all(ends_with_device(t.op.device, device(1)) for t in data), [
-            (t.name, t.op.device) for t in data
-        ]
+    check_loops_read_only_their_device(graph, device(1))
 
 
 def test_sequential_built_without_input_with_a_nested_sequential(tmp_path: Path) -> None:

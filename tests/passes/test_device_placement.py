@@ -16,7 +16,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from example_models import EXAMPLE_NAMES, build_example, random_input
+from example_models import (
+    EXAMPLE_NAMES,
+    build_example,
+    check_loops_read_only_their_device,
+    random_input,
+)
 
 from partitioner.core.errors import RewriteError
 from passes.rewrite.device_placement import PlacedModel, place_model
@@ -368,11 +373,4 @@ def test_inputs_from_another_device_are_copied_before_a_loop_reads_them() -> Non
     assert_close(out[1].numpy(), out[0].numpy(), "outputs")
     for (o, _), go, gp in zip(pairs, *grads):
         assert_close(gp.numpy(), go.numpy(), f"gradient of {o.path}")
-    loops = [op for op in graph.get_operations() if op.type == "While" and op.device]
-    decoder = [op for op in loops if ends_with_device(op.device, device(1))]
-    assert decoder, [(op.name, op.device) for op in loops]
-    for op in decoder:
-        data = [t for t in op.inputs if t.dtype != tf.resource]
-        assert all(ends_with_device(t.op.device, device(1)) for t in data), [
-            (t.name, t.op.device) for t in data
-        ]
+    check_loops_read_only_their_device(graph, device(1))
