@@ -45,11 +45,11 @@ __all__ = [
 SIZES_BYTES = (100_000, 1_000_000, 4_000_000, 16_000_000, 32_000_000, 64_000_000)
 """Total bytes of the all-reduced tensors per point (0.1 to 64 MB)."""
 NUM_TENSORS = 8
+"""Tensors per all-reduce (a model's gradients are a list; Keras batches them in one call)."""
 INTER_OP_THREADS = 2
 """Inter-op threads of every TensorFlow process of the two-core benchmarks (one intra-op thread
 each): ``partition worker``'s default, the data-parallel processes, and the process that
 profiles and calibrates (benchmarks.strategies), so that the ops are timed as they run."""
-"""Tensors per all-reduce (a model's gradients are a list; Keras batches them in one call)."""
 TIMEOUT_S = 600.0
 
 

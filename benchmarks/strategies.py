@@ -17,8 +17,9 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   this benchmark (the calibration, the workers, the data-parallel pair) has the same thread
   counts (``benchmarks.collective_fit.INTER_OP_THREADS``), so that ops are profiled as they run:
   one inter-op thread instead of two changed a one-core ``train_on_batch`` from 567 to 460 ms
-  (gpt_tiny) and from 606 to 738 ms (lstm_nmt) on this machine. **Predicted**: ``simulate_strategy`` of R = S = 1
-  on ``costed_at(B)``, plus the optimizer's update of every variable (timed on the core).
+  (gpt_tiny) and from 606 to 738 ms (lstm_nmt) on this machine. **Predicted**:
+  ``simulate_strategy`` of R = S = 1 on ``costed_at(B)``, plus the optimizer's update of every
+  variable (timed on the core).
 * ``data_parallel`` -- **measured**: ``tf.distribute.MultiWorkerMirroredStrategy`` with two
   SPMD processes (this module's ``--role dp``), ``TF_CONFIG`` naming two 127.0.0.1 ports, each
   process pinned to one of the two cores (one intra-op, two inter-op threads, as the cluster

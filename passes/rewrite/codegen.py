@@ -1199,7 +1199,7 @@ def load_original_weights(model: keras.Model, original: Any) -> None:
 
 
 def _import_lines(
-    placed: bool, loads_source: bool, imports: Sequence[str], more: Sequence[str] = ()
+    loads_source: bool, imports: Sequence[str], more: Sequence[str] = (), *, placed: bool
 ) -> list[str]:
     """The emitted module's imports: the standard library it uses (and ``more`` of it), Keras,
     NumPy, TensorFlow, the modules of the model's own layer classes, and what ``on_device``
@@ -1276,7 +1276,7 @@ def emit_placed_module(
         _subclassed_checks(model, emitter)
     loads_source = emitter.uses_source or not graph_model
     lines = _header(model, layer_devices, stages, graph_model)
-    lines += _import_lines(True, loads_source, imports)
+    lines += _import_lines(loads_source, imports, placed=True)
     lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}", ""]
     if loads_source:
         lines += _source_lines(model, emitter)
@@ -1612,7 +1612,7 @@ def _replicated_text(
     loads_source = emitter.uses_source or not graph_model
     lines = _replicas_header(model, plan, strategy, replica_devices, workers)
     standard = ["import sys", *(["import json"] if workers else [])]
-    lines += _import_lines(False, loads_source, imports, standard)
+    lines += _import_lines(loads_source, imports, standard, placed=False)
     lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}", ""]
     if loads_source:
         lines += _source_lines(model, emitter)

@@ -27,6 +27,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src import tree
+from keras.src.backend import get_keras_mask, set_keras_mask
 
 from partitioner.core.errors import RewriteError
 from passes.trace import Unit, model_input, placement_units
@@ -101,9 +103,6 @@ def received_on(device: str, values: Any) -> Any:
     ``initial_state`` made on the other worker and 19.6 ms with the state copied first (18.4 ms
     with everything local; tests/passes/test_device_placement.py checks the copy is there).
     """
-    from keras.src import tree
-    from keras.src.backend import get_keras_mask, set_keras_mask
-
     here = tf.DeviceSpec.from_string(device)
 
     def receive(value: Any) -> Any:
@@ -256,7 +255,6 @@ class PlacedModel(keras.Model):
         return list(tf.gradients(loss, [v.value for v in self.trainable_weights]))
 
     def train_step(self, data: Any) -> Any:
-        from keras.src import tree
         from keras.src.losses import loss as loss_module
 
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
