@@ -67,12 +67,16 @@ the loopback topology (:func:`cost_models.estimate.costs.cost_graph`, SGD), with
 training step timed inside the step on the pinned core at that batch
 (:func:`cost_models.measure.op_profile.profile_step_ops`, the median of several steps) merged by
 :func:`~cost_models.measure.op_profile.apply_op_profile` with the calibrated executor cost per op
-(what ``partition --profile-ops`` does). **Whole-step calibration**: the same profiling run
-times the whole traced step (forward, loss, backward; no update) without the profiler, at the
-same batch (the median, less an empty call's cost); the time no kernel explains (the gaps
-between kernels, allocations) is spread over the profiled ops in proportion
-(:func:`step_calibration`: the factor that makes the one-device simulated step of that batch
-equal its measured step). Each profiled batch (``B``, ``B / 2``, a micro-batch ``B / M``) gets
+(what ``partition --profile-ops`` does). **Whole-step calibration** (also what ``--profile-ops``
+does, :func:`~cost_models.measure.op_profile.apply_step_profile`): the whole traced step
+(forward, loss, backward; no update) is timed without the profiler at the same batch (the median,
+less an empty call's cost); the time no kernel explains (the gaps between kernels, allocations)
+is spread over the profiled ops in proportion (the factor that makes the one-device simulated
+step of that batch equal its measured step). Every batch the search prices and the rows use
+(``B``, ``B / 2``, each micro-batch) is profiled first, then their whole steps are timed together
+in ``WALL_ROUNDS`` interleaved rounds
+(:func:`~cost_models.measure.op_profile.interleaved_step_times`), so the ratio of a micro-batch's
+step to the batch's does not carry the machine's drift between their profiles. Each batch gets
 its own factor, and every row that uses that batch's profile uses it: it is measured on the
 traced step alone, never fitted to a row's measurement (the JSON's ``step_calibration`` lists
 them). Everything predicted is computed in a calibration process pinned to the first core.
@@ -155,6 +159,8 @@ SPECS: Mapping[str, cz.ModelSpec] = {
 DEFAULT_MODELS = ("mlp", "multi_tower", "gpt_tiny", "lstm_nmt")
 SEARCH_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
 DP_TIMEOUT_S = 900.0
+WALL_ROUNDS = 11
+"""Rounds of the interleaved whole-step timing of every profiled batch (:class:`ProfiledCosts`)."""
 AUTO_TARGET = 1.05
 ERROR_TARGET = 0.15
 
@@ -395,7 +401,9 @@ def readme_row(doc: Mapping[str, Any]) -> str:
     verdicts = {name: verdict(model_rows) for name, model_rows in by_model.items()}
     agree = [name for name, v in verdicts.items() if v.winners_agree]
     autos = {n: v for n, v in verdicts.items() if v.auto_over_best is not None}
-    auto_ok = sum(v.auto_over_best is not None and v.auto_over_best <= AUTO_TARGET for v in autos.values())
+    auto_ok = sum(
+        v.auto_over_best is not None and v.auto_over_best <= AUTO_TARGET for v in autos.values()
+    )
     auto_words = ", ".join(
         f"{n} {v.auto_over_best:.2f}x ({(v.auto_label or '').removeprefix('auto: ')})"
         for n, v in autos.items()
@@ -485,34 +493,24 @@ class StrategyCalibration:
         return cls(**{**data, "rows": rows, "family_best": best, "step_calibration": steps})
 
 
-def step_calibration(costed: Any, op_time_s: Mapping[str, float], step_time_s: float) -> float:
-    """The factor on the profiled op times that makes the one-device simulated step of
-    ``costed`` (profiled ops, every op's dispatch cost, estimates of unprofiled ops) equal the
-    measured whole step ``step_time_s``: the time no kernel explains (gaps between kernels,
-    allocations, the step's variance) spread over the profiled ops in proportion. 1.0 when
-    nothing is profiled or the rest already exceeds the step."""
-    ids = [op.id for op in costed.graph.ops]
-    total = sum(costed.op_compute_time_s[0])
-    profiled = sum(op_time_s[i] for i in ids if i in op_time_s)
-    rest = total - profiled
-    if profiled <= 0 or step_time_s <= rest:
-        return 1.0
-    return (step_time_s - rest) / profiled
-
-
 class ProfiledCosts:
     """``costed_at(b)``: the model traced at ``b``, costed on ``topology``, its ops profiled at a
     batch on this process's core (memoised per batch), each batch's op times calibrated to that
-    batch's measured whole step (:func:`step_calibration`) when ``whole_step`` is set."""
+    batch's measured whole step (:func:`cost_models.measure.op_profile.apply_step_profile`).
 
-    def __init__(self, model: Any, topology: Any, reps: int, whole_step: bool = True) -> None:
+    :meth:`prepare` profiles a set of batches first and times their whole steps in interleaved
+    rounds (:func:`~cost_models.measure.op_profile.interleaved_step_times`), so the ratios
+    between batches (a micro-batch against the batch) do not carry the machine's drift between
+    their profiles; a batch not prepared is profiled and timed on its own when first asked for.
+    """
+
+    def __init__(self, model: Any, topology: Any, reps: int, wall_rounds: int) -> None:
         from cost_models.estimate.analytic import calibrated_roofline
 
         self._model, self._topology, self._reps = model, topology, reps
-        self._whole_step = whole_step
+        self._wall_rounds = wall_rounds
         self._dispatch_s = calibrated_roofline("cpu").dispatch_overhead_s
         self._traces: dict[int, Any] = {}
-        self._profiles: dict[int, Mapping[str, float]] = {}
         self._costed: dict[int, Any] = {}
         self.step_factors: dict[int, tuple[float, float]] = {}
         """Per profiled batch: (the factor on its op times, the measured whole step)."""
@@ -524,39 +522,40 @@ class ProfiledCosts:
             self._traces[batch] = trace_model(self._model, batch_size=batch)
         return self._traces[batch]
 
-    def _profile(self, batch: int) -> Mapping[str, float]:
+    def _op_profile(self, batch: int, wall_steps: int) -> Any:
         from cost_models.measure.op_profile import profile_step_ops, step_inputs
 
-        if batch not in self._profiles:
-            traced = self._trace(batch)
-            statistic: Any = "median" if self._whole_step else "min"
-            prof = profile_step_ops(
-                traced, step_inputs(traced), steps=self._reps, warmup=2, statistic=statistic
-            )
-            times = dict(prof.op_time_s)
-            factor = 1.0
-            if self._whole_step:
-                factor = step_calibration(self._apply(batch, times), times, prof.step_time_s)
-            self.step_factors[batch] = (factor, prof.step_time_s)
-            self._profiles[batch] = {k: v * factor for k, v in times.items()}
-        return self._profiles[batch]
+        traced = self._trace(batch)
+        return profile_step_ops(
+            traced, step_inputs(traced), steps=self._reps, warmup=2, wall_steps=wall_steps
+        )
 
-    def _apply(self, batch: int, times: Mapping[str, float]) -> Any:
+    def _calibrate(self, batch: int, profile: Any) -> None:
         from cost_models.estimate.costs import cost_graph
-        from cost_models.measure.op_profile import apply_op_profile
+        from cost_models.measure.op_profile import apply_step_profile
 
         costed = cost_graph(self._trace(batch).graph, topology=self._topology, optimizer="sgd")
-        return apply_op_profile(
-            costed,
-            times,
-            range(self._topology.num_devices),
-            dispatch_s=self._dispatch_s,
+        rows = range(self._topology.num_devices)
+        self._costed[batch], factor = apply_step_profile(
+            costed, profile, rows, dispatch_s=self._dispatch_s
         )
+        self.step_factors[batch] = (factor, profile.step_time_s)
+
+    def prepare(self, batches: Sequence[int]) -> None:
+        """Profile each of ``batches`` not yet costed, then time their whole steps together."""
+        from cost_models.measure.op_profile import interleaved_step_times, step_inputs
+
+        todo = sorted({b for b in batches if b not in self._costed}, reverse=True)
+        profiles = [self._op_profile(b, wall_steps=1) for b in todo]
+        pairs = [(self._trace(b), step_inputs(self._trace(b))) for b in todo]
+        walls = interleaved_step_times(pairs, rounds=self._wall_rounds, warmup=1)
+        for b, prof, wall in zip(todo, profiles, walls, strict=True):
+            self._calibrate(b, replace(prof, step_time_s=wall))
 
     def at(self, batch: int) -> Any:
         """Costed at ``batch``, its op times profiled at ``batch``."""
         if batch not in self._costed:
-            self._costed[batch] = self._apply(batch, self._profile(batch))
+            self._calibrate(batch, self._op_profile(batch, wall_steps=self._wall_rounds))
         return self._costed[batch]
 
     @property
@@ -677,15 +676,20 @@ def calibrate_strategies(
 ) -> StrategyCalibration:  # fmt: skip
     """Plan and time (cluster_zoo), then search and predict every row (module docstring)."""
     from partitioner.plan.model import Plan
-    from partitioner.planner.search import StrategyOptions, search_strategies
+    from partitioner.planner.search import StrategyOptions, search_batches, search_strategies
 
     cal = cz.calibrate(spec, link, steps=steps, warmup=warmup, work=work)
     model = spec.build()
-    costs = ProfiledCosts(model, strategy_topology(link, collective), reps=max(3, steps // 2))
+    topology = strategy_topology(link, collective)
+    costs = ProfiledCosts(model, topology, reps=max(3, steps // 2), wall_rounds=WALL_ROUNDS)
     options = StrategyOptions(schedules=SEARCH_SCHEDULES)
+    plan = Plan.from_json_dict(json.loads(cal.plan_json))
+    costs.prepare(
+        (*search_batches(topology.num_devices, spec.batch_size, options),
+         spec.batch_size // spec.num_microbatches)
+    )  # fmt: skip
     search = search_strategies(costs.at, spec.batch_size, options)
     names = costs.layer_names
-    plan = Plan.from_json_dict(json.loads(cal.plan_json))
     client_s = cz.client_terms_s(link, cal.feed_bytes)
     terms = StepTerms(
         cal.all_update_s, dict(enumerate(cal.device_update_s)),
@@ -783,6 +787,7 @@ def _dp_worker(
     strategy = join_loopback_workers(index, ports, core)
     import keras
     import tensorflow as tf
+
     with strategy.scope():
         model = spec.build()
         optimizer = keras.optimizers.SGD(0.01)
@@ -854,9 +859,7 @@ def measure_data_parallel(
             ]  # fmt: skip
             with logs[i].open("wb") as log:
                 procs.append(
-                    subprocess.Popen(
-                        cmd, env=cz.child_env(), cwd=REPO_ROOT, stdout=log, stderr=log
-                    )
+                    subprocess.Popen(cmd, env=cz.child_env(), cwd=REPO_ROOT, stdout=log, stderr=log)
                 )
         try:
             _wait_for_outputs(outs, procs, logs)
@@ -990,7 +993,11 @@ def run(specs: Sequence[cz.ModelSpec], *, steps: int, warmup: int, say: Any) -> 
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         workers = start_local_workers(
-            2, Path(tmp), threads=1, inter_op_threads=INTER_OP_THREADS, cores=list(pair),
+            2,
+            Path(tmp),
+            threads=1,
+            inter_op_threads=INTER_OP_THREADS,
+            cores=list(pair),
             env=cz.child_env(),
         )
         with workers:

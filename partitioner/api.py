@@ -111,6 +111,10 @@ def _no_progress(message: str, completed: float | None = None, total: float | No
 
 ESTIMATED_NOTE = "compute times estimated by the roofline model of each device type"
 """The cost note of a plan whose compute times are all estimated."""
+PROFILED_STEPS = 5
+"""``profile_ops=True``: steps run under TensorFlow's profiler (the op times are their median)."""
+WALL_STEPS = 15
+"""``profile_ops=True``: steps timed without the profiler (the whole step is their median)."""
 
 
 @dataclass(frozen=True)
@@ -814,25 +818,30 @@ def _cpu_rows(topo: Topology) -> list[int]:
 def _profile_ops(
     traced: TraceResult, costed: CostedGraph, *, say: Progress
 ) -> tuple[CostedGraph, tuple[str, ...]]:
-    """Time every op inside the traced step on this machine's CPU; merge into the cpu rows."""
+    """Time every op inside the traced step on this machine's CPU; merge into the cpu rows,
+    scaled so that one device's step is the whole step measured without the profiler."""
     import tensorflow as tf
 
     from cost_models.estimate.analytic import calibrated_roofline
-    from cost_models.measure.op_profile import apply_op_profile, profile_step_ops, step_inputs
+    from cost_models.measure.op_profile import apply_step_profile, profile_step_ops, step_inputs
 
     topo = costed.topology
     rows = _cpu_rows(topo)
     say("profiling ops")
     with tf.device("/device:CPU:0"):
-        prof = profile_step_ops(traced, step_inputs(traced), steps=10, warmup=3, statistic="min")
+        prof = profile_step_ops(
+            traced, step_inputs(traced), steps=PROFILED_STEPS, warmup=3, wall_steps=WALL_STEPS
+        )
     dispatch_s = calibrated_roofline("cpu").dispatch_overhead_s
-    profiled = apply_op_profile(costed, prof.op_time_s, rows, dispatch_s=dispatch_s)
+    profiled, factor = apply_step_profile(costed, prof, rows, dispatch_s=dispatch_s)
     notes: tuple[str, ...] = (
         f"timed {len(prof.op_time_s)} of {len(traced.graph.ops)} ops inside the training step on "
-        f"/device:CPU:0 (TensorFlow's profiler, least of {prof.profiled_steps} steps) for cpu "
+        f"/device:CPU:0 (TensorFlow's profiler, median of {prof.profiled_steps} steps) for cpu "
         f"devices {rows}; {len(profiled.measured)} layers measured, plus "
-        f"{1e6 * dispatch_s:.1f} us of executor time per op; ops TensorFlow ran side by side "
-        "(its default threads) each appear slower",
+        f"{1e6 * dispatch_s:.1f} us of executor time per op; the op times scaled by "
+        f"x{factor:.3f} so that one device's step is the step measured without the profiler "
+        f"({format_seconds(prof.step_time_s)}, median of {WALL_STEPS}); ops TensorFlow ran side "
+        "by side (its default threads) each appear slower",
     )
     estimated = [d.index for d in topo.devices if d.index not in rows]
     if estimated:

@@ -218,19 +218,6 @@ def test_end_to_end_tiny_mlp(tmp_path: Path) -> None:
     assert "predicted winner:" in done.stdout
 
 
-def test_step_calibration_spreads_the_unexplained_time_over_profiled_ops() -> None:
-    ops = [SimpleNamespace(id=i) for i in ("a", "b", "c")]
-    # a and b profiled (3 ms + 1 ms), c an estimate of 1 ms, each with 0.5 ms dispatch
-    costed = SimpleNamespace(
-        graph=SimpleNamespace(ops=ops), op_compute_time_s=((3.5e-3, 1.5e-3, 1.5e-3),)
-    )
-    times = {"a": 3e-3, "b": 1e-3}
-    factor = st.step_calibration(costed, times, 10.5e-3)
-    assert factor == pytest.approx(2.0)  # 2.5 ms not profiled + 2 x 4 ms = 10.5 ms
-    assert st.step_calibration(costed, times, 2e-3) == 1.0  # the rest already exceeds the step
-    assert st.step_calibration(costed, {}, 10e-3) == 1.0
-
-
 def test_the_readme_row_is_the_json_s_verdicts() -> None:
     rows = four_rows(auto="1f1b")
     doc = {"records": st.records(rows), "wall_time_s": 90.0}

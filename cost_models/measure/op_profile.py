@@ -56,11 +56,14 @@ __all__ = [
     "Statistic",
     "StepOpProfile",
     "apply_op_profile",
+    "apply_step_profile",
     "attribute_events",
     "configure_serial_executor",
+    "interleaved_step_times",
     "layer_phase_times",
     "profile_step_ops",
     "random_inputs",
+    "step_calibration",
     "step_inputs",
 ]
 
@@ -269,13 +272,20 @@ def profile_step_ops(
     steps: int = 10,
     warmup: int = 3,
     statistic: Statistic = "median",
+    wall_steps: int | None = None,
 ) -> StepOpProfile:
     """Run the traced step (``trace.step_function``) and time its ops (see the module docstring).
 
     ``trace`` is a :class:`passes.trace.TraceResult`; ``inputs`` are tensors matching its specs.
+    ``steps`` runs are profiled; the wall time is the statistic of ``wall_steps`` runs without
+    the profiler (default ``steps``; they are cheap, and more of them steady the whole-step
+    calibration, :func:`apply_step_profile`).
     """
-    if steps < 1 or warmup < 0:
-        raise PartitionError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
+    walls_n = steps if wall_steps is None else wall_steps
+    if steps < 1 or warmup < 0 or walls_n < 1:
+        raise PartitionError(
+            f"steps={steps} and wall_steps={walls_n} must be >= 1 and warmup={warmup} >= 0"
+        )
     fn = trace.step_function
     if fn is None:
         raise PartitionError("the trace has no step function; trace the model with passes.trace")
@@ -284,7 +294,7 @@ def profile_step_ops(
     for _ in range(warmup):
         run()
         run_empty()
-    walls, empties = _wall_times(run, run_empty, steps)
+    walls, empties = _wall_times(run, run_empty, walls_n)
     events = _profiled_events(run, steps)
     op_time, lost = attribute_events(graph, events, steps, statistic)
     summary = min if statistic == "min" else statistics.median
@@ -307,9 +317,7 @@ def profile_step_ops(
     )
 
 
-def _step_runners(
-    fn: Any, inputs: Sequence[Any]
-) -> tuple[Callable[[], None], Callable[[], None]]:
+def _step_runners(fn: Any, inputs: Sequence[Any]) -> tuple[Callable[[], None], Callable[[], None]]:
     """Run the step once (waiting for its result), and run an empty function on its inputs."""
     import tensorflow as tf
 
@@ -341,6 +349,45 @@ def _wall_times(
         walls.append(time.perf_counter() - t1)
         empties.append(t1 - t0)
     return walls, empties
+
+
+def interleaved_step_times(
+    steps: Sequence[tuple[Any, Sequence[Any]]],
+    *,
+    rounds: int,
+    warmup: int = 1,
+    statistic: Statistic = "median",
+) -> tuple[float, ...]:
+    """Each traced step's wall seconds (less the empty call on its inputs, as
+    :class:`StepOpProfile`'s ``step_time_s``), timed in ``rounds`` rounds that run every step in
+    turn, so that a drift of the machine's speed over the rounds reaches each step alike.
+
+    ``steps`` holds ``(trace, inputs)`` pairs (:func:`profile_step_ops`'s arguments). Timing each
+    step's runs back to back instead left the ratios between batches to whatever the machine did
+    between them: on a shared two-core machine one batch's calibration moved 17% between runs.
+    """
+    if rounds < 1 or warmup < 0:
+        raise PartitionError(f"rounds={rounds} must be >= 1 and warmup={warmup} >= 0")
+    runners = []
+    for trace, inputs in steps:
+        if trace.step_function is None:
+            raise PartitionError(
+                "the trace has no step function; trace the model with passes.trace"
+            )
+        runners.append(_step_runners(trace.step_function, inputs))
+    for run, run_empty in runners:
+        for _ in range(warmup):
+            run()
+            run_empty()
+    walls: list[list[float]] = [[] for _ in runners]
+    empties: list[list[float]] = [[] for _ in runners]
+    for _ in range(rounds):
+        for i, (run, run_empty) in enumerate(runners):
+            wall, empty = _wall_times(run, run_empty, 1)
+            walls[i] += wall
+            empties[i] += empty
+    summary = min if statistic == "min" else statistics.median
+    return tuple(max(0.0, summary(w) - summary(e)) for w, e in zip(walls, empties, strict=True))
 
 
 def _profiled_events(run: Callable[[], None], steps: int) -> list[KernelEvent]:
@@ -414,3 +461,49 @@ def apply_op_profile(
         layer_memory=costed.layer_memory,
         measured=order,
     )
+
+
+def step_calibration(
+    costed: CostedGraph, op_time_s: Mapping[str, float], step_time_s: float, row: int = 0
+) -> float:
+    """The factor on the profiled op times that makes the one-device step of ``costed`` equal the
+    measured whole step ``step_time_s``.
+
+    ``costed`` already holds the profiled times on device ``row`` (:func:`apply_op_profile`). With
+    ``total`` the sum of that row (profiled ops, every op's dispatch cost, estimates of the ops
+    no kernel event matched) and ``profiled`` the sum of ``op_time_s`` over its ops, the factor
+    ``f`` solves ``(total - profiled) + f * profiled = step_time_s``: the time no kernel explains
+    (gaps between kernels, allocations) and the profiler's own cost are spread over the profiled
+    ops in proportion to their times. One device runs one op at a time in the simulation, so its
+    step is that sum. 1.0 when nothing is profiled or the rest alone already exceeds the step.
+    """
+    ids = [op.id for op in costed.graph.ops]
+    total = math.fsum(costed.op_compute_time_s[row])
+    profiled = math.fsum(op_time_s[i] for i in ids if i in op_time_s)
+    rest = total - profiled
+    if profiled <= 0 or step_time_s <= rest:
+        return 1.0
+    return (step_time_s - rest) / profiled
+
+
+def apply_step_profile(
+    costed: CostedGraph,
+    profile: StepOpProfile,
+    device_rows: Iterable[int],
+    *,
+    dispatch_s: float = 0.0,
+) -> tuple[CostedGraph, float]:
+    """:func:`apply_op_profile` of ``profile``'s op times scaled by :func:`step_calibration`, so
+    that one device's simulated step is the step measured without the profiler; and the factor.
+
+    Kernel events alone miss the executor's gaps and include the profiler's overhead; the
+    whole step's wall time (``profile.step_time_s``) has neither. The factor is solved on the
+    first of ``device_rows`` (they all take the same times); no rows: nothing changes, 1.0.
+    """
+    rows = tuple(device_rows)
+    raw = apply_op_profile(costed, profile.op_time_s, rows, dispatch_s=dispatch_s)
+    if not rows:
+        return raw, 1.0
+    factor = step_calibration(raw, profile.op_time_s, profile.step_time_s, rows[0])
+    scaled = {op: t * factor for op, t in profile.op_time_s.items()}
+    return apply_op_profile(costed, scaled, rows, dispatch_s=dispatch_s), factor

@@ -95,6 +95,54 @@ def test_profile_of_a_real_step_covers_every_layer() -> None:
     assert sum(per_layer["wide"]) > sum(per_layer["narrow"])
 
 
+def test_interleaved_step_times_rank_batches_and_feed_the_calibration() -> None:
+    import keras
+
+    from cost_models.estimate.costs import cost_graph
+    from cost_models.measure.op_profile import (
+        apply_step_profile,
+        interleaved_step_times,
+        profile_step_ops,
+        step_inputs,
+    )
+    from passes.trace import trace_model
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, name="wide")])
+    big, small = trace_model(model, batch_size=512), trace_model(model, batch_size=8)
+    pairs = [(t, step_inputs(t)) for t in (big, small)]
+    big_s, small_s = interleaved_step_times(pairs, rounds=5, warmup=1)
+    assert big_s > small_s > 0  # 64x the rows: the big batch's step is the slower one
+    prof = profile_step_ops(big, pairs[0][1], steps=3, warmup=1, wall_steps=5)
+    costed = cost_graph(big.graph, device_type="cpu", num_devices=2)
+    out, factor = apply_step_profile(costed, prof, [0, 1], dispatch_s=1e-6)
+    assert factor > 0 and out.op_compute_time_s[0] == out.op_compute_time_s[1]
+    # The calibrated device's step (one op at a time) is the measured whole step.
+    assert sum(out.op_compute_time_s[0]) == pytest.approx(prof.step_time_s, rel=1e-9)
+    with pytest.raises(PartitionError, match="rounds=0"):
+        interleaved_step_times(pairs, rounds=0)
+
+
+def test_step_calibration_spreads_the_unexplained_time_over_profiled_ops() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from cost_models.measure.op_profile import step_calibration
+
+    ops = [SimpleNamespace(id=i) for i in ("a", "b", "c")]
+    # a and b profiled (3 ms + 1 ms), c an estimate of 1 ms, each with 0.5 ms dispatch
+    costed: Any = SimpleNamespace(
+        graph=SimpleNamespace(ops=ops),
+        op_compute_time_s=((3.5e-3, 1.5e-3, 1.5e-3), (1.0, 1.0, 1.0)),
+    )
+    times = {"a": 3e-3, "b": 1e-3}
+    assert step_calibration(costed, times, 10.5e-3) == pytest.approx(2.0)  # 2.5 + 2 x 4 ms
+    assert step_calibration(costed, times, 2e-3) == 1.0  # the rest already exceeds the step
+    assert step_calibration(costed, {}, 10e-3) == 1.0
+    # On row 1 the rest is 3 s - 4 ms: a 10.5 ms step is below it, so nothing is scaled.
+    assert step_calibration(costed, times, 10.5e-3, row=1) == 1.0
+
+
 def test_measured_op_times_replace_the_estimates_on_the_given_rows() -> None:
     from cost_models.estimate.costs import cost_graph
     from cost_models.measure.op_profile import apply_op_profile
