@@ -41,11 +41,12 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   graph costed at ``B`` with each op's time that of the micro-batch ``B / M`` times ``M``
   (:func:`~partitioner.simulation.strategy.microbatch_costed`, as the planner prices a pipeline:
   a micro-batch is not ``1/M`` of a batch; ``linear`` in the JSON uses ``costed_at(B)`` alone,
-  the simulator's linear scaling), plus the slower worker's update, ``(M - 1)`` additions of a
-  micro-batch's gradients into the running sums on the slower worker (added to the step, not
-  inside the schedule; ``cluster_zoo_predicted_s`` is the cluster_zoo prediction that puts them
-  in each backward), feeding the batch from the client over the link, and the client's fixed
-  cost of a step on the cluster (a no-op step).
+  the simulator's linear scaling; the simulator adds each micro-batch's gradients after the
+  first into the running sums inside its backward, priced by the catalog's memory bandwidth,
+  :func:`partitioner.simulation.pipeline.accumulate_time_s`), plus the slower worker's update
+  (timed on the core), feeding the batch from the client over the link, and the client's fixed
+  cost of a step on the cluster (a no-op step); ``cluster_zoo_predicted_s`` is the cluster_zoo
+  prediction (stage-level, measured stage times).
 * ``auto``'s choice -- ``search_strategies(costed_at, B, StrategyOptions(GPipe and 1F1B))`` on
   a topology of two ``cpu`` devices joined by the fitted loopback link
   (:func:`benchmarks.cluster_zoo.loopback_topology`) with the measured all-reduce fit. When its strategy is one of the rows above
@@ -177,16 +178,13 @@ class Prediction:
     all_reduce_s: float
     """``simulate_strategy``: the ring all-reduce of the gradients across replicas."""
     update_s: float
-    accumulate_s: float
     client_s: float
     linear_s: float | None = None
     """The same step with ``costed_at(B / R)`` for a pipeline (the simulator's linear scaling)."""
 
     @property
     def step_s(self) -> float:
-        return (
-            self.replica_s + self.all_reduce_s + self.update_s + self.accumulate_s + self.client_s
-        )
+        return self.replica_s + self.all_reduce_s + self.update_s + self.client_s
 
 
 @dataclass(frozen=True)
@@ -197,8 +195,6 @@ class StepTerms:
     """The update of every variable (a replica of the whole model)."""
     device_update_s: Mapping[int, float]
     """Per device of the strategy, the update of its layers' variables."""
-    device_accumulate_s: Mapping[int, float]
-    """Per device, one addition of a micro-batch's gradients into the running sums."""
     client_s: float
     """Feeding the batch from the client and the client's fixed cost of a cluster step."""
 
@@ -210,15 +206,13 @@ def predict_terms(
 
     Replicas of one stage (single, data parallel) run in their own processes and update a whole
     copy; stages run on the cluster's workers from the client and wait for the slower worker's
-    update and ``M - 1`` gradient additions.
+    update. (A pipeline's ``M - 1`` gradient additions are in ``replica_s``: the simulator
+    puts them in each backward.)
     """
     if strategy.stages == 1:
-        return Prediction(replica_s, all_reduce_s, terms.all_update_s, 0.0, 0.0)
-    devices = strategy.devices
-    update = max(terms.device_update_s[d] for d in devices)
-    m = strategy.num_microbatches
-    accumulate = (m - 1) * max(terms.device_accumulate_s[d] for d in devices)
-    return Prediction(replica_s, all_reduce_s, update, accumulate, terms.client_s)
+        return Prediction(replica_s, all_reduce_s, terms.all_update_s, 0.0)
+    update = max(terms.device_update_s[d] for d in strategy.devices)
+    return Prediction(replica_s, all_reduce_s, update, terms.client_s)
 
 
 @dataclass(frozen=True)
@@ -616,12 +610,11 @@ def predict_strategy(
 def _placement_terms(
     model: Any, layer_devices: Mapping[str, int], all_update_s: float, client_s: float, reps: int
 ) -> StepTerms:
-    """The update and accumulation of each device's variables under ``layer_devices``."""
+    """The update of each device's variables under ``layer_devices``."""
     from passes.trace import placement_units
 
     units = {u.name: u for u in placement_units(model)}
     update: dict[int, float] = {}
-    accumulate: dict[int, float] = {}
     for d in sorted(set(layer_devices.values())):
         chosen = {
             id(w): w
@@ -629,8 +622,8 @@ def _placement_terms(
             if dev == d
             for w in units[name].operation.trainable_weights
         }
-        update[d], accumulate[d] = cz.variable_times(list(chosen.values()), reps)
-    return StepTerms(all_update_s, update, accumulate, client_s)
+        update[d] = cz.variable_times(list(chosen.values()), reps)[0]
+    return StepTerms(all_update_s, update, client_s)
 
 
 def _planned(
@@ -693,7 +686,7 @@ def calibrate_strategies(
     client_s = cz.client_terms_s(link, cal.feed_bytes)
     terms = StepTerms(
         cal.all_update_s, dict(enumerate(cal.device_update_s)),
-        dict(enumerate(cal.device_accumulate_s)), client_s,
+        client_s,
     )  # fmt: skip
     auto = search.best.strategy
     rows, auto_key = _fixed_rows(spec, plan, names, costs, terms, auto)

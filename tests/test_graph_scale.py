@@ -5,7 +5,10 @@ it says.
 The digests below are of the results (their ``repr``: every float exactly) computed by the
 simulators before they read :mod:`partitioner.simulation.opview` and reused replicas (commit
 3b94609), on a 784-op graph of ``benchmarks.graph_scale`` across two hosts. A deliberate change
-of the simulation model changes them; a speed-up must not.
+of the simulation model changes them; a speed-up must not. Changed once since, deliberately: the
+pipelined digests when every backward after the first began to pay its gradient accumulation
+(:func:`partitioner.simulation.pipeline.accumulate_time_s`); with that term set to 0 the step,
+timeline, busy times and peaks were those of the old digests.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ def test_step_simulation_is_unchanged(costed: CostedGraph) -> None:
 @pytest.mark.parametrize(
     ("schedule", "simulated", "evaluated"),
     [
-        (Schedule.GPIPE, "eaefac68eb264de7", "f01fd334356dd858"),
-        (Schedule.ONE_F_ONE_B, "2fdf58dd13ffeee9", "71b7bc03dacec3d5"),
+        (Schedule.GPIPE, "891e3b3f643a598c", "cf742270fa25e15b"),
+        (Schedule.ONE_F_ONE_B, "ff5ededb88dedf76", "662bb76d9a506e8d"),
     ],
 )
 def test_pipeline_simulation_is_unchanged(
@@ -77,7 +80,7 @@ def test_strategy_simulation_is_unchanged(costed: CostedGraph) -> None:
     assert digest(micro) == "6b490715ee2f7799"
     groups = ((0, 1, 2, 3), (8, 9, 10, 11), (4, 5, 6, 7), (12, 13, 14, 15))
     hybrid = Strategy(groups, split(costed, 4), 4, Schedule.ONE_F_ONE_B)
-    assert digest(simulate_strategy(micro, hybrid)) == "6f72e4c4a982db5b"
+    assert digest(simulate_strategy(micro, hybrid)) == "b5e0d09ac9880e98"
     data_parallel = Strategy(tuple((d,) for d in range(16)), (0,) * len(costed.layer_memory))
     assert digest(simulate_strategy(costed, data_parallel)) == "48f8576c67d241b6"
     mixed = Strategy(((0, 8), (1, 2), (3, 9)), split(costed, 2))

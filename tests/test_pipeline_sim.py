@@ -362,6 +362,32 @@ def test_peak_memory_from_layer_memory() -> None:
     assert plain.peak_memory_bytes == (4400, 440)
 
 
+def test_every_backward_after_the_first_adds_its_gradients_into_the_sums() -> None:
+    from dataclasses import replace
+
+    from cost_models.devices.catalog import get_device_type
+    from partitioner.simulation.pipeline import accumulate_time_s
+
+    grads = int(get_device_type("cpu").memory_bandwidth_bytes_per_s)  # 3 s per addition
+    mem = (LayerMemory("L0", 0, grads, 0, 0), LayerMemory("L1", 0, 0, 0, 0))
+    cpus = Topology(tuple(Device(d, "cpu", 1 << 30) for d in range(2)), LINK)
+    c = replace(chain_graph([4.0, 4.0], [8.0, 8.0], [0], [0], memory=mem), topology=cpus)
+    free = replace(c, layer_memory=tuple(LayerMemory(x.layer, 0, 0, 0, 0) for x in mem))
+    assert accumulate_time_s("cpu", grads) == pytest.approx(3.0)
+    assert accumulate_time_s("no-such-device", grads) == 0.0
+    for m in (1, 4):
+        sim = simulate_pipeline(c, (0, 1), schedule=Schedule.NONE, num_microbatches=m)
+        base = simulate_pipeline(free, (0, 1), schedule=Schedule.NONE, num_microbatches=m)
+        # micro-batches run one after another: stage 0's M - 1 additions lengthen the step
+        assert sim.step_time_s == pytest.approx(base.step_time_s + 3.0 * (m - 1))
+        backward_s = {
+            e.microbatch: e.end_s - e.start_s
+            for e in sim.timeline
+            if e.kind is EventKind.BACKWARD and e.resource == "device 0"
+        }
+        assert backward_s == pytest.approx({mb: 8.0 / m + (3.0 if mb else 0.0) for mb in range(m)})
+
+
 def test_schedule_orders() -> None:
     assert stage_steps(Schedule.ONE_F_ONE_B, 4, 1, 5) == (
         (F, 0), (F, 1), (F, 2), (B, 0), (F, 3), (B, 1), (F, 4), (B, 2), (B, 3), (B, 4),
@@ -651,14 +677,25 @@ def test_a_loss_reading_two_heads_joins_the_later_head_so_any_contiguous_split_p
 
     f, b = Phase.FORWARD, Phase.BACKWARD
     ops = (
-        Op("fA", "X", "A", f), Op("fH1", "X", "H1", f), Op("fH2", "X", "H2", f),
-        Op("loss", "AddN", None, f), Op("dloss", "X", None, b),
-        Op("bH2", "X", "H2", b), Op("bH1", "X", "H1", b), Op("bA", "X", "A", b),
+        Op("fA", "X", "A", f),
+        Op("fH1", "X", "H1", f),
+        Op("fH2", "X", "H2", f),
+        Op("loss", "AddN", None, f),
+        Op("dloss", "X", None, b),
+        Op("bH2", "X", "H2", b),
+        Op("bH1", "X", "H1", b),
+        Op("bA", "X", "A", b),
     )
     edges = (
-        Edge("fA", "fH1", 8), Edge("fA", "fH2", 8), Edge("fH1", "loss", 8), Edge("fH2", "loss", 8),
-        Edge("loss", "dloss", 8), Edge("dloss", "bH2", 8), Edge("dloss", "bH1", 8),
-        Edge("bH2", "bA", 8), Edge("bH1", "bA", 8),
+        Edge("fA", "fH1", 8),
+        Edge("fA", "fH2", 8),
+        Edge("fH1", "loss", 8),
+        Edge("fH2", "loss", 8),
+        Edge("loss", "dloss", 8),
+        Edge("dloss", "bH2", 8),
+        Edge("dloss", "bH1", 8),
+        Edge("bH2", "bA", 8),
+        Edge("bH1", "bA", 8),
     )
     layers = tuple(LayerInfo(n, "Dense") for n in ("A", "H1", "H2"))
     graph = Graph("two_heads", ops, edges, layers, batch_size=4)
@@ -666,7 +703,10 @@ def test_a_loss_reading_two_heads_joins_the_later_head_so_any_contiguous_split_p
     assert graph.layer_graph.op_owner["dloss"] == "H2"
     topo = Topology(tuple(Device(i, "gpu", 1 << 30) for i in range(2)), Link("l", 0.0, 1e9))
     costed = CostedGraph(
-        graph, topo, ((1.0,) * len(ops),) * 2, tuple(LayerMemory(x.name, 0, 0, 0, 0) for x in layers)
+        graph,
+        topo,
+        ((1.0,) * len(ops),) * 2,
+        tuple(LayerMemory(x.name, 0, 0, 0, 0) for x in layers),
     )
     for placement in [(0, 0, 1), (0, 1, 1)]:
         staged = make_acyclic(placement, costed.problem())

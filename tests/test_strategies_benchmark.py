@@ -23,7 +23,6 @@ FAMILIES = {f.value for f in Family}
 TERMS = st.StepTerms(
     all_update_s=0.010,
     device_update_s={0: 0.004, 1: 0.006},
-    device_accumulate_s={0: 0.001, 1: 0.002},
     client_s=0.003,
 )
 
@@ -33,7 +32,7 @@ def row(
 ) -> st.StrategyRow:
     return st.StrategyRow(
         model="m", key=key, strategy=strategy, label=key,
-        predicted=st.Prediction(predicted_s, 0.0, 0.0, 0.0, 0.0),
+        predicted=st.Prediction(predicted_s, 0.0, 0.0, 0.0),
         measured_step_s=measured_s, chosen=chosen,
     )  # fmt: skip
 
@@ -49,23 +48,23 @@ def four_rows(auto: str = "data_parallel") -> list[st.StrategyRow]:
 
 
 def test_prediction_is_the_sum_of_its_terms() -> None:
-    p = st.Prediction(0.1, 0.02, 0.003, 0.004, 0.005, linear_s=0.2)
-    assert p.step_s == pytest.approx(0.132)
+    p = st.Prediction(0.1, 0.02, 0.003, 0.005, linear_s=0.2)
+    assert p.step_s == pytest.approx(0.128)
 
 
 def test_one_stage_rows_update_everything_and_have_no_client() -> None:
     single = Strategy(((0,),), (0, 0, 0))
     dp = Strategy(((0,), (1,)), (0, 0, 0))
-    assert st.predict_terms(single, 0.2, 0.0, TERMS) == st.Prediction(0.2, 0.0, 0.010, 0.0, 0.0)
-    assert st.predict_terms(dp, 0.1, 0.03, TERMS) == st.Prediction(0.1, 0.03, 0.010, 0.0, 0.0)
+    assert st.predict_terms(single, 0.2, 0.0, TERMS) == st.Prediction(0.2, 0.0, 0.010, 0.0)
+    assert st.predict_terms(dp, 0.1, 0.03, TERMS) == st.Prediction(0.1, 0.03, 0.010, 0.0)
 
 
 def test_stage_rows_wait_for_the_slower_worker_and_the_client() -> None:
     placed = Strategy(((0, 1),), (0, 1, 1))
     pipe = Strategy(((0, 1),), (0, 1, 1), 4, Schedule.ONE_F_ONE_B)
-    assert st.predict_terms(placed, 0.2, 0.0, TERMS) == st.Prediction(0.2, 0.0, 0.006, 0.0, 0.003)
+    assert st.predict_terms(placed, 0.2, 0.0, TERMS) == st.Prediction(0.2, 0.0, 0.006, 0.003)
     p = st.predict_terms(pipe, 0.15, 0.0, TERMS)
-    assert (p.update_s, p.accumulate_s, p.client_s) == pytest.approx((0.006, 3 * 0.002, 0.003))
+    assert (p.replica_s, p.update_s, p.client_s) == pytest.approx((0.15, 0.006, 0.003))
 
 
 def test_winners_agree_and_auto_is_measured_against_the_best() -> None:
@@ -121,7 +120,7 @@ def test_table_lists_every_row_with_speed_up_and_auto_mark() -> None:
 
 
 def test_calibration_json_round_trip() -> None:
-    pred = st.Prediction(0.1, 0.0, 0.01, 0.002, 0.003, linear_s=0.12)
+    pred = st.Prediction(0.1, 0.0, 0.01, 0.003, linear_s=0.12)
     cal = st.StrategyCalibration(
         zoo_json="{}",
         rows=(st.PlannedRow("1f1b", "pipeline", "x", 4, "1f1b", (("a", 0), ("b", 1)), pred),),

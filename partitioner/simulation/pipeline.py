@@ -41,6 +41,9 @@ send of ``s`` a transfer task on the channel's queue (``"link a->b"``, or ``"hos
 a channel shared across hosts, :meth:`~partitioner.core.ir.Topology.channel_between`), which starts
 when its producing task ends and feeds the destination stage's forward and/or backward task of
 the same micro-batch. ``B(s, m)`` also waits for ``F(s, m)``. Compute and transfers overlap.
+Every ``B(s, m)`` after the first also adds its weight gradients into the stage's running sums,
+as the pipelined rewrite does (:func:`accumulate_time_s`: memory-bound, three times the
+gradient bytes over the device's memory bandwidth); with ``M = 1`` there is nothing to add.
 
 **Schedules** fix the order of each device's compute queue: stage ``s`` of ``K`` runs its
 ``F`` and ``B`` tasks in the order :func:`partitioner.simulation.schedules.stage_steps` gives,
@@ -77,7 +80,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from partitioner.core.errors import PlanError, UsageError
+from cost_models.devices.catalog import get_device_type
+from partitioner.core.errors import PlanError, UnknownDeviceError, UsageError
 from partitioner.core.ir import (
     CostedGraph,
     EventKind,
@@ -139,6 +143,9 @@ class Stage:
     activation_bytes: int
     """Forward outputs the backward pass reads, for the whole batch."""
     sends: tuple[StageTransfer, ...] = ()
+    accumulate_time_s: float = 0.0
+    """Seconds to add one micro-batch's weight gradients into the stage's running sums
+    (:func:`accumulate_time_s`); every backward after the first pays it."""
 
     @property
     def forward_send_bytes(self) -> int:
@@ -366,7 +373,23 @@ def _make_stage(
         + max((m.transient_bytes for m in mems), default=0),
         activation_bytes=sum(m.activation_bytes for m in mems),
         sends=tuple(sorted(sends, key=lambda t: (t.phase is Phase.BACKWARD, t.dst_stage))),
+        accumulate_time_s=accumulate_time_s(
+            costed.topology.devices[device].device_type, sum(m.gradient_bytes for m in mems)
+        ),
     )
+
+
+def accumulate_time_s(device_type: str, gradient_bytes: int) -> float:
+    """Seconds to add ``gradient_bytes`` of one micro-batch's gradients into running sums of the
+    same size on a ``device_type`` device: memory-bound, ``3 x gradient_bytes`` (read the sum and
+    the new gradient, write the sum) over the device's memory bandwidth (the catalog's figure;
+    0 for a device type the catalog does not know). The pipelined rewrite does this on every
+    stage for every micro-batch after the first (:mod:`passes.rewrite.pipeline`)."""
+    try:
+        bandwidth = get_device_type(device_type).memory_bandwidth_bytes_per_s
+    except UnknownDeviceError:
+        return 0.0
+    return 3.0 * gradient_bytes / bandwidth if bandwidth > 0 else 0.0
 
 
 def fed_ops(graph: Graph) -> tuple[bool, ...]:
@@ -686,9 +709,8 @@ def _stage_tasks(
             )
             idx[(s, Phase.BACKWARD, mb)] = len(specs)
             deps = [idx[(s, Phase.FORWARD, mb)]]
-            specs.append(
-                _TaskSpec(res, st.backward_time_s / m, deps, EventKind.BACKWARD, f"stage {s}", mb)
-            )
+            backward_s = st.backward_time_s / m + (st.accumulate_time_s if mb > 0 else 0.0)
+            specs.append(_TaskSpec(res, backward_s, deps, EventKind.BACKWARD, f"stage {s}", mb))
     for st in stages:
         for t in st.sends:
             _add_transfers(specs, idx, stages, topology, t, m)

@@ -108,11 +108,13 @@ def test_interleaved_step_times_rank_batches_and_feed_the_calibration() -> None:
     from passes.trace import trace_model
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, name="wide")])
-    big, small = trace_model(model, batch_size=512), trace_model(model, batch_size=8)
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, name="wide")])
+    big, small = trace_model(model, batch_size=1024), trace_model(model, batch_size=64)
     pairs = [(t, step_inputs(t)) for t in (big, small)]
     big_s, small_s = interleaved_step_times(pairs, rounds=5, warmup=1)
-    assert big_s > small_s > 0  # 64x the rows: the big batch's step is the slower one
+    # 16x the rows (milliseconds of matmuls each, well above a call's cost): the big batch's
+    # step is the slower one
+    assert big_s > small_s > 0
     prof = profile_step_ops(big, pairs[0][1], steps=3, warmup=1, wall_steps=5)
     costed = cost_graph(big.graph, device_type="cpu", num_devices=2)
     out, factor = apply_step_profile(costed, prof, [0, 1], dispatch_s=1e-6)
