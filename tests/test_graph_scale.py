@@ -61,7 +61,7 @@ def test_step_simulation_is_unchanged(costed: CostedGraph) -> None:
 @pytest.mark.parametrize(
     ("schedule", "simulated", "evaluated"),
     [
-        (Schedule.GPIPE, "891e3b3f643a598c", "cf742270fa25e15b"),
+        (Schedule.GPIPE, "a575135a63378d1e", "3e44ad6746a992c7"),
         (Schedule.ONE_F_ONE_B, "ff5ededb88dedf76", "662bb76d9a506e8d"),
     ],
 )

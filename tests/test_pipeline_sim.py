@@ -386,6 +386,14 @@ def test_every_backward_after_the_first_adds_its_gradients_into_the_sums() -> No
             if e.kind is EventKind.BACKWARD and e.resource == "device 0"
         }
         assert backward_s == pytest.approx({mb: 8.0 / m + (3.0 if mb else 0.0) for mb in range(m)})
+    # GPipe runs B3 B2 B1 B0: the first backward it runs (B3) starts the sums, the others add.
+    gpipe = simulate_pipeline(c, (0, 1), schedule=Schedule.GPIPE, num_microbatches=4)
+    backward_s = {
+        e.microbatch: e.end_s - e.start_s
+        for e in gpipe.timeline
+        if e.kind is EventKind.BACKWARD and e.resource == "device 0"
+    }
+    assert backward_s == pytest.approx({0: 5.0, 1: 5.0, 2: 5.0, 3: 2.0})
 
 
 def test_schedule_orders() -> None:

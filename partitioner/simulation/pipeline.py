@@ -41,8 +41,8 @@ send of ``s`` a transfer task on the channel's queue (``"link a->b"``, or ``"hos
 a channel shared across hosts, :meth:`~partitioner.core.ir.Topology.channel_between`), which starts
 when its producing task ends and feeds the destination stage's forward and/or backward task of
 the same micro-batch. ``B(s, m)`` also waits for ``F(s, m)``. Compute and transfers overlap.
-Every ``B(s, m)`` after the first also adds its weight gradients into the stage's running sums,
-as the pipelined rewrite does (:func:`accumulate_time_s`: memory-bound, three times the
+Every ``B(s, m)`` but the first the stage runs also adds its weight gradients into the stage's
+running sums, as the pipelined rewrite does (:func:`accumulate_time_s`: memory-bound, three times the
 gradient bytes over the device's memory bandwidth); with ``M = 1`` there is nothing to add.
 
 **Schedules** fix the order of each device's compute queue: stage ``s`` of ``K`` runs its
@@ -627,7 +627,7 @@ def simulate_stages(
     m = num_microbatches
     n_dev = topology.num_devices
     _check_stages(stages, n_dev)
-    tasks, idx = _stage_tasks(stages, topology, m)
+    tasks, idx = _stage_tasks(stages, topology, m, schedule)
     orders = _device_orders(stages, idx, schedule, m)
     start, end = run_tasks(tasks, orders)
     step = max(end, default=0.0)
@@ -695,13 +695,16 @@ class _TaskSpec:
 
 
 def _stage_tasks(
-    stages: Sequence[Stage], topology: Topology, m: int
+    stages: Sequence[Stage], topology: Topology, m: int, schedule: Schedule
 ) -> tuple[list[SimTask], _TaskIndex]:
-    """Every stage's ``F`` and ``B`` task per micro-batch, then every send's transfer tasks."""
+    """Every stage's ``F`` and ``B`` task per micro-batch, then every send's transfer tasks.
+    Every backward but the first the stage runs adds into the gradient sums (module docstring)."""
     idx: _TaskIndex = {}
     specs: list[_TaskSpec] = []
     for s, st in enumerate(stages):
         res = device_resource(st.device)
+        steps = stage_steps(schedule, len(stages), s, m)
+        first = next(x.microbatch for x in steps if x.phase is Phase.BACKWARD)
         for mb in range(m):
             idx[(s, Phase.FORWARD, mb)] = len(specs)
             specs.append(
@@ -709,7 +712,7 @@ def _stage_tasks(
             )
             idx[(s, Phase.BACKWARD, mb)] = len(specs)
             deps = [idx[(s, Phase.FORWARD, mb)]]
-            backward_s = st.backward_time_s / m + (st.accumulate_time_s if mb > 0 else 0.0)
+            backward_s = st.backward_time_s / m + (st.accumulate_time_s if mb != first else 0.0)
             specs.append(_TaskSpec(res, backward_s, deps, EventKind.BACKWARD, f"stage {s}", mb))
     for st in stages:
         for t in st.sends:
