@@ -42,8 +42,8 @@ a channel shared across hosts, :meth:`~partitioner.core.ir.Topology.channel_betw
 when its producing task ends and feeds the destination stage's forward and/or backward task of
 the same micro-batch. ``B(s, m)`` also waits for ``F(s, m)``. Compute and transfers overlap.
 Every ``B(s, m)`` but the first the stage runs also adds its weight gradients into the stage's
-running sums, as the pipelined rewrite does (:func:`accumulate_time_s`: memory-bound, three times the
-gradient bytes over the device's memory bandwidth); with ``M = 1`` there is nothing to add.
+running sums, as the pipelined rewrite does (:func:`accumulate_time_s`: memory-bound, three
+times the gradient bytes over the device's memory bandwidth); with ``M = 1`` nothing is added.
 
 **Schedules** fix the order of each device's compute queue: stage ``s`` of ``K`` runs its
 ``F`` and ``B`` tasks in the order :func:`partitioner.simulation.schedules.stage_steps` gives,
@@ -145,7 +145,7 @@ class Stage:
     sends: tuple[StageTransfer, ...] = ()
     accumulate_time_s: float = 0.0
     """Seconds to add one micro-batch's weight gradients into the stage's running sums
-    (:func:`accumulate_time_s`); every backward after the first pays it."""
+    (:func:`accumulate_time_s`); every backward but the first one the stage runs pays it."""
 
     @property
     def forward_send_bytes(self) -> int:
@@ -384,7 +384,7 @@ def accumulate_time_s(device_type: str, gradient_bytes: int) -> float:
     same size on a ``device_type`` device: memory-bound, ``3 x gradient_bytes`` (read the sum and
     the new gradient, write the sum) over the device's memory bandwidth (the catalog's figure;
     0 for a device type the catalog does not know). The pipelined rewrite does this on every
-    stage for every micro-batch after the first (:mod:`passes.rewrite.pipeline`)."""
+    stage in every backward but the first one it runs (:mod:`passes.rewrite.pipeline`)."""
     try:
         bandwidth = get_device_type(device_type).memory_bandwidth_bytes_per_s
     except UnknownDeviceError:
