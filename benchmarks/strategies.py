@@ -505,6 +505,7 @@ class ProfiledCosts:
         self._wall_rounds = wall_rounds
         self._dispatch_s = calibrated_roofline("cpu").dispatch_overhead_s
         self._traces: dict[int, Any] = {}
+        self._step_inputs: dict[int, list[Any]] = {}
         self._costed: dict[int, Any] = {}
         self.step_factors: dict[int, tuple[float, float]] = {}
         """Per profiled batch: (the factor on its op times, the measured whole step)."""
@@ -516,13 +517,20 @@ class ProfiledCosts:
             self._traces[batch] = trace_model(self._model, batch_size=batch)
         return self._traces[batch]
 
-    def _op_profile(self, batch: int, wall_steps: int) -> Any:
-        from cost_models.measure.op_profile import profile_step_ops, step_inputs
+    def _inputs(self, batch: int) -> list[Any]:
+        from cost_models.measure.op_profile import step_inputs
 
-        traced = self._trace(batch)
+        if batch not in self._step_inputs:
+            self._step_inputs[batch] = step_inputs(self._trace(batch))
+        return self._step_inputs[batch]
+
+    def _op_profile(self, batch: int, wall_steps: int) -> Any:
+        from cost_models.measure.op_profile import profile_step_ops
+
         return profile_step_ops(
-            traced, step_inputs(traced), steps=self._reps, warmup=2, wall_steps=wall_steps
-        )
+            self._trace(batch), self._inputs(batch), steps=self._reps, warmup=2,
+            wall_steps=wall_steps,
+        )  # fmt: skip
 
     def _calibrate(self, batch: int, profile: Any) -> None:
         from cost_models.estimate.costs import cost_graph
@@ -537,11 +545,11 @@ class ProfiledCosts:
 
     def prepare(self, batches: Sequence[int]) -> None:
         """Profile each of ``batches`` not yet costed, then time their whole steps together."""
-        from cost_models.measure.op_profile import interleaved_step_times, step_inputs
+        from cost_models.measure.op_profile import interleaved_step_times
 
         todo = sorted({b for b in batches if b not in self._costed}, reverse=True)
         profiles = [self._op_profile(b, wall_steps=1) for b in todo]
-        pairs = [(self._trace(b), step_inputs(self._trace(b))) for b in todo]
+        pairs = [(self._trace(b), self._inputs(b)) for b in todo]
         walls = interleaved_step_times(pairs, rounds=self._wall_rounds, warmup=1)
         for b, prof, wall in zip(todo, profiles, walls, strict=True):
             self._calibrate(b, replace(prof, step_time_s=wall))

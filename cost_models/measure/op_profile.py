@@ -286,9 +286,7 @@ def profile_step_ops(
         raise PartitionError(
             f"steps={steps} and wall_steps={walls_n} must be >= 1 and warmup={warmup} >= 0"
         )
-    fn = trace.step_function
-    if fn is None:
-        raise PartitionError("the trace has no step function; trace the model with passes.trace")
+    fn = _step_function(trace)
     graph: Graph = trace.graph
     run, run_empty = _step_runners(fn, inputs)
     for _ in range(warmup):
@@ -315,6 +313,13 @@ def profile_step_ops(
         profiled_steps=steps,
         num_events=len(events),
     )
+
+
+def _step_function(trace: Any) -> Any:
+    """The traced step's ``tf.function``, or a :class:`PartitionError` saying how to get one."""
+    if trace.step_function is None:
+        raise PartitionError("the trace has no step function; trace the model with passes.trace")
+    return trace.step_function
 
 
 def _step_runners(fn: Any, inputs: Sequence[Any]) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -368,13 +373,7 @@ def interleaved_step_times(
     """
     if rounds < 1 or warmup < 0:
         raise PartitionError(f"rounds={rounds} must be >= 1 and warmup={warmup} >= 0")
-    runners = []
-    for trace, inputs in steps:
-        if trace.step_function is None:
-            raise PartitionError(
-                "the trace has no step function; trace the model with passes.trace"
-            )
-        runners.append(_step_runners(trace.step_function, inputs))
+    runners = [_step_runners(_step_function(trace), inputs) for trace, inputs in steps]
     for run, run_empty in runners:
         for _ in range(warmup):
             run()
