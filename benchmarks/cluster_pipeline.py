@@ -146,7 +146,7 @@ def time_steps(step: Callable[[], Any], steps: int, warmup: int) -> list[float]:
     return samples
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -158,11 +158,11 @@ def time_steps_with_cpu(
     """Step times, and each process's CPU seconds per wall second over the timed steps."""
     for _ in range(warmup):
         step()
-    cpu0 = [_cpu_seconds(p) for p in pids]
+    cpu0 = [cpu_seconds(p) for p in pids]
     wall0 = time.perf_counter()
     samples = time_steps(step, steps, 0)
     wall = time.perf_counter() - wall0
-    return samples, tuple((_cpu_seconds(p) - c) / wall for p, c in zip(pids, cpu0))
+    return samples, tuple((cpu_seconds(p) - c) / wall for p, c in zip(pids, cpu0))
 
 
 def _median_time(fn: Callable[[], Any], reps: int) -> float:

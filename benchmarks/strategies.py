@@ -35,8 +35,11 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   all-reduce fit, see below), plus the update of every variable (each replica updates its
   whole copy).
 * ``placed`` / ``pipeline`` (GPipe and 1F1B) -- **measured**: the plan of
-  ``partition(..., pipeline=True, profile_ops=True)`` on the two workers, exactly as
-  :func:`benchmarks.cluster_zoo.measure_model` runs it. **Predicted**: ``simulate_strategy`` of
+  ``partition(..., pipeline=True, profile_ops=True)`` on the two workers
+  (:func:`passes.cluster.runtime.place_on_cluster`, ``train_on_batch`` from this process), every
+  workers' row of the model (and ``auto``'s, below) timed in **interleaved rounds**, one step of
+  each per round, beside two references: the whole model placed on each worker alone
+  (:func:`measure_cluster_rows`). **Predicted**: ``simulate_strategy`` of
   R = 1, S = 2 with the plan's layer placement and ``M`` (``M = 1`` for ``placed``), on the
   graph costed at ``B`` with each op's time that of the micro-batch ``B / M`` times ``M``
   (:func:`~partitioner.simulation.strategy.microbatch_costed`, as the planner prices a pipeline:
@@ -46,7 +49,14 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   :func:`partitioner.simulation.pipeline.accumulate_time_s`), plus the slower worker's update
   (timed on the core), feeding the batch from the client over the link, and the client's fixed
   cost of a step on the cluster (a no-op step); ``cluster_zoo_predicted_s`` is the cluster_zoo
-  prediction (stage-level, measured stage times).
+  prediction (stage-level, measured stage times). **Worker scale**: the calibration process
+  profiles minutes before the workers run, and this machine's speed drifts by about 10% over
+  minutes (the same one-core step in four processes taking turns: within 4% of each other;
+  the halves of one 20-round run: up to 15% apart). So the terms timed on a core (the
+  simulated step and the update) of every workers' row are scaled by the references' step
+  over the single row's prediction of it (:func:`worker_scale`, the JSON's ``worker_scale``
+  and ``worker_reference_s``): the workers' speed in the same rounds as the rows, measured on
+  the references alone, never fitted to a row. Unscaled: ``predicted_terms_s`` summed.
 * ``auto``'s choice -- ``search_strategies(costed_at, B, StrategyOptions(GPipe and 1F1B))`` on
   a topology of two ``cpu`` devices joined by the fitted loopback link
   (:func:`benchmarks.cluster_zoo.loopback_topology`) with the measured all-reduce fit. When its strategy is one of the rows above
@@ -108,7 +118,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -118,9 +128,9 @@ from benchmarks.cluster_pipeline import (
     QUIET_CPU_SHARE,
     REPO_ROOT,
     LinkFit,
+    cpu_seconds,
     measure_link,
     time_steps,
-    time_steps_with_cpu,
 )
 from benchmarks.collective_fit import (
     INTER_OP_THREADS,
@@ -181,10 +191,22 @@ class Prediction:
     client_s: float
     linear_s: float | None = None
     """The same step with ``costed_at(B / R)`` for a pipeline (the simulator's linear scaling)."""
+    worker_scale: float = 1.0
+    """The workers' speed against the calibration process's (:func:`worker_scale`): every term
+    timed on a core is scaled by it on the rows the workers run; 1.0 on the other rows."""
 
     @property
     def step_s(self) -> float:
-        return self.replica_s + self.all_reduce_s + self.update_s + self.client_s
+        on_core = self.replica_s + self.all_reduce_s + self.update_s
+        return self.worker_scale * on_core + self.client_s
+
+    def on_workers(self, scale: float) -> Prediction:
+        """This prediction with the terms timed on a core scaled by ``scale`` (the client's
+        terms are the link's and stay); ``linear_s`` likewise."""
+        linear = self.linear_s
+        if linear is not None:
+            linear = scale * (linear - self.client_s) / self.worker_scale + self.client_s
+        return replace(self, worker_scale=scale, linear_s=linear)
 
 
 @dataclass(frozen=True)
@@ -233,6 +255,8 @@ class StrategyRow:
     schedule: str = "none"
     chosen: bool = False
     cluster_zoo_predicted_s: float | None = None
+    worker_reference_s: tuple[float, ...] = ()
+    """On the workers' rows: each worker's step of the whole model alone (:func:`worker_scale`)."""
 
     @property
     def predicted_step_s(self) -> float:
@@ -300,6 +324,7 @@ def records(rows: Sequence[StrategyRow]) -> list[dict[str, Any]]:
                 "num_microbatches": r.num_microbatches, "schedule": r.schedule,
                 "error": r.error, "predicted_terms_s": asdict(r.predicted),
                 "cluster_zoo_predicted_s": r.cluster_zoo_predicted_s,
+                "worker_reference_s": list(r.worker_reference_s),
                 "samples_s": list(r.samples_s), "cpu_share": list(r.cpu_share),
             }
         )  # fmt: skip
@@ -329,6 +354,13 @@ def format_table(rows: Sequence[StrategyRow], header: Sequence[str] = ()) -> str
             f"{r.strategy:<14} {r.label:<34} {_ms(r.predicted_step_s):>12} "
             f"{_ms(r.measured_step_s):>11} {_pct(r.error):>7} {speed:>8} "
             f"{'/'.join(f'{c:.2f}' for c in r.cpu_share):>10} {'auto' if r.chosen else '':>6}"
+        )
+    scaled = next((r for r in rows if r.worker_reference_s), None)
+    if scaled is not None:
+        alone = " and ".join(_ms(t) for t in scaled.worker_reference_s)
+        lines.append(
+            f"the whole model alone on each worker, timed in the workers' rounds: {alone} ms; "
+            f"the workers' rows scale their core terms by {scaled.predicted.worker_scale:.3f}"
         )
     agree = {True: "yes", False: "NO", None: "not measured"}[v.winners_agree]
     lines.append(
@@ -880,43 +912,133 @@ def measure_data_parallel(
 # -- the cluster side ----------------------------------------------------------------------------
 
 
-def measure_on_cluster(
-    spec: cz.ModelSpec, row: PlannedRow, handle: Any, tasks: Sequence[str], pids: Sequence[int],
-    *, steps: int, warmup: int,
-) -> Measured:  # fmt: skip
-    """auto's row when it is none of the plan's: its placement (pipelined when ``M > 1``)."""
+ONE_PROCESS_KEYS = ("single", "data_parallel")
+"""The rows whose replicas run in processes of their own; every other row runs on the workers."""
+
+
+@dataclass(frozen=True)
+class ClusterMeasurement:
+    """The workers' rows, and the whole model on each worker alone, timed in the same rounds."""
+
+    rows: Mapping[str, Measured]
+    reference_s: tuple[float, ...]
+    """Per worker: the median step of the whole model placed on it alone."""
+
+
+def time_interleaved(
+    steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, pids: Sequence[int]
+) -> dict[str, Measured]:
+    """Each of ``steps`` timed once per round for ``rounds`` rounds (after ``warmup`` rounds),
+    so that the machine's drift over the minutes they take falls on all of them alike; each
+    one's CPU seconds per wall second of its own steps, per process of ``pids``."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    samples: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [0.0] * len(pids) for k in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            before = [cpu_seconds(p) for p in pids]
+            t0 = time.perf_counter()
+            step()
+            samples[key].append(time.perf_counter() - t0)
+            cpu[key] = [c + cpu_seconds(p) - b for c, p, b in zip(cpu[key], pids, before)]
+    return {
+        k: Measured(statistics.median(v), tuple(v), tuple(c / max(sum(v), 1e-9) for c in cpu[k]))
+        for k, v in samples.items()
+    }
+
+
+def measure_cluster_rows(
+    spec: cz.ModelSpec, rows: Sequence[PlannedRow], handle: Any, tasks: Sequence[str],
+    pids: Sequence[int], *, steps: int, warmup: int,
+) -> ClusterMeasurement:  # fmt: skip
+    """The workers' rows (their placement, pipelined when ``M > 1``) and the whole model on
+    each worker alone, in interleaved rounds (:func:`time_interleaved`)."""
     from passes.cluster.runtime import place_on_cluster
 
     model = spec.build()
     xs, y = cz.make_data(model, spec.batch_size)
-    layer_devices = {name: tasks[d] for name, d in row.layer_devices}
-    pipelined: dict[str, Any] = {}
-    if row.num_microbatches > 1:
-        pipelined = {"num_microbatches": row.num_microbatches, "schedule": Schedule(row.schedule)}
-    placed = place_on_cluster(model, layer_devices, [x[:1] for x in xs], handle, **pipelined)
-    cz.compile_model(placed)
-    samples, shares = time_steps_with_cpu(
-        lambda: placed.train_on_batch(xs, y), steps, warmup, [*pids, os.getpid()]
+    sample = [x[:1] for x in xs]
+    names = [name for name, _ in rows[0].layer_devices]
+    placements: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+        f"worker {d} alone": (dict.fromkeys(names, task), {}) for d, task in enumerate(tasks)
+    }
+    for row in rows:
+        pipelined: dict[str, Any] = {}
+        if row.num_microbatches > 1:
+            pipelined = {
+                "num_microbatches": row.num_microbatches,
+                "schedule": Schedule(row.schedule),
+            }
+        placements[row.key] = ({name: tasks[d] for name, d in row.layer_devices}, pipelined)
+    step_of: dict[str, Callable[[], Any]] = {}
+    for key, (layer_devices, pipelined) in placements.items():
+        placed = place_on_cluster(model, layer_devices, sample, handle, **pipelined)
+        cz.compile_model(placed)
+
+        def step(placed: Any = placed) -> Any:
+            return placed.train_on_batch(xs, y)
+
+        step_of[key] = step
+    timed = time_interleaved(step_of, steps, warmup, [*pids, os.getpid()])
+    measured = {k: replace(m, cpu_share=m.cpu_share[: len(pids)]) for k, m in timed.items()}
+    return ClusterMeasurement(
+        {row.key: measured[row.key] for row in rows},
+        tuple(measured[f"worker {d} alone"].step_s for d in range(len(tasks))),
     )
-    return Measured(statistics.median(samples), tuple(samples), shares[:2])
+
+
+def worker_scale(single: Prediction, client_s: float, reference_s: Sequence[float]) -> float:
+    """How much slower (> 1) or faster the workers run a step than the calibration process
+    predicted: the whole model on one worker alone, less the client's terms, over the single
+    row's predicted step (the same step, predicted from the calibration process's profile),
+    averaged over the workers. The rows the workers run scale their core terms by it
+    (:meth:`Prediction.on_workers`); it is measured on the references alone, never on a row."""
+    if not reference_s or single.step_s <= 0:
+        return 1.0
+    return (statistics.fmean(reference_s) - client_s) / single.step_s
+
+
+def zoo_predicted(spec: cz.ModelSpec, cal: Any, link: LinkFit) -> dict[str, float]:
+    """cluster_zoo's stage-level predictions of the plan's placed, GPipe and 1F1B rows."""
+    out = {"placed": cz.predict_placed(cal, link)}
+    for key, schedule in (("gpipe", Schedule.GPIPE), ("1f1b", Schedule.ONE_F_ONE_B)):
+        out[key] = cz.predict_pipelined(
+            cal.micro_stages, link, schedule=schedule, num_microbatches=spec.num_microbatches,
+            update_s=cal.device_update_s, accumulate_s=cal.device_accumulate_s,
+            feed_bytes=cal.feed_bytes,
+        )[0]  # fmt: skip
+    return out
 
 
 def assemble_rows(
-    spec: cz.ModelSpec, scal: StrategyCalibration, measured: Mapping[str, Measured]
-) -> list[StrategyRow]:
-    """The rows of one model: each planned row with its measurement, auto's marked chosen."""
+    spec: cz.ModelSpec, scal: StrategyCalibration, measured: Mapping[str, Measured],
+    cluster: ClusterMeasurement | None = None,
+) -> list[StrategyRow]:  # fmt: skip
+    """The rows of one model: each planned row with its measurement, auto's marked chosen, the
+    workers' rows scaled to the workers' measured speed (:func:`worker_scale`)."""
+    scale, reference = 1.0, tuple[float, ...]()
+    workers = [p for p in scal.rows if p.key not in ONE_PROCESS_KEYS]
+    if cluster is not None and workers:
+        single = next(p.predicted for p in scal.rows if p.key == "single")
+        reference = cluster.reference_s
+        scale = worker_scale(single, workers[0].predicted.client_s, reference)
     out = []
     for p in scal.rows:
         m = measured.get(p.key)
+        on_workers = p.key not in ONE_PROCESS_KEYS
         out.append(
             StrategyRow(
                 model=spec.label, key=p.key, strategy=p.strategy, label=p.label,
-                predicted=p.predicted, measured_step_s=None if m is None else m.step_s,
+                predicted=p.predicted.on_workers(scale) if on_workers else p.predicted,
+                measured_step_s=None if m is None else m.step_s,
                 samples_s=() if m is None else m.samples_s,
                 cpu_share=() if m is None else m.cpu_share,
                 num_microbatches=p.num_microbatches, schedule=p.schedule,
                 chosen=p.key == scal.auto_key,
                 cluster_zoo_predicted_s=None if m is None else m.reference_predicted_s,
+                worker_reference_s=reference if on_workers else (),
             )
         )  # fmt: skip
     return out
@@ -939,20 +1061,19 @@ def measure_spec(
     measured = {
         "single": Measured(cal.single_step_s, cal.single_step_samples_s, (cal.single_cpu_share,))
     }
-    if any(p.key == "1f1b" for p in scal.rows):
-        result = cz.measure_model(spec, cal, link, handle, tasks, pids, steps=steps, warmup=warmup)
-        for key, row in zip(("placed", "gpipe", "1f1b"), result.rows):
-            measured[key] = Measured(
-                row.measured_s, row.samples_s, row.worker_cpu_share, row.predicted_s
-            )
+    on_workers = [p for p in scal.rows if p.key not in ONE_PROCESS_KEYS]
+    timed: ClusterMeasurement | None = None
+    if on_workers:
+        say(f"{spec.key}: {', '.join(p.key for p in on_workers)} on the workers ...\n")
+        timed = measure_cluster_rows(
+            spec, on_workers, handle, tasks, pids, steps=steps, warmup=warmup
+        )
+        zoo = zoo_predicted(spec, cal, link) if any(p.key == "1f1b" for p in scal.rows) else {}
+        for key, m in timed.rows.items():
+            measured[key] = replace(m, reference_predicted_s=zoo.get(key))
     say(f"{spec.key}: data parallel ...\n")
     measured["data_parallel"] = measure_data_parallel(spec, cores, steps=steps, warmup=warmup)
-    auto = [p for p in scal.rows if p.key == "auto"]
-    if auto:
-        measured["auto"] = measure_on_cluster(
-            spec, auto[0], handle, tasks, pids, steps=steps, warmup=warmup
-        )
-    return scal, assemble_rows(spec, scal, measured)
+    return scal, assemble_rows(spec, scal, measured, timed)
 
 
 def header(spec: cz.ModelSpec, scal: StrategyCalibration, steps: int, warmup: int) -> list[str]:

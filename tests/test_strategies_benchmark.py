@@ -67,6 +67,52 @@ def test_stage_rows_wait_for_the_slower_worker_and_the_client() -> None:
     assert (p.replica_s, p.update_s, p.client_s) == pytest.approx((0.15, 0.006, 0.003))
 
 
+def test_the_worker_scale_scales_the_core_terms_and_keeps_the_client_s() -> None:
+    p = st.Prediction(0.2, 0.0, 0.01, 0.005, linear_s=0.3)
+    scaled = p.on_workers(1.1)
+    assert scaled.step_s == pytest.approx(1.1 * 0.21 + 0.005)
+    assert scaled.linear_s == pytest.approx(1.1 * (0.3 - 0.005) + 0.005)
+    assert scaled.on_workers(1.0) == st.Prediction(0.2, 0.0, 0.01, 0.005, linear_s=0.3)
+
+
+def test_the_worker_scale_is_the_references_over_the_single_prediction() -> None:
+    single = st.Prediction(0.40, 0.0, 0.02, 0.0)
+    # the whole model alone on the workers took 0.47 and 0.49 s, 0.01 s of it the client's
+    assert st.worker_scale(single, 0.01, (0.47, 0.49)) == pytest.approx(0.47 / 0.42)
+    assert st.worker_scale(single, 0.01, ()) == 1.0
+
+
+def test_assembled_rows_scale_only_the_workers_rows() -> None:
+    pred = st.Prediction(0.4, 0.0, 0.02, 0.0)
+    pipe = st.Prediction(0.25, 0.0, 0.01, 0.01)
+    scal = st.StrategyCalibration(
+        zoo_json="{}",
+        rows=(
+            st.PlannedRow("single", "single", "1", 1, "none", (("a", 0),), pred),
+            st.PlannedRow("data_parallel", "data_parallel", "dp", 1, "none", (("a", 0),), pred),
+            st.PlannedRow("1f1b", "pipeline", "p", 4, "1f1b", (("a", 1),), pipe),
+        ),
+        auto_key="1f1b", auto_words="x", search_step_s=0.2,
+    )  # fmt: skip
+    measured = {k: st.Measured(0.5, (0.5,), (1.0,)) for k in ("single", "data_parallel", "1f1b")}
+    cluster = st.ClusterMeasurement({"1f1b": measured["1f1b"]}, (0.43, 0.45))
+    rows = st.assemble_rows(st.SPECS["mlp_tiny"], scal, measured, cluster)
+    scale = (0.44 - 0.01) / 0.42
+    assert [r.predicted.worker_scale for r in rows] == pytest.approx([1.0, 1.0, scale])
+    assert rows[2].predicted_step_s == pytest.approx(scale * 0.26 + 0.01)
+    assert [r.worker_reference_s for r in rows] == [(), (), (0.43, 0.45)]
+    assert st.records(rows)[2]["predicted_terms_s"]["worker_scale"] == pytest.approx(scale)
+
+
+def test_interleaved_timing_runs_every_step_once_a_round() -> None:
+    calls: list[str] = []
+    steps = {k: (lambda k=k: calls.append(k)) for k in ("a", "b")}
+    timed = st.time_interleaved(steps, rounds=3, warmup=1, pids=[os.getpid()])
+    assert calls == ["a", "b"] * 4
+    assert [len(m.samples_s) for m in timed.values()] == [3, 3]
+    assert all(m.step_s >= 0 and len(m.cpu_share) == 1 for m in timed.values())
+
+
 def test_winners_agree_and_auto_is_measured_against_the_best() -> None:
     v = st.verdict(four_rows())
     assert (v.predicted_winner, v.measured_winner, v.winners_agree) == (
