@@ -68,7 +68,7 @@ The all-reduce is priced by a **measured collective fit**, not by the loopback l
 model, :func:`benchmarks.collective_fit.measure_all_reduce` times
 ``MultiWorkerMirroredStrategy``'s batched all-reduce (the call Keras's optimizer makes on the
 gradients) on two processes pinned to the two cores at 0.1 to 64 MB, fits ``latency + bytes /
-bandwidth`` (ordinary least squares) and the loopback topology the predictions and
+bandwidth`` (least squares of the relative errors) and the loopback topology the predictions and
 the search use carries it (``Topology.all_reduce``, which
 :mod:`cost_models.estimate.collectives` prefers to the link estimate). The fit sees only the
 collective, never a training step; the JSON's ``all_reduce_fit`` holds it and its raw points.
@@ -458,7 +458,9 @@ README_ROW_WHAT = (
     "every strategy family on two single-core loopback workers (issue 16): one process, data "
     "parallel (`MultiWorkerMirroredStrategy`), placed, GPipe / 1F1B and `auto`'s choice, "
     "predicted (op times profiled inside the step with a whole-step calibration, a pipeline "
-    "priced at its micro-batch, the all-reduce from a measured MWMS fit) beside measured"
+    "priced at its micro-batch, the all-reduce from a measured MWMS fit; the workers' rows "
+    "timed in interleaved rounds and scaled to the whole model's step on each worker alone in "
+    "those rounds) beside measured"
 )
 
 

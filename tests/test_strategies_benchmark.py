@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -220,6 +221,17 @@ def test_the_collective_fit_recovers_a_line_and_round_trips() -> None:
     assert through_origin[0] == 0.0 and through_origin[1] > 0  # a negative intercept is refitted
     with pytest.raises(ValueError, match="two or more sizes"):
         cf.fit_latency_bandwidth([(1000, 1e-3), (1000, 2e-3)])
+    # a curve bending up at the largest size (as measured here): the relative fit keeps the
+    # worst relative error below ordinary least squares', which the largest point drives
+    bent = [(10**5, 4e-3), (10**6, 5.5e-3), (4 * 10**6, 18e-3), (16 * 10**6, 50e-3),
+            (32 * 10**6, 115e-3), (64 * 10**6, 310e-3)]  # fmt: skip
+    ols = statistics.linear_regression([b for b, _ in bent], [t for _, t in bent])
+    lat, bw = cf.fit_latency_bandwidth(bent)
+
+    def worst(a: float, per_byte: float) -> float:
+        return max(abs((a + b * per_byte) / t - 1) for b, t in bent)
+
+    assert worst(lat, 1 / bw) < worst(max(ols.intercept, 0.0), ols.slope)
     fit = cf.CollectiveFit(latency, bandwidth, tuple(points), ((1.0, 2.0),) * 6, "measured")
     assert cf.CollectiveFit.from_json_dict(json.loads(json.dumps(fit.to_json_dict()))) == fit
     assert fit.to_ir() == AllReduceFit(latency, bandwidth, 2, "measured")
