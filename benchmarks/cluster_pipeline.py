@@ -6,8 +6,9 @@
 Logical CPU devices in one process share one thread pool, so parallel speed is measured with
 separate processes: a TensorFlow cluster of two ``partition worker`` processes on 127.0.0.1,
 each pinned to its own core with one intra-op thread (each kernel on one core) and the worker's
-default of two inter-op threads (with one, a stage's sends wait behind its queued forwards:
-see :mod:`partitioner.cli.worker`), and this process as the client (:func:`passes.cluster.runtime.connect`),
+default inter-op threads (with too few, a stage's sends wait behind its queued kernels: see
+:mod:`partitioner.cli.worker`; four since issue 16's seventh session, two before, as the
+committed ``benchmarks/results/cluster_pipeline.json`` was measured), and this process as the client (:func:`passes.cluster.runtime.connect`),
 not pinned (it mostly waits; its CPU share is shown).
 
 The model is a balanced two-stage MLP: ``2 x layers`` Dense layers of ``width`` units (ReLU, the

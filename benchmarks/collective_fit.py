@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from partitioner.cli.worker import MIN_INTER_OP_THREADS
 from partitioner.core.ir import AllReduceFit
 
 __all__ = [
@@ -48,7 +49,7 @@ SIZES_BYTES = (100_000, 1_000_000, 4_000_000, 16_000_000, 32_000_000, 64_000_000
 """Total bytes of the all-reduced tensors per point (0.1 to 64 MB)."""
 NUM_TENSORS = 8
 """Tensors per all-reduce (a model's gradients are a list; Keras batches them in one call)."""
-INTER_OP_THREADS = 2
+INTER_OP_THREADS = MIN_INTER_OP_THREADS
 """Inter-op threads of every TensorFlow process of the two-core benchmarks (one intra-op thread
 each): ``partition worker``'s default, the data-parallel processes, and the process that
 profiles and calibrates (benchmarks.strategies), so that the ops are timed as they run."""

@@ -13,7 +13,7 @@ steps after warm-up.
 Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Family`):
 
 * ``single`` -- **measured**: ``train_on_batch`` in one process pinned to one core, one intra-op
-  thread and two inter-op threads (:func:`benchmarks.cluster_zoo.calibrate`). Every process of
+  thread and ``INTER_OP_THREADS`` inter-op threads (:func:`benchmarks.cluster_zoo.calibrate`). Every process of
   this benchmark (the calibration, the workers, the data-parallel pair) has the same thread
   counts (``benchmarks.collective_fit.INTER_OP_THREADS``), so that ops are profiled as they run:
   one inter-op thread instead of two changed a one-core ``train_on_batch`` from 567 to 460 ms
@@ -22,7 +22,7 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   variable (timed on the core).
 * ``data_parallel`` -- **measured**: ``tf.distribute.MultiWorkerMirroredStrategy`` with two
   SPMD processes (this module's ``--role dp``), ``TF_CONFIG`` naming two 127.0.0.1 ports, each
-  process pinned to one of the two cores (one intra-op, two inter-op threads, as the cluster
+  process pinned to one of the two cores (one intra-op thread, the workers' inter-op threads, as the cluster
   workers), a custom training loop (``strategy.run`` of forward, ``GradientTape`` backward and
   ``optimizer.apply_gradients``, whose Keras implementation all-reduces the gradients in one
   batched ring collective over gRPC); each process feeds its own half of the global batch (no
@@ -98,13 +98,13 @@ Not modelled: Python and Keras overhead of a step outside the traced ops (Keras 
 any contention between the two processes beyond their cores (memory bandwidth, the loopback
 stack's CPU time). Hybrid strategies need four devices: the search may score none here.
 
-Known gap, measured and not yet explained: on the two workers, the backward passes of branches
-placed on different workers overlap far less than the simulator overlaps them. multi_tower with
-towers 0-1 on one worker and 2-3 on the other, against the whole model on one worker, in
-interleaved rounds: the forward alone 82 vs 131 ms (1.6x), forward and backward 366 vs 385 ms
-(1.05x), with each worker's CPU busy 238 and 166 ms of the 366. The forward overlaps, the
-backward runs nearly one worker after the other. So multi_tower's placed rows are predicted
-about 20% fast (the run on 3fa6a95: -20.2% and -19.4%, the only rows outside 15%).
+Inter-op threads. With two inter-op threads per process, the backward passes of branches
+placed on different workers hardly overlapped: multi_tower with towers 0-1 on one worker and
+2-3 on the other, against the whole model on one worker, in interleaved rounds: forward alone 82
+vs 131 ms, forward and backward 366 vs 385 ms; the first worker's two tower chains held both
+threads and its sends to the second waited behind them. With four (``partition worker``'s
+default since, :data:`partitioner.cli.worker.MIN_INTER_OP_THREADS`): 274 vs 382 ms. The run on
+d55c123 (two threads) predicted multi_tower's placed rows about 20% fast for that reason.
 
 The table gives per row the predicted and measured step, the error, ``chosen`` on auto's row;
 per model whether the predicted winner (least predicted step) is the measured winner, and auto's

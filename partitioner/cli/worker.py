@@ -4,7 +4,7 @@
 the ``worker`` job (the cluster comes from a mapping, a JSON file, or the ``TF_CONFIG``
 environment variable; see :func:`passes.cluster.runtime.load_cluster`), with ``threads`` intra-op
 threads (default 1: each kernel on one core), ``inter_op_threads`` inter-op threads (default
-``max(2, threads)``, see below) and, optionally, the process pinned to given CPU cores. It
+``max(MIN_INTER_OP_THREADS, threads)``, four on one core, see below) and, optionally, the process pinned to given CPU cores. It
 serves until SIGTERM or SIGINT and then returns 0; it never writes a traceback for a stop.
 
 Thread pools. A client's functions run on a worker in an eager context that the *client*
@@ -25,6 +25,15 @@ runs a chain of ready kernels on its thread and queues the other ready ones, the
 among them, on the pool, whose only thread is that one). With two inter-op threads the sends
 go out at once. A worker pinned to one core still computes on that one core (kernels are
 single-threaded with ``threads = 1``); the second thread mostly runs sends and waits.
+
+Why four. Two are not enough when a worker has two chains of kernels ready at once (two towers
+of a multi-branch model, say): both threads run a chain and the sends wait behind them. The
+multi_tower model of ``benchmarks.cluster_zoo`` with towers 0-1 on one worker and 2-3 on the
+other (workers pinned to one core each): with two inter-op threads its training step took
+338-356 ms against 376-385 ms for the whole model on one worker, the second worker starting its
+towers' backward only after the first had finished its own; with four, 274 ms against 382 ms
+(interleaved rounds of both placements, from one client).
+Idle threads cost nothing; a worker still computes on its cores.
 
 A client (:func:`passes.cluster.runtime.connect`) adds itself to the cluster as its own job, so the
 cluster file lists only the workers::
@@ -73,6 +82,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["LocalWorkers", "free_ports", "main", "run_worker", "start_local_workers"]
 
 LOOPBACK = "127.0.0.1"
+MIN_INTER_OP_THREADS = 4
+"""A worker's inter-op threads unless told (or ``--threads`` is larger): see the module docstring."""
 """The default ``--bind``: this machine only."""
 
 WORKER_WARNING = (
@@ -112,7 +123,7 @@ def run_worker(
     ``cluster_spec`` is a ``{job: [addresses]}`` or TF_CONFIG-style mapping, a path to a JSON
     file holding one, or None for the ``TF_CONFIG`` environment variable; ``task_index`` None
     takes TF_CONFIG's ``task.index``. ``threads`` sets TensorFlow's intra-op thread pool and
-    ``inter_op_threads`` its inter-op pool (None: ``max(2, threads)``), for the server and, via
+    ``inter_op_threads`` its inter-op pool (None: ``max(MIN_INTER_OP_THREADS, threads)``), for the server and, via
     ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``, for the functions a client runs here
     (unless the client's own config sets them; see the module docstring); ``cores`` pins the process to those CPU cores (Linux). ``on_ready(task, address)``
     is called once the server listens. ``bind`` is who may connect: a loopback address (the
@@ -229,10 +240,11 @@ def restrict_to_loopback(port: int) -> int:
 
 
 def _thread_counts(threads: int, inter_op_threads: int | None) -> int:
-    """Check ``--threads``; the inter-op thread count (default ``max(2, threads)``)."""
+    """Check ``--threads``; the inter-op thread count (default ``max(MIN_INTER_OP_THREADS,
+    threads)``)."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise UsageError(f"--threads {threads!r} must be an integer >= 1")
-    inter_op = max(2, threads) if inter_op_threads is None else inter_op_threads
+    inter_op = max(MIN_INTER_OP_THREADS, threads) if inter_op_threads is None else inter_op_threads
     if isinstance(inter_op, bool) or not isinstance(inter_op, int) or inter_op < 1:
         raise UsageError(f"--inter-op-threads {inter_op!r} must be an integer >= 1")
     return inter_op
@@ -333,8 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--inter-op-threads",
         type=int,
         default=None,
-        help="inter-op threads (default: max(2, --threads); a pipeline stage needs >= 2 so "
-        "that its sends are not queued behind its computation)",
+        help=f"inter-op threads (default: max({MIN_INTER_OP_THREADS}, --threads); sends to "
+        "other workers need a free thread, not one queued behind the kernels it runs)",
     )
     parser.add_argument(
         "--cores", type=_parse_cores, default=None, help="pin to these CPU cores, e.g. 0 or 0,1"
