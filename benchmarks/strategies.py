@@ -13,17 +13,18 @@ steps after warm-up.
 Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Family`):
 
 * ``single`` -- **measured**: ``train_on_batch`` in one process pinned to one core, one intra-op
-  thread and ``INTER_OP_THREADS`` inter-op threads (:func:`benchmarks.cluster_zoo.calibrate`). Every process of
-  this benchmark (the calibration, the workers, the data-parallel pair) has the same thread
-  counts (``benchmarks.collective_fit.INTER_OP_THREADS``), so that ops are profiled as they run:
+  thread and ``INTER_OP_THREADS`` inter-op threads (:func:`benchmarks.cluster_zoo.calibrate`).
+  Every process of this benchmark (the calibration, the workers, the data-parallel pair) has the
+  same thread counts (``benchmarks.collective_fit.INTER_OP_THREADS``, the workers' default), so
+  that ops are profiled as they run:
   one inter-op thread instead of two changed a one-core ``train_on_batch`` from 567 to 460 ms
   (gpt_tiny) and from 606 to 738 ms (lstm_nmt) on this machine. **Predicted**:
   ``simulate_strategy`` of R = S = 1 on ``costed_at(B)``, plus the optimizer's update of every
   variable (timed on the core).
 * ``data_parallel`` -- **measured**: ``tf.distribute.MultiWorkerMirroredStrategy`` with two
   SPMD processes (this module's ``--role dp``), ``TF_CONFIG`` naming two 127.0.0.1 ports, each
-  process pinned to one of the two cores (one intra-op thread, the workers' inter-op threads, as the cluster
-  workers), a custom training loop (``strategy.run`` of forward, ``GradientTape`` backward and
+  process pinned to one of the two cores (one intra-op thread, the workers' inter-op threads,
+  as the cluster workers), a custom training loop (``strategy.run`` of forward, ``GradientTape`` backward and
   ``optimizer.apply_gradients``, whose Keras implementation all-reduces the gradients in one
   batched ring collective over gRPC); each process feeds its own half of the global batch (no
   client: Keras's ``train_on_batch`` fails under this strategy in Keras 3.15, and
