@@ -54,14 +54,16 @@ the zoo results with ``python -m benchmarks.run --measured FILE``. The machine's
 shared: run it when nothing else runs (``flock`` on a shared lock file where others time
 things); the ``CPU share`` columns say whether each worker had its core. Exit status 0.
 
-Threads. The committed ``benchmarks/results/cluster_zoo.json`` was measured when ``partition
-worker`` defaulted to two inter-op threads; it now starts four
-(:data:`partitioner.cli.worker.MIN_INTER_OP_THREADS`) while this calibration keeps one. A run
-after that change (issue 16's seventh session) measured every row 7-36% above its prediction,
-the one-process rows too (-7% to -20% in the calibration process itself: the machine was slow
-that run), and was not committed. :mod:`benchmarks.strategies` calibrates with the workers'
-thread counts (``benchmarks.collective_fit.INTER_OP_THREADS``); this module should too, and be
-run again.
+Threads. The calibration process keeps **one** inter-op thread: this module sums the
+profiler's kernel times as they are (no whole-step calibration, unlike
+:mod:`benchmarks.strategies`), and with more threads on one core kernels overlap in time, so
+their durations add up past the step. Calibrated with the workers' four instead (b5fcda4,
+reverted), its one-process and placed rows came out 19-170% above their measurements (multi_tower's one-process
+step: 953 ms predicted, 353 measured). The workers run
+:data:`partitioner.cli.worker.MIN_INTER_OP_THREADS` (four; two when the committed
+``benchmarks/results/cluster_zoo.json`` was measured). A run with four on the workers and
+one here measured every row 7-36% above its prediction, its one-process rows -7% to -20% in the
+calibration process itself (the machine was slow that run); neither run was committed.
 """
 
 from __future__ import annotations
