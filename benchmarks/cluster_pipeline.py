@@ -8,7 +8,8 @@ separate processes: a TensorFlow cluster of two ``partition worker`` processes o
 each pinned to its own core with one intra-op thread (each kernel on one core) and the worker's
 default inter-op threads (with too few, a stage's sends wait behind its queued kernels: see
 :mod:`partitioner.cli.worker`; four since issue 16's seventh session, two before, as the
-committed ``benchmarks/results/cluster_pipeline.json`` was measured), and this process as the client (:func:`passes.cluster.runtime.connect`),
+committed ``benchmarks/results/cluster_pipeline.json`` was measured), and this process as the
+client (:func:`passes.cluster.runtime.connect`),
 not pinned (it mostly waits; its CPU share is shown).
 
 The model is a balanced two-stage MLP: ``2 x layers`` Dense layers of ``width`` units (ReLU, the

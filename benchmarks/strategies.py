@@ -929,6 +929,11 @@ ONE_PROCESS_KEYS = ("single", "data_parallel")
 """The rows whose replicas run in processes of their own; every other row runs on the workers."""
 
 
+def on_workers(rows: Sequence[PlannedRow]) -> list[PlannedRow]:
+    """The rows the two workers run (every row not in :data:`ONE_PROCESS_KEYS`)."""
+    return [p for p in rows if p.key not in ONE_PROCESS_KEYS]
+
+
 @dataclass(frozen=True)
 class ClusterMeasurement:
     """The workers' rows, and the whole model on each worker alone, timed in the same rounds."""
@@ -1032,7 +1037,7 @@ def assemble_rows(
     """The rows of one model: each planned row with its measurement, auto's marked chosen, the
     workers' rows scaled to the workers' measured speed (:func:`worker_scale`)."""
     scale, reference = 1.0, tuple[float, ...]()
-    workers = [p for p in scal.rows if p.key not in ONE_PROCESS_KEYS]
+    workers = on_workers(scal.rows)
     if cluster is not None and workers:
         single = next(p.predicted for p in scal.rows if p.key == "single")
         reference = cluster.reference_s
@@ -1040,18 +1045,18 @@ def assemble_rows(
     out = []
     for p in scal.rows:
         m = measured.get(p.key)
-        on_workers = p.key not in ONE_PROCESS_KEYS
+        scaled = p in workers
         out.append(
             StrategyRow(
                 model=spec.label, key=p.key, strategy=p.strategy, label=p.label,
-                predicted=p.predicted.on_workers(scale) if on_workers else p.predicted,
+                predicted=p.predicted.on_workers(scale) if scaled else p.predicted,
                 measured_step_s=None if m is None else m.step_s,
                 samples_s=() if m is None else m.samples_s,
                 cpu_share=() if m is None else m.cpu_share,
                 num_microbatches=p.num_microbatches, schedule=p.schedule,
                 chosen=p.key == scal.auto_key,
                 cluster_zoo_predicted_s=None if m is None else m.reference_predicted_s,
-                worker_reference_s=reference if on_workers else (),
+                worker_reference_s=reference if scaled else (),
             )
         )  # fmt: skip
     return out
@@ -1074,13 +1079,11 @@ def measure_spec(
     measured = {
         "single": Measured(cal.single_step_s, cal.single_step_samples_s, (cal.single_cpu_share,))
     }
-    on_workers = [p for p in scal.rows if p.key not in ONE_PROCESS_KEYS]
+    workers = on_workers(scal.rows)
     timed: ClusterMeasurement | None = None
-    if on_workers:
-        say(f"{spec.key}: {', '.join(p.key for p in on_workers)} on the workers ...\n")
-        timed = measure_cluster_rows(
-            spec, on_workers, handle, tasks, pids, steps=steps, warmup=warmup
-        )
+    if workers:
+        say(f"{spec.key}: {', '.join(p.key for p in workers)} on the workers ...\n")
+        timed = measure_cluster_rows(spec, workers, handle, tasks, pids, steps=steps, warmup=warmup)
         zoo = zoo_predicted(spec, cal, link) if any(p.key == "1f1b" for p in scal.rows) else {}
         for key, m in timed.rows.items():
             measured[key] = replace(m, reference_predicted_s=zoo.get(key))
