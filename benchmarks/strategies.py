@@ -30,11 +30,17 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   client: Keras's ``train_on_batch`` fails under this strategy in Keras 3.15, and
   ``MirroredStrategy`` refuses another process's devices, see
   :mod:`passes.rewrite.replicate`). The step is, step by step, the slower process's time
-  (the median over the timed steps).
+  (the median over the timed steps). **Reference**: in the same processes, in interleaved
+  rounds with the data-parallel step, the same step of a local copy of the model under no
+  strategy (a replica's step on its half batch, no all-reduce), the slower process's each
+  round; every step of both starts after an untimed one-scalar all-reduce, so both
+  processes start it together.
   **Predicted**: ``simulate_strategy`` of R = 2, S = 1 on ``costed_at(B / 2)`` (a replica's
   step on one core, then the all-reduce of every gradient by the topology's measured
   all-reduce fit, see below), plus the update of every variable (each replica updates its
-  whole copy).
+  whole copy); all three scaled by the reference over the replica and update terms
+  (:func:`dp_scale`, for the drift explained under *worker scale* below: the calibration
+  process profiled minutes earlier, alone on the machine).
 * ``placed`` / ``pipeline`` (GPipe and 1F1B) -- **measured**: the plan of
   ``partition(..., pipeline=True, profile_ops=True)`` on the two workers
   (:func:`passes.cluster.runtime.place_on_cluster`, ``train_on_batch`` from this process), every
@@ -141,7 +147,6 @@ from benchmarks.cluster_pipeline import (
     LinkFit,
     cpu_seconds,
     measure_link,
-    time_steps,
 )
 from benchmarks.collective_fit import (
     INTER_OP_THREADS,
@@ -267,7 +272,8 @@ class StrategyRow:
     chosen: bool = False
     cluster_zoo_predicted_s: float | None = None
     worker_reference_s: tuple[float, ...] = ()
-    """On the workers' rows: each worker's step of the whole model alone (:func:`worker_scale`)."""
+    """On the workers' rows: each worker's step of the whole model alone (:func:`worker_scale`);
+    on the data-parallel row: a replica's step alone in its processes (:func:`dp_scale`)."""
 
     @property
     def predicted_step_s(self) -> float:
@@ -350,6 +356,27 @@ def _pct(value: float | None, signed: bool = True) -> str:
     return "" if value is None else f"{value * 100:{'+' if signed else ''}.1f}%"
 
 
+def _reference_lines(rows: Sequence[StrategyRow]) -> list[str]:
+    """What each scaled row was scaled by: the data-parallel row's reference, then the
+    workers' (one line for all their rows)."""
+    lines = []
+    for r in rows:
+        if r.key == "data_parallel" and r.worker_reference_s:
+            lines.append(
+                f"one replica's step alone in the data-parallel processes, in their rounds: "
+                f"{_ms(r.worker_reference_s[0])} ms; that row scales its core terms by "
+                f"{r.predicted.worker_scale:.3f}"
+            )
+    scaled = next((r for r in rows if r.worker_reference_s and r.key not in ONE_PROCESS_KEYS), None)
+    if scaled is not None:
+        alone = " and ".join(_ms(t) for t in scaled.worker_reference_s)
+        lines.append(
+            f"the whole model alone on each worker, timed in the workers' rounds: {alone} ms; "
+            f"the workers' rows scale their core terms by {scaled.predicted.worker_scale:.3f}"
+        )
+    return lines
+
+
 def format_table(rows: Sequence[StrategyRow], header: Sequence[str] = ()) -> str:
     """The printed table of one model's rows, and its verdict."""
     v = verdict(rows)
@@ -366,13 +393,7 @@ def format_table(rows: Sequence[StrategyRow], header: Sequence[str] = ()) -> str
             f"{_ms(r.measured_step_s):>11} {_pct(r.error):>7} {speed:>8} "
             f"{'/'.join(f'{c:.2f}' for c in r.cpu_share):>10} {'auto' if r.chosen else '':>6}"
         )
-    scaled = next((r for r in rows if r.worker_reference_s), None)
-    if scaled is not None:
-        alone = " and ".join(_ms(t) for t in scaled.worker_reference_s)
-        lines.append(
-            f"the whole model alone on each worker, timed in the workers' rounds: {alone} ms; "
-            f"the workers' rows scale their core terms by {scaled.predicted.worker_scale:.3f}"
-        )
+    lines.extend(_reference_lines(rows))
     agree = {True: "yes", False: "NO", None: "not measured"}[v.winners_agree]
     lines.append(
         f"predicted winner: {v.predicted_winner}; measured winner: {v.measured_winner}; "
@@ -471,7 +492,8 @@ README_ROW_WHAT = (
     "predicted (op times profiled inside the step with a whole-step calibration, a pipeline "
     "priced at its micro-batch, the all-reduce from a measured MWMS fit; the workers' rows "
     "timed in interleaved rounds and scaled to the whole model's step on each worker alone in "
-    "those rounds) beside measured"
+    "those rounds, the data-parallel row to a replica's step alone in its processes) beside "
+    "measured"
 )
 
 
@@ -826,10 +848,28 @@ def _dp_step(strategy: Any, model: Any, optimizer: Any, global_batch: int) -> An
     return step
 
 
+def _barrier(strategy: Any) -> Callable[[], Any]:
+    """A one-scalar all-reduce: both processes leave it together (an untimed start line)."""
+    import tensorflow as tf
+
+    @tf.function
+    def barrier() -> Any:
+        def one() -> Any:
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+
+        return strategy.run(one)
+
+    return lambda: strategy.experimental_local_results(barrier())[0].numpy()
+
+
 def _dp_worker(
     spec: cz.ModelSpec, index: int, ports: Sequence[int], core: int, args: argparse.Namespace
 ) -> None:
-    """One SPMD process of the data-parallel row: time ``steps`` steps on its half batch."""
+    """One SPMD process of the data-parallel row: ``steps`` rounds of its half batch's data-parallel
+    step and, beside it, the same step of a local copy with no strategy (the reference: a
+    replica's step without the all-reduce), each after a barrier so both processes start it
+    together (:func:`time_interleaved`)."""
     strategy = join_loopback_workers(index, ports, core)
     import keras
     import tensorflow as tf
@@ -838,20 +878,28 @@ def _dp_worker(
         model = spec.build()
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
+    alone, alone_optimizer = spec.build(), keras.optimizers.SGD(0.01)
+    alone_optimizer.build(alone.trainable_variables)
     xs, y = cz.make_data(model, spec.batch_size)
     half = spec.batch_size // len(ports)
     rows = slice(index * half, (index + 1) * half)
     inputs, target = [tf.constant(x[rows]) for x in xs], tf.constant(y[rows])
     step = _dp_step(strategy, model, optimizer, spec.batch_size)
+    alone_step = _dp_step(tf.distribute.get_strategy(), alone, alone_optimizer, spec.batch_size)
 
     def run() -> Any:
         return strategy.experimental_local_results(step(inputs, target))[0].numpy()
 
-    time_steps(run, 0, args.warmup)
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    samples = time_steps(run, args.steps, 0)
-    share = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    Path(args.out).write_text(json.dumps({"samples_s": samples, "cpu_share": share}))
+    def run_alone() -> Any:
+        return alone_step(inputs, target).numpy()
+
+    timed = time_interleaved(
+        {"data_parallel": run, "reference": run_alone}, args.steps, args.warmup, [os.getpid()],
+        before_each=_barrier(strategy),
+    )  # fmt: skip
+    dp, reference = timed["data_parallel"], timed["reference"]
+    out = {"samples_s": dp.samples_s, "cpu_share": dp.cpu_share[0]}
+    Path(args.out).write_text(json.dumps({**out, "reference_samples_s": reference.samples_s}))
     deadline = time.monotonic() + DP_TIMEOUT_S
     while not Path(args.done).exists() and time.monotonic() < deadline:
         time.sleep(0.05)  # the peer may still be in its last collective: do not close on it
@@ -874,6 +922,9 @@ class Measured:
     samples_s: tuple[float, ...]
     cpu_share: tuple[float, ...]
     reference_predicted_s: float | None = None
+    reference_s: tuple[float, ...] = ()
+    """The data-parallel row's reference: a replica's step without the all-reduce, the slower
+    process's each round, the median (:func:`_dp_worker`); empty on the other rows."""
 
 
 def _wait_for_outputs(outs: Sequence[Path], procs: Sequence[Any], logs: Sequence[Path]) -> None:
@@ -919,7 +970,11 @@ def measure_data_parallel(
                     p.wait()
         data = [json.loads(o.read_text()) for o in outs]
     samples = tuple(max(vals) for vals in zip(*(d["samples_s"] for d in data)))
-    return Measured(statistics.median(samples), samples, tuple(float(d["cpu_share"]) for d in data))
+    alone = [max(vals) for vals in zip(*(d["reference_samples_s"] for d in data))]
+    return Measured(
+        statistics.median(samples), samples, tuple(float(d["cpu_share"]) for d in data),
+        reference_s=(statistics.median(alone),),
+    )  # fmt: skip
 
 
 # -- the cluster side ----------------------------------------------------------------------------
@@ -944,18 +999,23 @@ class ClusterMeasurement:
 
 
 def time_interleaved(
-    steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, pids: Sequence[int]
-) -> dict[str, Measured]:
+    steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, pids: Sequence[int],
+    before_each: Callable[[], Any] | None = None,
+) -> dict[str, Measured]:  # fmt: skip
     """Each of ``steps`` timed once per round for ``rounds`` rounds (after ``warmup`` rounds),
     so that the machine's drift over the minutes they take falls on all of them alike; each
-    one's CPU seconds per wall second of its own steps, per process of ``pids``."""
+    one's CPU seconds per wall second of its own steps, per process of ``pids``.
+    ``before_each`` runs, untimed, before every step (warm-up too)."""
+    settle = before_each or (lambda: None)
     for _ in range(warmup):
         for step in steps.values():
+            settle()
             step()
     samples: dict[str, list[float]] = {k: [] for k in steps}
     cpu: dict[str, list[float]] = {k: [0.0] * len(pids) for k in steps}
     for _ in range(rounds):
         for key, step in steps.items():
+            settle()
             before = [cpu_seconds(p) for p in pids]
             t0 = time.perf_counter()
             step()
@@ -1030,12 +1090,33 @@ def zoo_predicted(spec: cz.ModelSpec, cal: Any, link: LinkFit) -> dict[str, floa
     return out
 
 
+def dp_scale(dp: Prediction, reference_s: Sequence[float]) -> float:
+    """The data-parallel processes' speed against the calibration process's: a replica's step
+    alone in those processes (the row's reference, :class:`Measured`) over its prediction (the
+    row's replica and update terms, no all-reduce). Like :func:`worker_scale`, measured on the
+    reference alone, never on the row."""
+    return worker_scale(Prediction(dp.replica_s, 0.0, dp.update_s, 0.0), 0.0, reference_s)
+
+
+def _scaled(
+    p: PlannedRow, m: Measured | None, workers: Sequence[PlannedRow], scale: float,
+    reference: tuple[float, ...],
+) -> tuple[Prediction, tuple[float, ...]]:  # fmt: skip
+    """A row's prediction at its processes' measured speed, and the reference that gave it."""
+    if p in workers:
+        return p.predicted.on_workers(scale), reference
+    if m is not None and m.reference_s:
+        return p.predicted.on_workers(dp_scale(p.predicted, m.reference_s)), m.reference_s
+    return p.predicted, ()
+
+
 def assemble_rows(
     spec: cz.ModelSpec, scal: StrategyCalibration, measured: Mapping[str, Measured],
     cluster: ClusterMeasurement | None = None,
 ) -> list[StrategyRow]:  # fmt: skip
     """The rows of one model: each planned row with its measurement, auto's marked chosen, the
-    workers' rows scaled to the workers' measured speed (:func:`worker_scale`)."""
+    workers' rows scaled to the workers' measured speed (:func:`worker_scale`) and the
+    data-parallel row to its processes' (:func:`dp_scale`)."""
     scale, reference = 1.0, tuple[float, ...]()
     workers = on_workers(scal.rows)
     if cluster is not None and workers:
@@ -1045,18 +1126,18 @@ def assemble_rows(
     out = []
     for p in scal.rows:
         m = measured.get(p.key)
-        scaled = p in workers
+        predicted, own_reference = _scaled(p, m, workers, scale, reference)
         out.append(
             StrategyRow(
                 model=spec.label, key=p.key, strategy=p.strategy, label=p.label,
-                predicted=p.predicted.on_workers(scale) if scaled else p.predicted,
+                predicted=predicted,
                 measured_step_s=None if m is None else m.step_s,
                 samples_s=() if m is None else m.samples_s,
                 cpu_share=() if m is None else m.cpu_share,
                 num_microbatches=p.num_microbatches, schedule=p.schedule,
                 chosen=p.key == scal.auto_key,
                 cluster_zoo_predicted_s=None if m is None else m.reference_predicted_s,
-                worker_reference_s=reference if scaled else (),
+                worker_reference_s=own_reference,
             )
         )  # fmt: skip
     return out

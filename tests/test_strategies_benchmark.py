@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -83,26 +84,39 @@ def test_the_worker_scale_is_the_references_over_the_single_prediction() -> None
     assert st.worker_scale(single, 0.01, ()) == 1.0
 
 
-def test_assembled_rows_scale_only_the_workers_rows() -> None:
+def test_assembled_rows_scale_the_workers_rows_and_the_data_parallel_row_apart() -> None:
     pred = st.Prediction(0.4, 0.0, 0.02, 0.0)
+    dp = st.Prediction(0.2, 0.1, 0.02, 0.0)
     pipe = st.Prediction(0.25, 0.0, 0.01, 0.01)
     scal = st.StrategyCalibration(
         zoo_json="{}",
         rows=(
             st.PlannedRow("single", "single", "1", 1, "none", (("a", 0),), pred),
-            st.PlannedRow("data_parallel", "data_parallel", "dp", 1, "none", (("a", 0),), pred),
+            st.PlannedRow("data_parallel", "data_parallel", "dp", 1, "none", (("a", 0),), dp),
             st.PlannedRow("1f1b", "pipeline", "p", 4, "1f1b", (("a", 1),), pipe),
         ),
         auto_key="1f1b", auto_words="x", search_step_s=0.2,
     )  # fmt: skip
-    measured = {k: st.Measured(0.5, (0.5,), (1.0,)) for k in ("single", "data_parallel", "1f1b")}
+    measured = {k: st.Measured(0.5, (0.5,), (1.0,)) for k in ("single", "1f1b")}
+    # one replica's step alone in the data-parallel processes: 0.33 s against 0.22 predicted
+    measured["data_parallel"] = st.Measured(0.5, (0.5,), (1.0,), reference_s=(0.33,))
     cluster = st.ClusterMeasurement({"1f1b": measured["1f1b"]}, (0.43, 0.45))
     rows = st.assemble_rows(st.SPECS["mlp_tiny"], scal, measured, cluster)
     scale = (0.44 - 0.01) / 0.42
-    assert [r.predicted.worker_scale for r in rows] == pytest.approx([1.0, 1.0, scale])
+    assert [r.predicted.worker_scale for r in rows] == pytest.approx([1.0, 1.5, scale])
+    assert rows[1].predicted_step_s == pytest.approx(1.5 * 0.32)
     assert rows[2].predicted_step_s == pytest.approx(scale * 0.26 + 0.01)
-    assert [r.worker_reference_s for r in rows] == [(), (), (0.43, 0.45)]
+    assert [r.worker_reference_s for r in rows] == [(), (0.33,), (0.43, 0.45)]
     assert st.records(rows)[2]["predicted_terms_s"]["worker_scale"] == pytest.approx(scale)
+    table = st.format_table(rows)
+    assert "in their rounds: 330.0 ms; that row scales its core terms by 1.500" in table
+    assert "alone on each worker, timed in the workers' rounds: 430.0 and 450.0 ms" in table
+
+
+def test_the_data_parallel_scale_leaves_the_all_reduce_out_of_the_reference() -> None:
+    dp = st.Prediction(0.2, 0.1, 0.02, 0.0)
+    assert st.dp_scale(dp, (0.242,)) == pytest.approx(1.1)
+    assert st.dp_scale(dp, ()) == 1.0
 
 
 def test_interleaved_timing_runs_every_step_once_a_round() -> None:
@@ -112,6 +126,19 @@ def test_interleaved_timing_runs_every_step_once_a_round() -> None:
     assert calls == ["a", "b"] * 4
     assert [len(m.samples_s) for m in timed.values()] == [3, 3]
     assert all(m.step_s >= 0 and len(m.cpu_share) == 1 for m in timed.values())
+
+
+def test_interleaved_timing_settles_untimed_before_every_step() -> None:
+    calls: list[str] = []
+    steps = {k: (lambda k=k: calls.append(k)) for k in ("a", "b")}
+
+    def settle() -> None:
+        calls.append("|")
+        time.sleep(0.05)
+
+    timed = st.time_interleaved(steps, rounds=2, warmup=1, pids=[os.getpid()], before_each=settle)
+    assert calls == ["|", "a", "|", "b"] * 3
+    assert all(t < 0.05 for m in timed.values() for t in m.samples_s)
 
 
 def test_winners_agree_and_auto_is_measured_against_the_best() -> None:
@@ -272,6 +299,12 @@ def test_end_to_end_tiny_mlp(tmp_path: Path) -> None:
     assert sum(r["chosen"] for r in recs) == 1
     assert all(r["strategy"] in FAMILIES for r in recs)
     assert all(r["measured_step_s"] > 0 and r["predicted_step_s"] > 0 for r in recs)
+    # the data-parallel processes timed a replica's step alone beside their own
+    dp = recs[1]
+    assert len(dp["worker_reference_s"]) == 1 and dp["worker_reference_s"][0] > 0
+    assert dp["predicted_terms_s"]["worker_scale"] == pytest.approx(
+        st.dp_scale(st.Prediction(**dp["predicted_terms_s"]), dp["worker_reference_s"])
+    )
     assert "predicted winner:" in done.stdout
 
 
