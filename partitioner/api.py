@@ -841,7 +841,7 @@ def _profile_ops(
         f"{1e6 * dispatch_s:.1f} us of executor time per op; the op times scaled by "
         f"x{factor:.3f} so that one device's step is the step measured without the profiler "
         f"({format_seconds(prof.step_time_s)}, median of {WALL_STEPS}); ops TensorFlow ran side "
-        "by side (its default threads) each appear slower",
+        "by side (its default threads) count their share of the CPU while they ran",
     )
     estimated = [d.index for d in topo.devices if d.index not in rows]
     if estimated:

@@ -30,12 +30,18 @@ handling, the result's copy; it is no op's cost).
 
 Threads: TensorFlow runs independent ops of a step side by side on a CPU (``inter_op``
 threads), so ops' event times overlap and their sum exceeds the wall time. The planner's device
-runs one op at a time (as a GPU stream does), so the accuracy benchmark sets one inter-op thread
-before TensorFlow starts (:func:`configure_serial_executor`); the figures are then comparable.
+runs one op at a time (as a GPU stream does), so each kernel's time is its share of the CPU
+while it ran (:func:`share_concurrent`, processor sharing: ``n`` kernels side by side each get
+``1 / n`` of it, as each could use every core through the intra-op threads); without that, a
+model with four independent towers had its towers' kernels timed about 3x their work and its
+serial head's at 1x, and the whole-step calibration, one factor for all, then priced the head at
+a third of its time. The accuracy benchmark also sets one inter-op thread before TensorFlow
+starts (:func:`configure_serial_executor`), so that no kernel shares.
 """
 
 from __future__ import annotations
 
+import bisect
 import glob
 import logging
 import math
@@ -44,7 +50,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -63,6 +69,7 @@ __all__ = [
     "layer_phase_times",
     "profile_step_ops",
     "random_inputs",
+    "share_concurrent",
     "step_calibration",
     "step_inputs",
 ]
@@ -75,12 +82,14 @@ Statistic = Literal["median", "min"]
 
 @dataclass(frozen=True)
 class KernelEvent:
-    """One kernel execution read from the profile: its node, op type, start and seconds."""
+    """One kernel execution read from the profile: its node, op type, start and seconds, and
+    the thread that ran it (the profile's line; any int that tells threads apart)."""
 
     node: str
     op_type: str
     duration_s: float
     start_s: float = 0.0
+    thread: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,25 +220,88 @@ def _read_events(logdir: str) -> list[KernelEvent]:
     if not files:
         raise PartitionError(f"TensorFlow's profiler wrote no trace under {logdir!r}")
     events: list[KernelEvent] = []
+    thread, origin_ns = 0, None
     for path in files:
         space = xplane_pb2.XSpace()
         with open(path, "rb") as fh:
             space.ParseFromString(fh.read())
-        for plane in space.planes:
-            meta = plane.event_metadata
-            for line in plane.lines:
-                # Kernels run on the executor's inter-op threads ("tf_Compute/...") or, for
-                # inline ops, on the Eigen pool's threads; python/host API lines are not kernels.
-                if not (line.name.startswith("tf_Compute") or line.name.startswith("tf_numa")):
+        # Kernels run on the executor's inter-op threads ("tf_Compute/...") or, for inline ops,
+        # on the Eigen pool's threads; python/host API lines are not kernels.
+        lines = [
+            (plane.event_metadata, line)
+            for plane in space.planes
+            for line in plane.lines
+            if line.name.startswith("tf_Compute") or line.name.startswith("tf_numa")
+        ]
+        # starts in seconds from the first line's, so that float seconds keep the picoseconds
+        if origin_ns is None and lines:
+            origin_ns = min(line.timestamp_ns for _, line in lines)
+        for meta, line in lines:
+            thread += 1
+            for ev in line.events:
+                name = meta[ev.metadata_id].name
+                if "::" in name or ":" not in name:
                     continue
-                for ev in line.events:
-                    name = meta[ev.metadata_id].name
-                    if "::" in name or ":" not in name:
-                        continue
-                    node, _, op_type = name.rpartition(":")
-                    start_s = (line.timestamp_ns * 1e3 + ev.offset_ps) * 1e-12
-                    events.append(KernelEvent(node, op_type, ev.duration_ps * 1e-12, start_s))
+                node, _, op_type = name.rpartition(":")
+                start_s = (line.timestamp_ns - (origin_ns or 0)) * 1e-9 + ev.offset_ps * 1e-12
+                events.append(KernelEvent(node, op_type, ev.duration_ps * 1e-12, start_s, thread))
     return events
+
+
+def share_concurrent(events: Sequence[KernelEvent], cores: int = 1) -> list[KernelEvent]:
+    """The events with each duration replaced by its share of ``cores`` (pure).
+
+    TensorFlow runs independent kernels side by side on its inter-op threads; on ``cores``
+    cores that ``n`` threads share, a kernel gets ``min(1, cores / n)`` of a core while ``n``
+    threads run kernels (processor sharing), so its wall time overstates its work. Its share is
+    that fraction integrated over its interval: what it would take running alone, as the
+    simulator's device runs its ops (one at a time). A thread counts while any of its events
+    runs (an event nested in another of its thread does not count twice). With one thread at a
+    time, every duration is unchanged.
+    """
+    if cores < 1:
+        raise PartitionError(f"cores={cores} must be >= 1")
+    by_thread: dict[int, list[tuple[float, float]]] = {}
+    for e in events:
+        by_thread.setdefault(e.thread, []).append((e.start_s, e.start_s + e.duration_s))
+    changes: list[tuple[float, int]] = []
+    for spans in by_thread.values():
+        for start, end in _union(spans):
+            changes += [(start, 1), (end, -1)]
+    changes.sort()
+    # the piecewise-linear integral of the share at each change, and its slope after it
+    times: list[float] = []
+    shared: list[tuple[float, float]] = []
+    running, total = 0, 0.0
+    for i, (t, delta) in enumerate(changes):
+        if i:
+            total += (t - times[-1]) * shared[-1][1]
+        running += delta
+        times.append(t)
+        shared.append((total, min(1.0, cores / running) if running > 0 else 1.0))
+
+    def integral(t: float) -> float:
+        i = bisect.bisect_right(times, t) - 1
+        if i < 0:
+            return t - times[0] if times else t
+        base, slope = shared[i]
+        return base + (t - times[i]) * slope
+
+    return [
+        replace(e, duration_s=integral(e.start_s + e.duration_s) - integral(e.start_s))
+        for e in events
+    ]
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The disjoint intervals covering ``spans``, in order."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def random_inputs(
@@ -273,13 +345,15 @@ def profile_step_ops(
     warmup: int = 3,
     statistic: Statistic = "median",
     wall_steps: int | None = None,
+    share_cores: int | None = 1,
 ) -> StepOpProfile:
     """Run the traced step (``trace.step_function``) and time its ops (see the module docstring).
 
     ``trace`` is a :class:`passes.trace.TraceResult`; ``inputs`` are tensors matching its specs.
     ``steps`` runs are profiled; the wall time is the statistic of ``wall_steps`` runs without
     the profiler (default ``steps``; they are cheap, and more of them steady the whole-step
-    calibration, :func:`apply_step_profile`).
+    calibration, :func:`apply_step_profile`). Kernels that ran side by side count their share
+    of ``share_cores`` (:func:`share_concurrent`; ``None``: their wall times).
     """
     walls_n = steps if wall_steps is None else wall_steps
     if steps < 1 or warmup < 0 or walls_n < 1:
@@ -294,6 +368,8 @@ def profile_step_ops(
         run_empty()
     walls, empties = _wall_times(run, run_empty, walls_n)
     events = _profiled_events(run, steps)
+    if share_cores is not None:
+        events = share_concurrent(events, share_cores)
     op_time, lost = attribute_events(graph, events, steps, statistic)
     summary = min if statistic == "min" else statistics.median
     logger.debug(

@@ -7,7 +7,12 @@ import math
 import pytest
 from cost_model_graphs import mlp
 
-from cost_models.measure.op_profile import KernelEvent, attribute_events, layer_phase_times
+from cost_models.measure.op_profile import (
+    KernelEvent,
+    attribute_events,
+    layer_phase_times,
+    share_concurrent,
+)
 from partitioner.core.errors import PartitionError
 
 
@@ -41,10 +46,7 @@ def test_events_go_to_their_op_or_to_the_op_owning_their_scope() -> None:
 def test_repeated_steps_are_summarised_per_step() -> None:
     g = mlp()
     # Three steps; d1/mm runs twice a step (an unrolled region), the third step was disturbed.
-    events = [
-        ev("d1/mm", d, start=t)
-        for t, d in enumerate((1.0, 1.0, 1.2, 1.0, 5.0, 5.0))
-    ]
+    events = [ev("d1/mm", d, start=t) for t, d in enumerate((1.0, 1.0, 1.2, 1.0, 5.0, 5.0))]
     med, _ = attribute_events(g, events, steps=3, statistic="median")
     low, _ = attribute_events(g, events, steps=3, statistic="min")
     assert med["d1/mm"] == pytest.approx(2.2e-3)  # runs (2.0, 2.2, 10.0) ms
@@ -55,6 +57,43 @@ def test_repeated_steps_are_summarised_per_step() -> None:
     # Not a whole number of runs per step: the mean per step.
     odd, _ = attribute_events(g, events[:5], steps=2)
     assert odd["d1/mm"] == pytest.approx(sum((1.0, 1.0, 1.2, 1.0, 5.0)) * 1e-3 / 2)
+
+
+def on(thread: int, start_ms: float, dur_ms: float, node: str = "x") -> KernelEvent:
+    return KernelEvent(node, "X", dur_ms * 1e-3, start_ms * 1e-3, thread)
+
+
+def shares_ms(events: list[KernelEvent], cores: int = 1) -> list[float]:
+    return [round(e.duration_s * 1e3, 9) for e in share_concurrent(events, cores)]
+
+
+def test_kernels_side_by_side_on_one_core_share_it() -> None:
+    # two threads' kernels over the same 2 ms on one core: 1 ms of work each
+    assert shares_ms([on(1, 0, 2), on(2, 0, 2)]) == [1.0, 1.0]
+    # overlapping for 1 ms of their 3: 2.5 ms each, the 5 ms the core was busy
+    assert shares_ms([on(1, 0, 3), on(2, 2, 3)]) == [2.5, 2.5]
+    # one after the other, or as many threads as cores: unchanged
+    assert shares_ms([on(1, 0, 2), on(2, 2, 3)]) == [2.0, 3.0]
+    assert shares_ms([on(1, 0, 2), on(2, 0, 2)], cores=2) == [2.0, 2.0]
+    # three threads on two cores: two thirds of a core each
+    assert shares_ms([on(t, 0, 3) for t in (1, 2, 3)], cores=2) == [2.0, 2.0, 2.0]
+
+
+def test_the_shares_add_up_to_the_busy_time_and_keep_every_event() -> None:
+    events = [on(1, 0, 4, "a"), on(2, 1, 2, "b"), on(3, 2, 5, "c"), on(1, 5, 1, "d")]
+    shared = share_concurrent(events)
+    assert [(e.node, e.thread, e.start_s) for e in shared] == [
+        (e.node, e.thread, e.start_s) for e in events
+    ]
+    assert math.fsum(e.duration_s for e in shared) == pytest.approx(7e-3)  # busy 0-7 ms
+
+
+def test_an_event_nested_in_its_thread_does_not_count_as_a_thread() -> None:
+    # thread 1 runs a 4 ms event with a 1 ms one inside it; thread 2 runs 0-2 ms
+    shares = shares_ms([on(1, 0, 4), on(1, 1, 1), on(2, 0, 2)])
+    assert shares == [3.0, 0.5, 1.0]
+    with pytest.raises(PartitionError, match="cores=0"):
+        share_concurrent([], cores=0)
 
 
 def test_bad_arguments_are_refused() -> None:
