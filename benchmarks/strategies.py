@@ -136,6 +136,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,8 @@ from benchmarks.collective_fit import (
     join_loopback_workers,
     measure_all_reduce,
 )
-from partitioner.core.ir import AllReduceFit, Schedule
+from cost_models.measure.op_profile import union_spans
+from partitioner.core.ir import AllReduceFit, EventKind, Schedule, TimelineEvent
 from partitioner.core.strategy import Strategy
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -210,19 +212,26 @@ class Prediction:
     worker_scale: float = 1.0
     """The workers' speed against the calibration process's (:func:`worker_scale`): every term
     timed on a core is scaled by it on the rows the workers run; 1.0 on the other rows."""
+    both_busy_s: float = 0.0
+    """Seconds of the simulated replica step in which both devices compute (:func:`both_busy_s`)."""
+    contention: float = 0.0
+    """How much slower a core computes while the other core computes too (:func:`contention`):
+    ``both_busy_s`` takes ``1 + contention`` times as long on the workers' rows."""
 
     @property
     def step_s(self) -> float:
         on_core = self.replica_s + self.all_reduce_s + self.update_s
-        return self.worker_scale * on_core + self.client_s
+        return self.worker_scale * (on_core + self.contention * self.both_busy_s) + self.client_s
 
-    def on_workers(self, scale: float) -> Prediction:
-        """This prediction with the terms timed on a core scaled by ``scale`` (the client's
-        terms are the link's and stay); ``linear_s`` likewise."""
+    def on_workers(self, scale: float, contention: float = 0.0) -> Prediction:
+        """This prediction with the terms timed on a core scaled by ``scale`` and the time both
+        devices compute by ``1 + contention`` (the client's terms are the link's and stay);
+        ``linear_s`` likewise."""
         linear = self.linear_s
         if linear is not None:
-            linear = scale * (linear - self.client_s) / self.worker_scale + self.client_s
-        return replace(self, worker_scale=scale, linear_s=linear)
+            core = (linear - self.client_s) / self.worker_scale - self.contention * self.both_busy_s
+            linear = scale * (core + contention * self.both_busy_s) + self.client_s
+        return replace(self, worker_scale=scale, contention=contention, linear_s=linear)
 
 
 @dataclass(frozen=True)
@@ -372,7 +381,9 @@ def _reference_lines(rows: Sequence[StrategyRow]) -> list[str]:
         alone = " and ".join(_ms(t) for t in scaled.worker_reference_s)
         lines.append(
             f"the whole model alone on each worker, timed in the workers' rounds: {alone} ms; "
-            f"the workers' rows scale their core terms by {scaled.predicted.worker_scale:.3f}"
+            f"the workers' rows scale their core terms by {scaled.predicted.worker_scale:.3f}, "
+            f"and the time both compute by {1 + scaled.predicted.contention:.3f} more (on every "
+            "worker at once)"
         )
     return lines
 
@@ -676,10 +687,40 @@ def predict_strategy(
         microbatch_costed(costs.at(per_replica), costs.at(per_replica // m), m), strategy
     )
     pred = predict_terms(strategy, max(sim.replica_step_s), sim.all_reduce_s, terms)
+    if strategy.stages > 1:
+        pred = replace(pred, both_busy_s=both_busy_s(_timeline(sim, costs.at(per_replica))))
     if m == 1:
         return pred
     linear = simulate_strategy(costs.at(per_replica), strategy)
     return replace(pred, linear_s=replace(pred, replica_s=max(linear.replica_step_s)).step_s)
+
+
+def _timeline(sim: Any, costed: Any) -> tuple[Any, ...]:
+    """The simulated replica step's timeline (the pipeline's, or the plain step's re-run with
+    its timeline)."""
+    from partitioner.simulation.step import simulate_step
+
+    if sim.replica.pipeline is not None:
+        return tuple(sim.replica.pipeline.timeline)
+    return simulate_step(costed, sim.strategy.layer_devices(0), timeline=True).timeline
+
+
+def both_busy_s(timeline: Sequence[TimelineEvent]) -> float:
+    """Seconds in which two or more devices compute at once in ``timeline`` (pure)."""
+    changes: list[tuple[float, int]] = []
+    for resource in {e.resource for e in timeline if e.resource.startswith("device ")}:
+        spans = union_spans(
+            (e.start_s, e.end_s)
+            for e in timeline
+            if e.resource == resource and e.kind is not EventKind.TRANSFER
+        )
+        changes += [c for start, end in spans for c in ((start, 1), (end, -1))]
+    total, running, last = 0.0, 0, 0.0
+    for t, delta in sorted(changes):
+        if running >= 2:
+            total += t - last
+        running, last = running + delta, t
+    return total
 
 
 def _placement_terms(
@@ -996,6 +1037,9 @@ class ClusterMeasurement:
     rows: Mapping[str, Measured]
     reference_s: tuple[float, ...]
     """Per worker: the median step of the whole model placed on it alone."""
+    together_s: float | None = None
+    """The median of those steps run on every worker at once (one client thread each): the
+    slowest one's time."""
 
 
 def time_interleaved(
@@ -1059,11 +1103,20 @@ def measure_cluster_rows(
             return placed.train_on_batch(xs, y)
 
         step_of[key] = step
-    timed = time_interleaved(step_of, steps, warmup, [*pids, os.getpid()])
+    with ThreadPoolExecutor(len(tasks)) as pool:
+        alone = [step_of[f"worker {d} alone"] for d in range(len(tasks))]
+
+        def together() -> None:
+            for done in [pool.submit(step) for step in alone]:
+                done.result()
+
+        step_of["together"] = together
+        timed = time_interleaved(step_of, steps, warmup, [*pids, os.getpid()])
     measured = {k: replace(m, cpu_share=m.cpu_share[: len(pids)]) for k, m in timed.items()}
     return ClusterMeasurement(
         {row.key: measured[row.key] for row in rows},
         tuple(measured[f"worker {d} alone"].step_s for d in range(len(tasks))),
+        measured["together"].step_s,
     )
 
 
@@ -1076,6 +1129,16 @@ def worker_scale(single: Prediction, client_s: float, reference_s: Sequence[floa
     if not reference_s or single.step_s <= 0:
         return 1.0
     return (statistics.fmean(reference_s) - client_s) / single.step_s
+
+
+def contention(cluster: ClusterMeasurement) -> float:
+    """How much slower a worker computes while the other computes too: the whole model on
+    every worker at once over the slowest worker's alone, less one; 0 when not measured or
+    faster (the cores share a cache and the memory bus, and contention cannot speed a core up).
+    Measured on the references alone, never on a row."""
+    if cluster.together_s is None or not cluster.reference_s:
+        return 0.0
+    return max(0.0, cluster.together_s / max(cluster.reference_s) - 1.0)
 
 
 def zoo_predicted(spec: cz.ModelSpec, cal: Any, link: LinkFit) -> dict[str, float]:
@@ -1099,12 +1162,13 @@ def dp_scale(dp: Prediction, reference_s: Sequence[float]) -> float:
 
 
 def _scaled(
-    p: PlannedRow, m: Measured | None, workers: Sequence[PlannedRow], scale: float,
-    reference: tuple[float, ...],
+    p: PlannedRow, m: Measured | None, workers: Sequence[PlannedRow],
+    scale: tuple[float, float], reference: tuple[float, ...],
 ) -> tuple[Prediction, tuple[float, ...]]:  # fmt: skip
-    """A row's prediction at its processes' measured speed, and the reference that gave it."""
+    """A row's prediction at its processes' measured speed (``scale``: the workers' scale and
+    contention), and the reference that gave it."""
     if p in workers:
-        return p.predicted.on_workers(scale), reference
+        return p.predicted.on_workers(*scale), reference
     if m is not None and m.reference_s:
         return p.predicted.on_workers(dp_scale(p.predicted, m.reference_s)), m.reference_s
     return p.predicted, ()
@@ -1115,18 +1179,20 @@ def assemble_rows(
     cluster: ClusterMeasurement | None = None,
 ) -> list[StrategyRow]:  # fmt: skip
     """The rows of one model: each planned row with its measurement, auto's marked chosen, the
-    workers' rows scaled to the workers' measured speed (:func:`worker_scale`) and the
-    data-parallel row to its processes' (:func:`dp_scale`)."""
-    scale, reference = 1.0, tuple[float, ...]()
+    workers' rows scaled to the workers' measured speed (:func:`worker_scale`, and
+    :func:`contention` while both compute) and the data-parallel row to its processes'
+    (:func:`dp_scale`)."""
+    scale, shared, reference = 1.0, 0.0, tuple[float, ...]()
     workers = on_workers(scal.rows)
     if cluster is not None and workers:
         single = next(p.predicted for p in scal.rows if p.key == "single")
         reference = cluster.reference_s
         scale = worker_scale(single, workers[0].predicted.client_s, reference)
+        shared = contention(cluster)
     out = []
     for p in scal.rows:
         m = measured.get(p.key)
-        predicted, own_reference = _scaled(p, m, workers, scale, reference)
+        predicted, own_reference = _scaled(p, m, workers, (scale, shared), reference)
         out.append(
             StrategyRow(
                 model=spec.label, key=p.key, strategy=p.strategy, label=p.label,

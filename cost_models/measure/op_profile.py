@@ -72,6 +72,7 @@ __all__ = [
     "share_concurrent",
     "step_calibration",
     "step_inputs",
+    "union_spans",
 ]
 
 logger = logging.getLogger(__name__)
@@ -266,7 +267,7 @@ def share_concurrent(events: Sequence[KernelEvent], cores: int = 1) -> list[Kern
         by_thread.setdefault(e.thread, []).append((e.start_s, e.start_s + e.duration_s))
     changes: list[tuple[float, int]] = []
     for spans in by_thread.values():
-        for start, end in _union(spans):
+        for start, end in union_spans(spans):
             changes += [(start, 1), (end, -1)]
     changes.sort()
     # the piecewise-linear integral of the share at each change, and its slope after it
@@ -293,8 +294,8 @@ def share_concurrent(events: Sequence[KernelEvent], cores: int = 1) -> list[Kern
     ]
 
 
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The disjoint intervals covering ``spans``, in order."""
+def union_spans(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The disjoint intervals covering ``spans`` (``(start, end)`` pairs), in order (pure)."""
     out: list[tuple[float, float]] = []
     for start, end in sorted(spans):
         if out and start <= out[-1][1]:
