@@ -63,7 +63,11 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   simulated step and the update) of every workers' row are scaled by the references' step
   over the single row's prediction of it (:func:`worker_scale`, the JSON's ``worker_scale``
   and ``worker_reference_s``): the workers' speed in the same rounds as the rows, measured on
-  the references alone, never fitted to a row. Unscaled: ``predicted_terms_s`` summed.
+  the references alone, never fitted to a row. **Contention**: a third reference runs the
+  whole model on both workers at once (a client thread each); its step over the slower
+  worker's alone, less one (:func:`contention`; the two cores share the L3 cache and the
+  memory bus), slows the simulated time in which both devices compute (``both_busy_s``, from
+  the simulated timeline, :func:`both_busy_s`). Unscaled: ``predicted_terms_s`` summed.
 * ``auto``'s choice -- ``search_strategies(costed_at, B, StrategyOptions(GPipe and 1F1B))`` on
   a topology of two ``cpu`` devices joined by the fitted loopback link
   (:func:`benchmarks.cluster_zoo.loopback_topology`) with the measured all-reduce fit. When its strategy is one of the rows above
@@ -503,8 +507,8 @@ README_ROW_WHAT = (
     "predicted (op times profiled inside the step with a whole-step calibration, a pipeline "
     "priced at its micro-batch, the all-reduce from a measured MWMS fit; the workers' rows "
     "timed in interleaved rounds and scaled to the whole model's step on each worker alone in "
-    "those rounds, the data-parallel row to a replica's step alone in its processes) beside "
-    "measured"
+    "those rounds, the time both compute slowed as much as both workers at once were, the "
+    "data-parallel row scaled to a replica's step alone in its processes) beside measured"
 )
 
 
