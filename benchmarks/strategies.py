@@ -119,6 +119,16 @@ d55c123 (two threads) predicted multi_tower's placed rows about 20% fast for tha
 run on a095af4 (four) measured them 1.55x faster than one process (before: 1.07-1.25x) and
 predicted them within 12.4% and 14.5%.
 
+Repeatability. Three runs of b80f174 on one quiet two-core machine (2026-11-26): the committed
+one met every target (21 of 21 within 15%, worst -11.5%); the second had 21 of 21 within 15%
+but lstm_nmt's one process measured 288 ms against data parallel's 308 ms (auto's choice,
+1.071x); the third had 18 of 21 within 15% (multi_tower's data parallel -35.5%, transformer_lm's
+-20.4%, multi_tower's auto split -15.0%) and the same lstm_nmt flip (1.088x). What moves is
+the data-parallel step: its reference (a replica alone, the same rounds) held still (multi_tower
+88-95 ms in all runs) while its steps spread over 192-428 ms in one run, so the all-reduce
+inside the step took from 0.9x to 3.1x what the collective fit (timed alone before the
+models) predicts. lstm_nmt's data parallel over one process measured 1.18x, 0.93x and 0.92x.
+
 The table gives per row the predicted and measured step, the error, ``chosen`` on auto's row;
 per model whether the predicted winner (least predicted step) is the measured winner, and auto's
 measured step over the best measured one (the issue's targets: <= 1.05, winners equal, every
