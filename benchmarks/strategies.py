@@ -119,7 +119,7 @@ d55c123 (two threads) predicted multi_tower's placed rows about 20% fast for tha
 run on a095af4 (four) measured them 1.55x faster than one process (before: 1.07-1.25x) and
 predicted them within 12.4% and 14.5%.
 
-Repeatability. Three runs of b80f174 on one quiet two-core machine (2026-11-26): the committed
+Repeatability. Three runs of b80f174 on one quiet two-core machine (2026-11-25/26): the committed
 one met every target (21 of 21 within 15%, worst -11.5%); the second had 21 of 21 within 15%
 but lstm_nmt's one process measured 288 ms against data parallel's 308 ms (auto's choice,
 1.071x); the third had 18 of 21 within 15% (multi_tower's data parallel -35.5%, transformer_lm's
