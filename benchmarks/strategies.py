@@ -396,8 +396,8 @@ def _reference_lines(rows: Sequence[StrategyRow]) -> list[str]:
         lines.append(
             f"the whole model alone on each worker, timed in the workers' rounds: {alone} ms; "
             f"the workers' rows scale their core terms by {scaled.predicted.worker_scale:.3f}, "
-            f"and the time both compute by {1 + scaled.predicted.contention:.3f} more (on every "
-            "worker at once)"
+            f"and the time both compute by a further x{1 + scaled.predicted.contention:.3f} (the "
+            "whole model on both workers at once over the slower alone)"
         )
     return lines
 
