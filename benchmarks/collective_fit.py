@@ -143,7 +143,8 @@ def _all_reduce_step(strategy: Any, total_bytes: int) -> Any:
 
 def join_loopback_workers(index: int, ports: Sequence[int], core: int) -> Any:
     """This process as worker ``index`` of a ``MultiWorkerMirroredStrategy`` over 127.0.0.1
-    ``ports``, pinned to ``core`` with one intra-op and two inter-op threads; the strategy."""
+    ``ports``, pinned to ``core`` with one intra-op and ``INTER_OP_THREADS`` inter-op threads
+    (the cluster workers' default); the strategy."""
     os.sched_setaffinity(0, {core})
     os.environ["TF_CONFIG"] = json.dumps(
         {
