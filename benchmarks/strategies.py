@@ -948,10 +948,11 @@ def _dp_worker(
     def run_alone() -> Any:
         return alone_step(inputs, target).numpy()
 
-    barrier, pid = _barrier(strategy), [os.getpid()]
-    # in blocks, not alternated: the local copy's 2x weights would evict the strategy's
-    reference = time_interleaved({"r": run_alone}, args.steps, args.warmup, pid, barrier)["r"]
-    dp = time_interleaved({"dp": run}, args.steps, args.warmup, pid, barrier)["dp"]
+    timed = time_interleaved(
+        {"data_parallel": run, "reference": run_alone}, args.steps, args.warmup, [os.getpid()],
+        before_each=_barrier(strategy),
+    )  # fmt: skip
+    dp, reference = timed["data_parallel"], timed["reference"]
     out = {"samples_s": dp.samples_s, "cpu_share": dp.cpu_share[0]}
     Path(args.out).write_text(json.dumps({**out, "reference_samples_s": reference.samples_s}))
     deadline = time.monotonic() + DP_TIMEOUT_S
