@@ -59,7 +59,10 @@ profiler's kernel times as they are (no whole-step calibration, unlike
 :mod:`benchmarks.strategies`), and with more threads on one core kernels overlap in time, so
 their durations add up past the step. Calibrated with the workers' four instead (b5fcda4,
 reverted), its one-process and placed rows came out 19-170% above their measurements
-(multi_tower's one-process step: 953 ms predicted, 353 measured). The workers run
+(multi_tower's one-process step: 953 ms predicted, 353 measured). That was before kernels run
+side by side counted their share of the CPU
+(:func:`cost_models.measure.op_profile.share_concurrent`, 9462239); four threads here have not
+been tried since. The workers run
 :data:`partitioner.cli.worker.MIN_INTER_OP_THREADS` (four; two when the committed
 ``benchmarks/results/cluster_zoo.json`` was measured). A run with four on the workers and
 one here measured every row 7-36% above its prediction, its one-process rows -7% to -20% in the

@@ -141,6 +141,7 @@ its core). ``--quick``: 3 timed steps after 1 warm-up (default 7 after 2). Exit 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -169,7 +170,7 @@ from benchmarks.collective_fit import (
     join_loopback_workers,
     measure_all_reduce,
 )
-from cost_models.measure.op_profile import union_spans
+from cost_models.measure.op_profile import concurrency
 from partitioner.core.ir import AllReduceFit, EventKind, Schedule, TimelineEvent
 from partitioner.core.strategy import Strategy
 
@@ -721,20 +722,10 @@ def _timeline(sim: Any, costed: Any) -> tuple[Any, ...]:
 
 def both_busy_s(timeline: Sequence[TimelineEvent]) -> float:
     """Seconds in which two or more devices compute at once in ``timeline`` (pure)."""
-    changes: list[tuple[float, int]] = []
-    for resource in {e.resource for e in timeline if e.resource.startswith("device ")}:
-        spans = union_spans(
-            (e.start_s, e.end_s)
-            for e in timeline
-            if e.resource == resource and e.kind is not EventKind.TRANSFER
-        )
-        changes += [c for start, end in spans for c in ((start, 1), (end, -1))]
-    total, running, last = 0.0, 0, 0.0
-    for t, delta in sorted(changes):
-        if running >= 2:
-            total += t - last
-        running, last = running + delta, t
-    return total
+    devices = {e.resource for e in timeline if e.resource.startswith("device ")}
+    compute = [e for e in timeline if e.kind is not EventKind.TRANSFER]
+    steps = concurrency([(e.start_s, e.end_s) for e in compute if e.resource == d] for d in devices)
+    return sum(t1 - t0 for (t0, n), (t1, _) in itertools.pairwise(steps) if n >= 2)
 
 
 def _placement_terms(

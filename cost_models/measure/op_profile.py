@@ -64,6 +64,7 @@ __all__ = [
     "apply_op_profile",
     "apply_step_profile",
     "attribute_events",
+    "concurrency",
     "configure_serial_executor",
     "interleaved_step_times",
     "layer_phase_times",
@@ -72,7 +73,6 @@ __all__ = [
     "share_concurrent",
     "step_calibration",
     "step_inputs",
-    "union_spans",
 ]
 
 logger = logging.getLogger(__name__)
@@ -265,28 +265,17 @@ def share_concurrent(events: Sequence[KernelEvent], cores: int = 1) -> list[Kern
     by_thread: dict[int, list[tuple[float, float]]] = {}
     for e in events:
         by_thread.setdefault(e.thread, []).append((e.start_s, e.start_s + e.duration_s))
-    changes: list[tuple[float, int]] = []
-    for spans in by_thread.values():
-        for start, end in union_spans(spans):
-            changes += [(start, 1), (end, -1)]
-    changes.sort()
-    # the piecewise-linear integral of the share at each change, and its slope after it
-    times: list[float] = []
-    shared: list[tuple[float, float]] = []
-    running, total = 0, 0.0
-    for i, (t, delta) in enumerate(changes):
-        if i:
-            total += (t - times[-1]) * shared[-1][1]
-        running += delta
-        times.append(t)
-        shared.append((total, min(1.0, cores / running) if running > 0 else 1.0))
+    steps = concurrency(by_thread.values())
+    times = [t for t, _ in steps]
+    slopes = [min(1.0, cores / n) if n else 1.0 for _, n in steps]
+    # the integral of the share at each change point (it is piecewise linear between them)
+    bases = [0.0]
+    for i in range(1, len(steps)):
+        bases.append(bases[-1] + (times[i] - times[i - 1]) * slopes[i - 1])
 
-    def integral(t: float) -> float:
+    def integral(t: float) -> float:  # every event starts and ends at a change point or after
         i = bisect.bisect_right(times, t) - 1
-        if i < 0:
-            return t - times[0] if times else t
-        base, slope = shared[i]
-        return base + (t - times[i]) * slope
+        return bases[i] + (t - times[i]) * slopes[i]
 
     return [
         replace(e, duration_s=integral(e.start_s + e.duration_s) - integral(e.start_s))
@@ -294,8 +283,29 @@ def share_concurrent(events: Sequence[KernelEvent], cores: int = 1) -> list[Kern
     ]
 
 
-def union_spans(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The disjoint intervals covering ``spans`` (``(start, end)`` pairs), in order (pure)."""
+def concurrency(groups: Iterable[Iterable[tuple[float, float]]]) -> list[tuple[float, int]]:
+    """How many of ``groups`` (each a collection of ``(start, end)`` spans, overlapping or
+    nested) are busy: ``(time, count)`` at every point where the count changes, in time order,
+    the count holding until the next point (pure)."""
+    changes = sorted(
+        change
+        for spans in groups
+        for start, end in _union(spans)
+        for change in ((start, 1), (end, -1))
+    )
+    out: list[tuple[float, int]] = []
+    running = 0
+    for t, delta in changes:
+        running += delta
+        if out and out[-1][0] == t:
+            out[-1] = (t, running)
+        else:
+            out.append((t, running))
+    return out
+
+
+def _union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The disjoint intervals covering ``spans``, in order."""
     out: list[tuple[float, float]] = []
     for start, end in sorted(spans):
         if out and start <= out[-1][1]:

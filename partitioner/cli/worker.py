@@ -5,8 +5,8 @@ the ``worker`` job (the cluster comes from a mapping, a JSON file, or the ``TF_C
 environment variable; see :func:`passes.cluster.runtime.load_cluster`), with ``threads`` intra-op
 threads (default 1: each kernel on one core), ``inter_op_threads`` inter-op threads (default
 ``max(MIN_INTER_OP_THREADS, threads)``, four on one core, see below) and, optionally, the
-process pinned to given CPU cores. It
-serves until SIGTERM or SIGINT and then returns 0; it never writes a traceback for a stop.
+process pinned to given CPU cores. It serves until SIGTERM or SIGINT and then returns 0; it never
+writes a traceback for a stop.
 
 Thread pools. A client's functions run on a worker in an eager context that the *client*
 creates there, configured by the session config the client ships when it connects
@@ -125,10 +125,10 @@ def run_worker(
     file holding one, or None for the ``TF_CONFIG`` environment variable; ``task_index`` None
     takes TF_CONFIG's ``task.index``. ``threads`` sets TensorFlow's intra-op thread pool and
     ``inter_op_threads`` its inter-op pool (None: ``max(MIN_INTER_OP_THREADS, threads)``), for
-    the server and, via
-    ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``, for the functions a client runs here
-    (unless the client's own config sets them; see the module docstring); ``cores`` pins the process to those CPU cores (Linux). ``on_ready(task, address)``
-    is called once the server listens. ``bind`` is who may connect: a loopback address (the
+    the server and, via ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``, for the functions
+    a client runs here (unless the client's own config sets them; see the module docstring);
+    ``cores`` pins the process to those CPU cores (Linux). ``on_ready(task, address)`` is called
+    once the server listens. ``bind`` is who may connect: a loopback address (the
     default) ties the server to this machine (module docstring), any other address lets every
     interface in. Returns the exit status (0 after a stop). Signal handlers are installed only
     when called from the main thread.

@@ -10,6 +10,7 @@ from cost_model_graphs import mlp
 from cost_models.measure.op_profile import (
     KernelEvent,
     attribute_events,
+    concurrency,
     layer_phase_times,
     share_concurrent,
 )
@@ -94,6 +95,13 @@ def test_an_event_nested_in_its_thread_does_not_count_as_a_thread() -> None:
     assert shares == [3.0, 0.5, 1.0]
     with pytest.raises(PartitionError, match="cores=0"):
         share_concurrent([], cores=0)
+
+
+def test_concurrency_counts_busy_groups_between_change_points() -> None:
+    # group a: 0-2 and a nested 1-1.5; group b: 1-3; group c: 3-4 (touching b's end)
+    steps = concurrency([[(0.0, 2.0), (1.0, 1.5)], [(1.0, 3.0)], [(3.0, 4.0)]])
+    assert steps == [(0.0, 1), (1.0, 2), (2.0, 1), (3.0, 1), (4.0, 0)]
+    assert concurrency([]) == []
 
 
 def test_bad_arguments_are_refused() -> None:
