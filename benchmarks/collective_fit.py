@@ -2,18 +2,25 @@
 
     python -m benchmarks.collective_fit [--reps N] [--json out.json]
 
-Two SPMD processes on 127.0.0.1, each pinned to its own core (one intra-op, two inter-op
-threads: the data-parallel processes of :mod:`benchmarks.strategies`), build
-``tf.distribute.MultiWorkerMirroredStrategy`` from a ``TF_CONFIG`` naming both and time, per
-total size in :data:`SIZES_BYTES`, one ``tf.function`` whose replica function is
-``tf.distribute.get_replica_context().all_reduce(SUM, tensors)`` of :data:`NUM_TENSORS` float32
-tensors of that total size: the batched collective Keras's optimizer runs on a model's gradients
-(``keras/src/backend/tensorflow/optimizer.py``, ``_all_reduce_sum_gradients``; a ring over gRPC
-on CPUs). A point is, per size, the median over ``reps`` timed calls (after warm-up) of the
-slower process's time of each call. ``latency_s + bytes / bandwidth_bytes_per_s`` is fitted to
-the points by least squares of the relative errors (the intercept kept >= 0), and
-:meth:`CollectiveFit.to_ir` gives the
-:class:`~partitioner.core.ir.AllReduceFit` a :class:`~partitioner.core.ir.Topology` carries
+Two SPMD processes on 127.0.0.1, each pinned to its own core (one intra-op thread and
+:data:`INTER_OP_THREADS` inter-op threads: the data-parallel processes of
+:mod:`benchmarks.strategies`), build ``tf.distribute.MultiWorkerMirroredStrategy`` from a
+``TF_CONFIG`` naming both and time, per total size in :data:`SIZES_BYTES`, one ``tf.function``
+whose replica function is ``tf.distribute.get_replica_context().all_reduce(SUM, tensors)`` of
+:data:`NUM_TENSORS` float32 tensors of that total size: the batched collective Keras's optimizer
+runs on a model's gradients (``keras/src/backend/tensorflow/optimizer.py``,
+``_all_reduce_sum_gradients``; a ring over gRPC on CPUs).
+
+The sizes are timed in ``reps`` interleaved rounds (after warm-up rounds), one call of each size
+a round, so that the machine's drift falls on every size alike, and every call starts after an
+untimed one-scalar all-reduce, so both processes enter it together, as a training step's
+all-reduce starts once both replicas' backward is done. (Timed back to back instead, size after
+size and without the barrier, the 16 MB point measured 43-44 ms in two runs, where the same
+call in the data-parallel processes' rounds, after the barrier, took 29 and 34 ms, the medians
+of 21 rounds.) A point is, per size, the median over the rounds of the slower process's time of
+each call. ``latency_s + bytes / bandwidth_bytes_per_s`` is fitted to the points by least
+squares of the relative errors (the intercept kept >= 0), and :meth:`CollectiveFit.to_ir` gives
+the :class:`~partitioner.core.ir.AllReduceFit` a :class:`~partitioner.core.ir.Topology` carries
 (``all_reduce``), which :mod:`cost_models.estimate.collectives` then uses for every all-reduce
 between the two devices. The fit never sees a training step: it is the collective alone.
 """
@@ -160,19 +167,21 @@ def join_loopback_workers(index: int, ports: Sequence[int], core: int) -> Any:
 
 
 def _worker(index: int, ports: Sequence[int], core: int, args: argparse.Namespace) -> None:
-    """One SPMD process: per size, ``warmup`` then ``reps`` timed all-reduces."""
+    """One SPMD process: ``warmup`` then ``reps`` rounds, each one all-reduce of every size,
+    each started after a barrier (:func:`benchmarks.strategies.time_interleaved`)."""
+    from benchmarks.strategies import _barrier, time_interleaved
+
     strategy = join_loopback_workers(index, ports, core)
-    samples: dict[str, list[float]] = {}
-    for size in SIZES_BYTES:
+
+    def call(size: int) -> Any:
         step = _all_reduce_step(strategy, size)
-        for _ in range(args.warmup):
-            strategy.experimental_local_results(step())[0].numpy()
-        times = []
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            strategy.experimental_local_results(step())[0].numpy()
-            times.append(time.perf_counter() - t0)
-        samples[str(size)] = times
+        return lambda: strategy.experimental_local_results(step())[0].numpy()
+
+    timed = time_interleaved(
+        {str(size): call(size) for size in SIZES_BYTES}, args.reps, args.warmup, [os.getpid()],
+        before_each=_barrier(strategy),
+    )  # fmt: skip
+    samples = {size: list(m.samples_s) for size, m in timed.items()}
     Path(args.out).write_text(json.dumps(samples), encoding="utf-8")
     deadline = time.monotonic() + TIMEOUT_S
     while not Path(args.done).exists() and time.monotonic() < deadline:
@@ -218,7 +227,7 @@ def _root() -> Path:
 
 
 def measure_all_reduce(
-    cores: Sequence[int], *, reps: int = 7, warmup: int = 2, env: Any = None
+    cores: Sequence[int], *, reps: int = 15, warmup: int = 2, env: Any = None
 ) -> CollectiveFit:
     """Time MWMS all-reduces on two processes pinned to ``cores`` and fit them (docstring)."""
     if env is None:
@@ -236,7 +245,8 @@ def measure_all_reduce(
     source = (
         f"MultiWorkerMirroredStrategy all_reduce(SUM) of {NUM_TENSORS} float32 tensors, 2 "
         f"loopback workers on cores {list(cores)}, {len(points)} sizes "
-        f"{SIZES_BYTES[0] / 1e6:g}-{SIZES_BYTES[-1] / 1e6:g} MB, median of {reps}, least "
+        f"{SIZES_BYTES[0] / 1e6:g}-{SIZES_BYTES[-1] / 1e6:g} MB, median of {reps} interleaved "
+        "rounds, each call after a barrier, least "
         "squares of the relative errors (benchmarks.collective_fit)"
     )
     return CollectiveFit(latency, bandwidth, points, samples, source)
@@ -244,7 +254,7 @@ def measure_all_reduce(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.collective_fit")
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", default=None, help="write the fit and its points here")
     hidden = argparse.SUPPRESS

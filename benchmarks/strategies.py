@@ -34,7 +34,7 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
   rounds with the data-parallel step, the same step of a local copy of the model under no
   strategy (a replica's step on its half batch, no all-reduce), the slower process's each
   round; every step of both starts after an untimed one-scalar all-reduce, so both
-  processes start it together.
+  processes start it together. The row times ``DP_ROUNDS_PER_STEP`` times ``--steps`` rounds.
   **Predicted**: ``simulate_strategy`` of R = 2, S = 1 on ``costed_at(B / 2)`` (a replica's
   step on one core, then the all-reduce of every gradient by the topology's measured
   all-reduce fit, see below), plus the update of every variable (each replica updates its
@@ -78,7 +78,8 @@ Rows of each model (``strategy`` is the :class:`~partitioner.core.strategy.Famil
 The all-reduce is priced by a **measured collective fit**, not by the loopback link: before any
 model, :func:`benchmarks.collective_fit.measure_all_reduce` times
 ``MultiWorkerMirroredStrategy``'s batched all-reduce (the call Keras's optimizer makes on the
-gradients) on two processes pinned to the two cores at 0.1 to 64 MB, fits ``latency + bytes /
+gradients) on two processes pinned to the two cores at 0.1 to 64 MB (every call after a
+barrier, the sizes in interleaved rounds, as the data-parallel row is timed), fits ``latency + bytes /
 bandwidth`` (least squares of the relative errors) and the loopback topology the predictions and
 the search use carries it (``Topology.all_reduce``, which
 :mod:`cost_models.estimate.collectives` prefers to the link estimate). The fit sees only the
@@ -203,6 +204,10 @@ SPECS: Mapping[str, cz.ModelSpec] = {
 DEFAULT_MODELS = ("mlp", "multi_tower", "gpt_tiny", "lstm_nmt")
 SEARCH_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
 DP_TIMEOUT_S = 900.0
+DP_ROUNDS_PER_STEP = 3
+"""The data-parallel row times this many rounds per ``--steps``: its all-reduce over gRPC varies
+from round to round far more than a step on a core does (multi_tower's step 162-246 ms in one
+run of 21 rounds, its reference 84-98 ms), and the row is a median of them."""
 WALL_ROUNDS = 11
 """Rounds of the interleaved whole-step timing of every profiled batch (:class:`ProfiledCosts`)."""
 AUTO_TARGET = 1.05
@@ -1240,7 +1245,9 @@ def measure_spec(
         for key, m in timed.rows.items():
             measured[key] = replace(m, reference_predicted_s=zoo.get(key))
     say(f"{spec.key}: data parallel ...\n")
-    measured["data_parallel"] = measure_data_parallel(spec, cores, steps=steps, warmup=warmup)
+    measured["data_parallel"] = measure_data_parallel(
+        spec, cores, steps=DP_ROUNDS_PER_STEP * steps, warmup=warmup
+    )
     return scal, assemble_rows(spec, scal, measured, timed)
 
 
@@ -1278,7 +1285,9 @@ def run(specs: Sequence[cz.ModelSpec], *, steps: int, warmup: int, say: Any) -> 
         raise SystemExit(f"needs two cores; this process may use {cores}")
     pair = (cores[0], cores[1])
     say("all-reduce: timing MultiWorkerMirroredStrategy collectives on two processes ...\n")
-    collective = measure_all_reduce(pair, reps=max(5, steps), warmup=warmup, env=cz.child_env())
+    collective = measure_all_reduce(
+        pair, reps=max(15, 2 * steps), warmup=warmup, env=cz.child_env()
+    )
     say(f"all-reduce: {fit_words(collective)}\n")
     out = []
     with tempfile.TemporaryDirectory() as tmp:
