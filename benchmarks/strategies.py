@@ -120,15 +120,16 @@ d55c123 (two threads) predicted multi_tower's placed rows about 20% fast for tha
 run on a095af4 (four) measured them 1.55x faster than one process (before: 1.07-1.25x) and
 predicted them within 12.4% and 14.5%.
 
-Repeatability. Three runs of b80f174 on one quiet two-core machine (2026-11-25/26): the committed
-one met every target (21 of 21 within 15%, worst -11.5%); the second had 21 of 21 within 15%
-but lstm_nmt's one process measured 288 ms against data parallel's 308 ms (auto's choice,
-1.071x); the third had 18 of 21 within 15% (multi_tower's data parallel -35.5%, transformer_lm's
--20.4%, multi_tower's auto split -15.0%) and the same lstm_nmt flip (1.088x). What moves is
-the data-parallel step: its reference (a replica alone, the same rounds) held still (multi_tower
-88-95 ms in all runs) while its steps spread over 192-428 ms in one run, so the all-reduce
-inside the step took from 0.9x to 3.1x what the collective fit (timed alone before the
-models) predicts. lstm_nmt's data parallel over one process measured 1.18x, 0.93x and 0.92x.
+Repeatability. Four runs of 13155cf on one quiet two-core machine (2026-11-26), the first one
+committed, each met every target: 21 of 21 predictions within 15% (worst -9.4%, -11.5%, -9.3%,
+-8.6%; 83 of the 84 within 10%), the predicted winner the measured one and auto's choice the
+best measured row on 4 of 4. The data-parallel step less its reference and update, against
+the fit's all-reduce: 0.88x-1.36x; lstm_nmt's data parallel over one process measured 1.53x,
+1.26x, 1.24x and 1.38x. Before 13155cf the fit timed each size's calls back to back (no barrier,
+size after size) and the data-parallel row took 7 rounds: of three runs of b80f174 one met every
+target, two had lstm_nmt's one process measured best (auto's data parallel 1.071x and 1.088x of
+it), one had 18 of 21 within 15% (multi_tower's data parallel -35.5%: its steps 192-428 ms, its
+reference 88-95 ms), and the data-parallel steps' all-reduce took 1.16x-2.34x the fit's.
 
 The table gives per row the predicted and measured step, the error, ``chosen`` on auto's row;
 per model whether the predicted winner (least predicted step) is the measured winner, and auto's
