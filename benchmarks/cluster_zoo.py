@@ -63,10 +63,16 @@ reverted), its one-process and placed rows came out 19-170% above their measurem
 side by side counted their share of the CPU
 (:func:`cost_models.measure.op_profile.share_concurrent`, 9462239); four threads here have not
 been tried since. The workers run
-:data:`partitioner.cli.worker.MIN_INTER_OP_THREADS` (four; two when the committed
-``benchmarks/results/cluster_zoo.json`` was measured). A run with four on the workers and
-one here measured every row 7-36% above its prediction, its one-process rows -7% to -20% in the
-calibration process itself (the machine was slow that run); neither run was committed.
+:data:`partitioner.cli.worker.MIN_INTER_OP_THREADS` (four). The committed
+``benchmarks/results/cluster_zoo.json`` is the last of three runs on the two-core AMD EPYC
+machine (2026-11-26, code of 7a45ab1; decided before it ran that it would be committed), the
+first committed with four inter-op threads on the workers; the other two were for the record,
+the second with ``profile_step_ops(share_cores=None)`` patched in (kernels at their wall times,
+not their share of the CPU) and only transformer_lm and lstm_nmt. The rows move between runs,
+as they are neither interleaved nor scaled: transformer_lm's 1F1B row measured 234.6, 228.7 and
+292.6 ms, its one-process row 343.3, 288.9 and 288.7 ms. The one-process predictions of
+lstm_nmt and transformer_lm were off by -11.8% and -18.1% (first run), -2.5% and -4.8% (wall
+times), +0.3% and -7.8% (committed).
 """
 
 from __future__ import annotations
@@ -425,7 +431,9 @@ README_ROW_WHAT = (
     "two-process runs of three zoo models at reduced sizes (lstm_nmt 2+2 x LSTM(256); "
     "multi_tower 4 x 2 Dense(1024); a GPT-style transformer_lm 4 x 256), planned by "
     "`partition --profile-ops` on one core (every op timed inside the step, at the batch and the "
-    "micro-batch size)"
+    "micro-batch size), predicted stage by stage from the profile as measured (no whole-step "
+    "calibration); the rows are timed one after another, neither interleaved nor scaled to the "
+    "machine's drift (`benchmarks.strategies`, the next row, does both)"
 )
 README_COMMAND = (
     "`python -m benchmarks.cluster_zoo --models lstm_nmt,multi_tower,gpt_tiny "
