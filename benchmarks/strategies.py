@@ -137,7 +137,8 @@ measured step over the best measured one (the issue's targets: <= 1.05, winners 
 error within 15%). ``--json`` writes ``{"all_reduce_fit": {...}, "records": [...]}`` with ``model``, ``strategy``,
 ``predicted_step_s``, ``measured_step_s``, ``chosen`` and the details. The two cores must be
 otherwise idle for the numbers to mean anything (``cpu_share`` says whether each process had
-its core). ``--quick``: 3 timed steps after 1 warm-up (default 7 after 2). Exit status 0.
+its core). ``--quick``: 3 timed steps after 1 warm-up (default 7 after 2; the data-parallel
+row times ``DP_ROUNDS_PER_STEP`` times as many). Exit status 0.
 """
 
 from __future__ import annotations
@@ -1257,7 +1258,7 @@ def header(spec: cz.ModelSpec, scal: StrategyCalibration, steps: int, warmup: in
     families = "; ".join(f"{f} {s * 1e3:.1f} ms ({w})" for f, s, w in scal.family_best)
     return [
         f"model: {spec.label}; batch {spec.batch_size}; MSE, SGD; {steps} timed steps (median) "
-        f"after {warmup} warm-up",
+        f"after {warmup} warm-up, {DP_ROUNDS_PER_STEP * steps} for data parallel",
         f"auto (search_strategies, 2 cpu devices, fitted loopback): {scal.auto_words}, "
         f"searched step {scal.search_step_s * 1e3:.1f} ms (no update/feed/client terms)",
         f"search's best per family: {families}",
