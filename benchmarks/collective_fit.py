@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ __all__ = [
     "NUM_TENSORS",
     "SIZES_BYTES",
     "CollectiveFit",
+    "barrier",
     "fit_latency_bandwidth",
     "measure_all_reduce",
 ]
@@ -166,10 +167,25 @@ def join_loopback_workers(index: int, ports: Sequence[int], core: int) -> Any:
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
+def barrier(strategy: Any) -> Callable[[], Any]:
+    """A one-scalar all-reduce: both processes leave it together (an untimed start line)."""
+    import tensorflow as tf
+
+    @tf.function
+    def all_reduce_one() -> Any:
+        def one() -> Any:
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+
+        return strategy.run(one)
+
+    return lambda: strategy.experimental_local_results(all_reduce_one())[0].numpy()
+
+
 def _worker(index: int, ports: Sequence[int], core: int, args: argparse.Namespace) -> None:
     """One SPMD process: ``warmup`` then ``reps`` rounds, each one all-reduce of every size,
     each started after a barrier (:func:`benchmarks.strategies.time_interleaved`)."""
-    from benchmarks.strategies import _barrier, time_interleaved
+    from benchmarks.strategies import time_interleaved
 
     strategy = join_loopback_workers(index, ports, core)
 
@@ -179,7 +195,7 @@ def _worker(index: int, ports: Sequence[int], core: int, args: argparse.Namespac
 
     timed = time_interleaved(
         {str(size): call(size) for size in SIZES_BYTES}, args.reps, args.warmup, [os.getpid()],
-        before_each=_barrier(strategy),
+        before_each=barrier(strategy),
     )  # fmt: skip
     samples = {size: list(m.samples_s) for size, m in timed.items()}
     Path(args.out).write_text(json.dumps(samples), encoding="utf-8")

@@ -170,6 +170,7 @@ from benchmarks.cluster_pipeline import (
 from benchmarks.collective_fit import (
     INTER_OP_THREADS,
     CollectiveFit,
+    barrier,
     join_loopback_workers,
     measure_all_reduce,
 )
@@ -901,21 +902,6 @@ def _dp_step(strategy: Any, model: Any, optimizer: Any, global_batch: int) -> An
     return step
 
 
-def _barrier(strategy: Any) -> Callable[[], Any]:
-    """A one-scalar all-reduce: both processes leave it together (an untimed start line)."""
-    import tensorflow as tf
-
-    @tf.function
-    def barrier() -> Any:
-        def one() -> Any:
-            context = tf.distribute.get_replica_context()
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
-
-        return strategy.run(one)
-
-    return lambda: strategy.experimental_local_results(barrier())[0].numpy()
-
-
 def _dp_worker(
     spec: cz.ModelSpec, index: int, ports: Sequence[int], core: int, args: argparse.Namespace
 ) -> None:
@@ -948,7 +934,7 @@ def _dp_worker(
 
     timed = time_interleaved(
         {"data_parallel": run, "reference": run_alone}, args.steps, args.warmup, [os.getpid()],
-        before_each=_barrier(strategy),
+        before_each=barrier(strategy),
     )  # fmt: skip
     dp, reference = timed["data_parallel"], timed["reference"]
     out = {"samples_s": dp.samples_s, "cpu_share": dp.cpu_share[0]}
