@@ -69,6 +69,7 @@ the file, the field and what is known.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -83,6 +84,7 @@ from cost_models.devices.datafiles import (
     parse_json,
     parse_toml,
 )
+from cost_models.devices.fits import LatencyBandwidthFit, fit_latency_bandwidth
 from cost_models.devices.tf_config import (
     TF_CONFIG_VARIABLE,
     TfConfig,
@@ -522,7 +524,58 @@ def parse_topology(
     if "all_reduce" not in top:
         return topology
     fit = _all_reduce_fit(where, top["all_reduce"], topology.num_devices)
-    return replace(topology, all_reduce=fit)
+    topology = replace(topology, all_reduce=fit)
+    if "calibration" in top:
+        _check_calibration(where, top, topology.num_devices)
+    return topology
+
+
+def _same_figures(table: Mapping[str, Any], fit: LatencyBandwidthFit) -> bool:
+    """Whether a file's ``latency_s`` / ``bandwidth_bytes_per_s`` are those fitted to its points
+    (up to the rounding of writing them)."""
+    return math.isclose(float(table["latency_s"]), fit.latency_s, rel_tol=1e-6, abs_tol=1e-12) and (
+        math.isclose(float(table["bandwidth_bytes_per_s"]), fit.bandwidth_bytes_per_s, rel_tol=1e-6)
+    )
+
+
+def _edited(where: _Where, field: str, fit: LatencyBandwidthFit) -> CatalogError:
+    return where.fail(
+        field,
+        f"differs from the fit of its calibration points (latency_s={fit.latency_s:.6g}, "
+        f"bandwidth_bytes_per_s={fit.bandwidth_bytes_per_s:.6g}); run partition calibrate again, "
+        "or delete the calibration table to use figures set by hand",
+    )
+
+
+def _check_calibration(where: _Where, top: Mapping[str, Any], num_devices: int) -> None:
+    """A file written by ``partition calibrate``: every measured figure is the fit of its raw
+    points (an edited figure, or points a fit cannot use, fail with one line)."""
+    cal = top["calibration"]
+    measured = cal.get("measured_devices")
+    if measured is not None and len(measured) != num_devices:
+        raise where.fail(
+            "calibration.measured_devices",
+            f"names {len(measured)} devices but the file has {num_devices}; run partition "
+            "calibrate again",
+        )
+    tables = {
+        tuple(sorted(e["devices"])): (i, e["link"]) for i, e in enumerate(top.get("links", []))
+    }
+    for k, entry in enumerate(cal["links"]):
+        field = f"calibration.links[{k}]"
+        pair = tuple(sorted(entry["devices"]))
+        if pair not in tables or not isinstance(tables[pair][1], Mapping):
+            raise where.fail(field, f"measures devices {list(pair)}, which no [[links]] table sets")
+        points = [(int(b), float(s)) for b, s in entry["points"]]
+        fit = fit_latency_bandwidth(points, f"{where.origin}: {field}")
+        if not _same_figures(tables[pair][1], fit):
+            raise _edited(where, f"links[{tables[pair][0]}].link", fit)
+    if "all_reduce" not in top:
+        raise where.fail("all_reduce", "is missing, though the calibration measured it")
+    points = [(int(b), float(s)) for b, s in cal["all_reduce"]["points"]]
+    fit = fit_latency_bandwidth(points, f"{where.origin}: calibration.all_reduce")
+    if not _same_figures(top["all_reduce"], fit):
+        raise _edited(where, "all_reduce", fit)
 
 
 MAX_TOPOLOGY_BYTES = 1 << 20

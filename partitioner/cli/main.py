@@ -631,6 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from partitioner.cli.worker import main as worker_main
 
         return worker_main(argv[1:])
+    if argv and argv[0] == "calibrate":
+        from partitioner.cli.calibrate import main as calibrate_main
+
+        return calibrate_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     # A polite kill (SIGTERM) unwinds like Ctrl-C, so atomic writers remove their temporary files.

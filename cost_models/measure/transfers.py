@@ -1,0 +1,177 @@
+"""Timing the devices a plan will use: point-to-point transfers, the replicas' all-reduce, and
+each device's compute speed, as the rewrites run them (imports TensorFlow).
+
+Every function takes TensorFlow device strings, local (``/device:CPU:1``, ``/device:GPU:0``) or
+a connected cluster's (``/job:worker/replica:0/task:1/device:CPU:0``), and times ``tf.function``
+calls driven from this process, as a placed model's steps are. Each measured quantity is the
+difference of two calls that differ only in it, timed in **interleaved rounds**
+(:func:`time_interleaved`: one call of each kind a round, so that the machine's drift over the
+seconds they take falls on both alike), and a point is the median over the rounds:
+
+* :func:`transfer_points`: a tensor made on ``src`` (``tf.random.uniform``, never constant-folded)
+  and summed on ``dst``, less the same made and summed on ``dst``: the copy the placed rewrite
+  makes when a layer's input comes from another device (``Send``/``Recv``; gRPC between tasks).
+* :func:`all_reduce_points`: the explicit all-reduce of partitioner's replica rewrite
+  (:mod:`passes.rewrite.replicate`, reduce to one device then broadcast): each member makes
+  :data:`NUM_TENSORS` tensors of the size (a model's gradients are a list), the first member sums
+  each with ``tf.add_n`` and divides by the member count, and every member reads every sum, less
+  the same tensors made and read on their own member.
+* :func:`matmul_flops_per_s`: ``n x n`` float32 matrix products on one device, FLOP/s.
+* :func:`dispatch_s`: one no-op step over the devices: the client's fixed cost of a step.
+
+Callers bound each call in time (a remote task that hangs would block it for ever);
+``partition calibrate`` (:mod:`passes.cluster.calibrate`) does.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = [
+    "NUM_TENSORS",
+    "all_reduce_points",
+    "dispatch_s",
+    "matmul_flops_per_s",
+    "time_interleaved",
+    "transfer_points",
+]
+
+NUM_TENSORS = 8
+"""Tensors per all-reduce (a model's gradients are a list; the rewrite reduces each)."""
+
+
+def time_interleaved(
+    steps: Mapping[str, Callable[[], Any]],
+    rounds: int,
+    warmup: int,
+    before_each: Callable[[], Any] | None = None,
+) -> dict[str, tuple[float, ...]]:
+    """Each of ``steps`` called once per round for ``rounds`` rounds (after ``warmup`` rounds);
+    the seconds of every timed call per step. ``before_each`` runs, untimed, before every call
+    (warm-up too), e.g. a barrier so that several processes start together."""
+    settle = before_each or (lambda: None)
+    for _ in range(warmup):
+        for step in steps.values():
+            settle()
+            step()
+    samples: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            settle()
+            t0 = time.perf_counter()
+            step()
+            samples[key].append(time.perf_counter() - t0)
+    return {k: tuple(v) for k, v in samples.items()}
+
+
+def _difference_s(samples: Mapping[str, Sequence[float]], with_it: str, without: str) -> float:
+    """The median call with the measured quantity less the median call without it (>= 1 ns)."""
+    return max(1e-9, statistics.median(samples[with_it]) - statistics.median(samples[without]))
+
+
+def _move(num_floats: int, src: str, dst: str) -> Callable[[], Any]:
+    @tf.function(jit_compile=False)
+    def step() -> Any:
+        with tf.device(src):
+            a = tf.random.uniform([num_floats])
+        with tf.device(dst):
+            return tf.reduce_sum(a)
+
+    return lambda: step().numpy()
+
+
+def transfer_points(
+    src: str, dst: str, sizes_bytes: Sequence[int], *, rounds: int, warmup: int = 2
+) -> tuple[tuple[int, float], ...]:
+    """``(bytes, seconds)`` of copying a float32 tensor of each size from ``src`` to ``dst``."""
+    steps: dict[str, Callable[[], Any]] = {}
+    for size in sizes_bytes:
+        n = max(1, size // 4)
+        steps[f"{size} moved"] = _move(n, src, dst)
+        steps[f"{size} local"] = _move(n, dst, dst)
+    samples = time_interleaved(steps, rounds, warmup)
+    return tuple(
+        (size, _difference_s(samples, f"{size} moved", f"{size} local")) for size in sizes_bytes
+    )
+
+
+def _reduce(num_floats: int, members: Sequence[str], *, exchange: bool) -> Callable[[], Any]:
+    """One call: every member makes its tensors; with ``exchange`` the first member sums them
+    over the members (``add_n``, divided by their count) and every member reads the sums,
+    without it every member reads its own."""
+    count = float(len(members))
+
+    @tf.function(jit_compile=False)
+    def step() -> Any:
+        made = []
+        for device in members:
+            with tf.device(device):
+                made.append([tf.random.uniform([num_floats]) for _ in range(NUM_TENSORS)])
+        if exchange:
+            with tf.device(members[0]):
+                sums = [tf.add_n(list(parts)) / count for parts in zip(*made)]
+            read = [sums] * len(members)
+        else:
+            read = made
+        totals = []
+        for device, tensors in zip(members, read):
+            with tf.device(device):
+                totals.append(tf.add_n([tf.reduce_sum(t) for t in tensors]))
+        return tf.add_n(totals)
+
+    return lambda: step().numpy()
+
+
+def all_reduce_points(
+    members: Sequence[str], sizes_bytes: Sequence[int], *, rounds: int, warmup: int = 2
+) -> tuple[tuple[int, float], ...]:
+    """``(total bytes, seconds)`` of the rewrite's all-reduce of :data:`NUM_TENSORS` float32
+    tensors of that total size among ``members`` (the first is the root)."""
+    steps: dict[str, Callable[[], Any]] = {}
+    for size in sizes_bytes:
+        n = max(1, size // (4 * NUM_TENSORS))
+        steps[f"{size} reduced"] = _reduce(n, members, exchange=True)
+        steps[f"{size} local"] = _reduce(n, members, exchange=False)
+    samples = time_interleaved(steps, rounds, warmup)
+    return tuple(
+        (size, _difference_s(samples, f"{size} reduced", f"{size} local")) for size in sizes_bytes
+    )
+
+
+def matmul_flops_per_s(device: str, *, size: int = 512, repeats: int = 8, rounds: int = 5) -> float:
+    """FLOP/s of ``repeats`` chained ``size x size`` float32 matrix products on ``device``
+    (the median call, less a call that makes the inputs alone)."""
+
+    def chain(products: int) -> Callable[[], Any]:
+        @tf.function(jit_compile=False)
+        def step() -> Any:
+            with tf.device(device):
+                a = tf.random.uniform([size, size]) / size
+                for _ in range(products):
+                    a = tf.matmul(a, a)
+                return tf.reduce_sum(a)
+
+        return lambda: step().numpy()
+
+    samples = time_interleaved({"products": chain(repeats), "inputs": chain(0)}, rounds, 2)
+    seconds = _difference_s(samples, "products", "inputs")
+    return 2.0 * size**3 * repeats / seconds
+
+
+def dispatch_s(devices: Sequence[str], *, rounds: int = 9) -> float:
+    """The median seconds of one step that touches every device and does nothing else."""
+
+    @tf.function(jit_compile=False)
+    def step() -> Any:
+        total = tf.constant(0.0)
+        for device in devices:
+            with tf.device(device):
+                total = total + 1.0
+        return total
+
+    return statistics.median(time_interleaved({"noop": lambda: step().numpy()}, rounds, 2)["noop"])

@@ -1,0 +1,162 @@
+"""``partition calibrate``: measure a cluster's (or this host's) devices into a topology file.
+
+    partition calibrate --cluster cluster.json --out calibrated.json   # the workers of a file
+    partition calibrate --out calibrated.json                          # the workers of $TF_CONFIG
+    partition calibrate --logical-cpus 2 --out local.json              # this host (no GPU)
+
+then ``partition model.py --topology calibrated.json --profile-ops``. What is measured and how:
+:mod:`passes.cluster.calibrate`. Progress goes to stderr; errors are one line, exit 2, and no
+file is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from partitioner.core.errors import PartitionError, UsageError
+
+__all__ = ["build_parser", "main"]
+
+PROG = "partition calibrate"
+QUICK_ROUNDS = 5
+DEFAULT_ROUNDS = 15
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Measure the devices a plan will use (links, the replicas' all-reduce, "
+        "compute speed) and write them as a topology file for partition --topology.",
+    )
+    parser.add_argument("--out", required=True, help="the topology file to write (.json)")
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        help='cluster file {"worker": ["host:port", ...]} or TF_CONFIG form (default: '
+        "$TF_CONFIG; neither: this host's devices)",
+    )
+    parser.add_argument(
+        "--logical-cpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="this host only: measure N logical CPU devices (standing in for GPUs)",
+    )
+    parser.add_argument(
+        "--device-type", default=None, help="catalog type of the measured devices (default cpu)"
+    )
+    parser.add_argument("--rounds", type=int, default=None, help=f"timed rounds per size ({DEFAULT_ROUNDS})")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds per size")
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds a task may take to answer (30)"
+    )
+    return parser
+
+
+def _check_out(path: str, cluster: str | None) -> None:
+    from partitioner.core.files import check_output_path, same_file
+
+    if not path.endswith(".json"):
+        raise UsageError(f"--out {path}: give a .json path (a topology file)")
+    check_output_path(path, "cannot write the topology file")
+    if cluster and os.path.exists(cluster) and os.path.exists(path) and same_file(path, cluster):
+        raise UsageError(f"--out {path} is the cluster file; write the topology elsewhere")
+
+
+def _import_quietly() -> None:
+    """Import TensorFlow with its native start-up lines (written straight to file descriptor 2)
+    kept off the terminal, and its Python warnings (a function traced per size) quiet."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import tensorflow as tf
+
+            import passes.cluster.calibrate  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    tf.get_logger().setLevel("ERROR")
+
+
+def _run(args: argparse.Namespace) -> int:
+    _check_out(args.out, args.cluster)
+    _import_quietly()
+    from cost_models.devices.tf_config import tf_config_text
+    from passes.cluster.calibrate import CalibrationOptions, calibrate_cluster, calibrate_local
+
+    rounds = args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
+    options = CalibrationOptions(
+        rounds=rounds, step_timeout_s=args.timeout, device_type=args.device_type
+    )
+    options.check()
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        sys.stderr.write(f"[{time.monotonic() - started:5.1f} s] {line}\n")
+        sys.stderr.flush()
+
+    on_cluster = args.cluster is not None or (
+        args.logical_cpus is None and tf_config_text() is not None
+    )
+    if on_cluster:
+        cal = calibrate_cluster(args.cluster, options, timeout_s=args.timeout, progress=say)
+    else:
+        cal = calibrate_local(options, logical_cpus=args.logical_cpus, progress=say)
+    data = cal.topology_data()
+    _check_written(data)
+    from partitioner.core.files import write_atomic
+
+    write_atomic(args.out, json.dumps(data, indent=1) + "\n")
+    sys.stdout.write(_summary(data, args.out, time.monotonic() - started))
+    return 0
+
+
+def _check_written(data: dict[str, object]) -> None:
+    """The file reads back as a topology (the planner's own reader), before it is written."""
+    from cost_models.devices.topology import parse_topology
+
+    parse_topology(data, origin="the measured topology")
+
+
+def _summary(data: dict[str, object], out: str, seconds: float) -> str:
+    from partitioner.core.units import format_bytes, format_seconds
+
+    lines = []
+    for entry in data["links"]:  # type: ignore[attr-defined]
+        link = entry["link"]
+        lines.append(
+            f"link {entry['devices'][0]}<->{entry['devices'][1]}: latency "
+            f"{format_seconds(link['latency_s'])}, "
+            f"{format_bytes(link['bandwidth_bytes_per_s'])}/s"
+        )
+    fit = data["all_reduce"]
+    lines.append(
+        f"all-reduce among {fit['members']}: latency {format_seconds(fit['latency_s'])}, "  # type: ignore[index]
+        f"{format_bytes(fit['bandwidth_bytes_per_s'])}/s"  # type: ignore[index]
+    )
+    lines.append(
+        f"Topology written to {out} in {seconds:.0f} s; plan with: partition MODEL.py "
+        f"--topology {out} --profile-ops"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; errors print one line and return their exit code."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    try:
+        return _run(args)
+    except PartitionError as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted; nothing was written\n")
+        return 130

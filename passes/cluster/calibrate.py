@@ -1,0 +1,377 @@
+"""``partition calibrate``: measure the devices a plan will use and write them as a topology file.
+
+On a TensorFlow cluster (a cluster file or ``TF_CONFIG``: the ``partition worker`` tasks), this
+process connects as the client (:func:`passes.cluster.runtime.connect`) and times, with
+:mod:`cost_models.measure.transfers`, what the cluster rewrites run from a client:
+
+* every pair of measured devices: a tensor copied from one to the other (what the placed and
+  pipelined rewrites send between layers on two devices; gRPC between two tasks), at several
+  sizes, fitted to ``latency_s + bytes / bandwidth_bytes_per_s``
+  (:func:`cost_models.devices.fits.fit_latency_bandwidth`);
+* the replicas' all-reduce among all measured devices as partitioner's replica rewrite runs it
+  (reduce to the first device, then broadcast: :mod:`passes.rewrite.replica`), fitted the same
+  way and written as the topology's ``[all_reduce]`` (``algorithm = "reduce_to_one"``);
+* each device's float32 matrix-product speed, this process's too (the machine that profiles
+  the model with ``--profile-ops``), and the client's fixed cost of one step over the devices.
+
+On this host (no cluster) the same among its devices: its GPUs, else ``logical_cpus`` logical
+CPU devices standing in for them (their copies are memory copies: a lower bound).
+
+The file it writes is an ordinary topology file (:mod:`cost_models.devices.topology`): one host
+per task (so devices are named ``/job:<job>/replica:0/task:<i>/...`` as the cluster names them),
+``[[links]]`` for every measured pair, ``inter_host_link`` the slowest of them (for any pair
+not measured), ``[all_reduce]``, and a ``calibration`` table with the provenance: when, where,
+TensorFlow's version, the cluster's addresses and every raw point, so that the reader can check
+each figure against its points. Planning with the file (``partition model.py --topology FILE``)
+prices every transfer and all-reduce by the measured figures, and the report names them as
+measured. The devices' compute speed is recorded for the reader; op times still come from the
+catalog's roofline or ``--profile-ops``.
+
+Bounded: each timed call runs in a watched thread (``step_timeout_s``); a task that is down at
+the start fails :func:`~passes.cluster.runtime.connect` within its ``timeout_s``, and one that
+stops answering mid-way ends the run with a one-line :class:`~passes.cluster.runtime.ClusterError`
+naming it. Nothing is written unless every figure was measured.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from cost_models.devices.fits import LatencyBandwidthFit, fit_latency_bandwidth
+from cost_models.measure import transfers
+from partitioner.core.errors import UsageError
+from passes.cluster.runtime import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    ClusterError,
+    ClusterHandle,
+    _bounded,
+    connect,
+    probe_tasks,
+)
+
+__all__ = [
+    "CALIBRATION_TOOL",
+    "Calibration",
+    "CalibrationOptions",
+    "calibrate_cluster",
+    "calibrate_local",
+]
+
+CALIBRATION_TOOL = "partition calibrate"
+Progress = Callable[[str], None]
+
+_KIB = 1024
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How much to measure: sizes, rounds and the bound on each timed call."""
+
+    sizes_bytes: tuple[int, ...] = (
+        256 * _KIB,
+        1024 * _KIB,
+        4096 * _KIB,
+        16384 * _KIB,
+        65536 * _KIB,
+    )
+    rounds: int = 9
+    warmup: int = 2
+    step_timeout_s: float = 30.0
+    device_type: str | None = None
+    """The catalog type of the measured devices (``cpu`` for CPUs; GPUs need it named)."""
+
+    def check(self) -> None:
+        if len(set(self.sizes_bytes)) < 2 or min(self.sizes_bytes, default=0) < 4:
+            raise UsageError(
+                f"sizes_bytes={list(self.sizes_bytes)} must hold two or more sizes >= 4 bytes"
+            )
+        if self.rounds < 3 or self.warmup < 0:
+            raise UsageError(f"rounds={self.rounds} must be >= 3 and warmup={self.warmup} >= 0")
+        if not self.step_timeout_s > 0:
+            raise UsageError(f"step_timeout_s={self.step_timeout_s!r} must be > 0 seconds")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything ``partition calibrate`` measured (figures and raw points)."""
+
+    devices: tuple[str, ...]
+    """The measured TensorFlow devices, one or more per task, in task order."""
+    hosts: tuple[int, ...]
+    """The task (cluster) or 0 (this host) of each device."""
+    device_type: str
+    links: tuple[tuple[int, int, LatencyBandwidthFit], ...]
+    all_reduce: LatencyBandwidthFit
+    matmul_flops_per_s: tuple[float, ...]
+    client_matmul_flops_per_s: float
+    dispatch_s: float
+    where: str
+    when: str
+    job: str | None = None
+    cluster_addresses: tuple[str, ...] = ()
+
+    def topology_data(self) -> dict[str, Any]:
+        """The topology file (JSON-able), its ``calibration`` provenance included."""
+        return _topology_data(self)
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """Runs each timed call in a watched thread; names the task that stopped answering."""
+
+    handle: ClusterHandle | None
+    timeout_s: float
+
+    def __call__(self, what: str, fn: Callable[[], Any]) -> Any:
+        result = _bounded(what, fn, self.timeout_s)
+        if result is not None:
+            return result
+        if self.handle is None:
+            raise ClusterError(f"measuring {what} did not finish within {self.timeout_s:g} s")
+        down = probe_tasks(self.handle.cluster)
+        who = self.handle.cluster.describe(down[0]) if down else "a task of the cluster"
+        raise ClusterError(
+            f"{who} did not answer within {self.timeout_s:g} s while measuring {what}; nothing "
+            "was written: restart it and run partition calibrate again"
+        )
+
+
+def _measure(
+    devices: Sequence[str], hosts: Sequence[int], options: CalibrationOptions,
+    watch: _Watch, say: Progress,
+) -> dict[str, Any]:  # fmt: skip
+    """Every figure of :class:`Calibration` but the where and when."""
+    sizes, rounds, warmup = options.sizes_bytes, options.rounds, options.warmup
+    say(f"compute: {len(devices)} devices and this process, float32 matrix products")
+    flops = tuple(
+        watch(f"compute on {d}", lambda d=d: transfers.matmul_flops_per_s(d)) for d in devices
+    )
+    client = transfers.matmul_flops_per_s("/job:localhost/replica:0/task:0/device:CPU:0")
+    links = []
+    for a, b in itertools.combinations(range(len(devices)), 2):
+        say(f"link {devices[a]} -> {devices[b]}: {len(sizes)} sizes x {rounds} rounds")
+        points = watch(
+            f"the link {devices[a]} -> {devices[b]}",
+            lambda a=a, b=b: transfers.transfer_points(
+                devices[a], devices[b], sizes, rounds=rounds, warmup=warmup
+            ),
+        )
+        links.append((a, b, fit_latency_bandwidth(points, f"link {a}-{b}")))
+    say(f"all-reduce among {len(devices)} devices: {len(sizes)} sizes x {rounds} rounds")
+    reduced = watch(
+        "the all-reduce",
+        lambda: transfers.all_reduce_points(devices, sizes, rounds=rounds, warmup=warmup),
+    )
+    return {
+        "links": tuple(links),
+        "all_reduce": fit_latency_bandwidth(reduced, "all-reduce"),
+        "matmul_flops_per_s": flops,
+        "client_matmul_flops_per_s": client,
+        "dispatch_s": watch("a no-op step", lambda: transfers.dispatch_s(devices)),
+    }
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _task_devices(handle: ClusterHandle) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Each task's GPUs, or its first CPU when it has none; and each device's task."""
+    from cost_models.devices.catalog import DeviceKind
+
+    devices: list[str] = []
+    hosts: list[int] = []
+    for task in range(handle.cluster.num_tasks):
+        mine = (
+            handle.task_devices(task, DeviceKind.GPU)
+            or handle.task_devices(task, DeviceKind.CPU)[:1]
+        )
+        devices += mine
+        hosts += [task] * len(mine)
+    return tuple(devices), tuple(hosts)
+
+
+def _device_type(devices: Sequence[str], named: str | None) -> str:
+    if named is not None:
+        return named
+    if any("GPU" in d.upper() for d in devices):
+        raise UsageError(
+            "the measured devices are GPUs: name their catalog type, e.g. device_type='h100' "
+            "(partition devices lists them)"
+        )
+    return "cpu"
+
+
+def calibrate_cluster(
+    cluster: Any,
+    options: CalibrationOptions = CalibrationOptions(),
+    *,
+    timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    progress: Progress | None = None,
+) -> Calibration:
+    """Measure a TensorFlow cluster's tasks from this process (module docstring).
+
+    ``cluster`` is what :func:`~passes.cluster.runtime.connect` takes (a cluster file, its
+    mapping, or None for ``TF_CONFIG``) or a connected :class:`ClusterHandle`.
+    """
+    options.check()
+    say = progress or (lambda _: None)
+    handle = (
+        cluster if isinstance(cluster, ClusterHandle) else connect(cluster, timeout_s=timeout_s)
+    )
+    if handle.cluster.num_tasks < 2:
+        raise UsageError(
+            f"{handle.cluster.source} has {handle.cluster.num_tasks} task; calibrating needs two "
+            "or more (a single task's devices: run partition calibrate on that machine)"
+        )
+    devices, hosts = _task_devices(handle)
+    say(f"connected to {handle.cluster.num_tasks} tasks: {', '.join(handle.cluster.addresses)}")
+    figures = _measure(devices, hosts, options, _Watch(handle, options.step_timeout_s), say)
+    return Calibration(
+        devices=devices, hosts=hosts, device_type=_device_type(devices, options.device_type),
+        where=f"{handle.cluster.num_tasks} tasks of {handle.cluster.source}", when=_now(),
+        job=handle.cluster.job_name, cluster_addresses=handle.cluster.addresses, **figures,
+    )  # fmt: skip
+
+
+def calibrate_local(
+    options: CalibrationOptions = CalibrationOptions(),
+    *,
+    logical_cpus: int | None = None,
+    progress: Progress | None = None,
+) -> Calibration:
+    """Measure this host's devices: its GPUs, else ``logical_cpus`` logical CPU devices (made
+    here, before TensorFlow starts its runtime; >= 2)."""
+    options.check()
+    say = progress or (lambda _: None)
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus and logical_cpus is None:
+        devices = tuple(d.name for d in gpus)
+    else:
+        devices = _logical_cpus(logical_cpus)
+    if len(devices) < 2:
+        raise UsageError(
+            f"this host has {len(devices)} device to calibrate; give logical_cpus >= 2 to stand "
+            "in for GPUs, or run on a machine with two or more GPUs"
+        )
+    figures = _measure(
+        devices, (0,) * len(devices), options, _Watch(None, options.step_timeout_s), say
+    )
+    return Calibration(
+        devices=devices, hosts=(0,) * len(devices),
+        device_type=_device_type(devices, options.device_type),
+        where=f"host {socket.gethostname()}", when=_now(), **figures,
+    )  # fmt: skip
+
+
+def _logical_cpus(count: int | None) -> tuple[str, ...]:
+    """``count`` logical CPU devices of this process (set up before TF's runtime starts)."""
+    if count is None or count < 2:
+        raise UsageError(
+            f"logical_cpus={count!r}: this host has no GPU; give logical_cpus >= 2 logical CPU "
+            "devices to stand in for them"
+        )
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configs = tf.config.get_logical_device_configuration(cpu) or []
+    if len(configs) != count:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * count
+            )
+        except RuntimeError:
+            raise UsageError(
+                f"logical_cpus={count}: TensorFlow already started with {max(1, len(configs))} "
+                "CPU devices in this process; calibrate in a fresh process"
+            ) from None
+    return tuple(d.name for d in tf.config.list_logical_devices("CPU"))
+
+
+# -- the topology file -------------------------------------------------------------------------
+
+
+def _link_table(fit: LatencyBandwidthFit, name: str) -> dict[str, Any]:
+    return {
+        "latency_s": fit.latency_s,
+        "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
+        "name": name,
+    }
+
+
+def _hosts(cal: Calibration) -> list[dict[str, Any]]:
+    counts: dict[int, int] = {}
+    for host in cal.hosts:
+        counts[host] = counts.get(host, 0) + 1
+    return [{"devices": [{"type": cal.device_type, "count": n}]} for _, n in sorted(counts.items())]
+
+
+def _points(points: Sequence[tuple[int, float]]) -> list[list[float]]:
+    return [[int(b), float(s)] for b, s in points]
+
+
+def _provenance(cal: Calibration) -> dict[str, Any]:
+    import partitioner
+
+    return {
+        "tool": CALIBRATION_TOOL,
+        "when": cal.when,
+        "where": cal.where,
+        "machine": socket.gethostname(),
+        "tensorflow": tf.__version__,
+        "partitioner": partitioner.__version__,
+        "cluster": list(cal.cluster_addresses),
+        "measured_devices": list(cal.devices),
+        "links": [{"devices": [a, b], "points": _points(f.points)} for a, b, f in cal.links],
+        "all_reduce": {"points": _points(cal.all_reduce.points)},
+        "matmul_flops_per_s": list(cal.matmul_flops_per_s),
+        "client_matmul_flops_per_s": cal.client_matmul_flops_per_s,
+        "dispatch_s": cal.dispatch_s,
+    }
+
+
+def _topology_data(cal: Calibration) -> dict[str, Any]:
+    slowest = max((f for _, _, f in cal.links), key=lambda f: f.predict_s(16 << 20))
+    data: dict[str, Any] = {"name": f"calibrated: {cal.where}"}
+    if cal.job is not None:
+        data["job"] = cal.job
+    hosts = _hosts(cal)
+    if len(hosts) > 1:
+        data["hosts"] = hosts
+        data["inter_host_link"] = _link_table(slowest, "measured (slowest pair)")
+    else:
+        data["devices"] = hosts[0]["devices"]
+    data["links"] = [
+        {"devices": [a, b], "link": _link_table(f, f"measured {a}<->{b}")} for a, b, f in cal.links
+    ]
+    data["all_reduce"] = {
+        "latency_s": cal.all_reduce.latency_s,
+        "bandwidth_bytes_per_s": cal.all_reduce.bandwidth_bytes_per_s,
+        "members": len(cal.devices),
+        "algorithm": "reduce_to_one",
+        "source": (
+            f"{CALIBRATION_TOOL} {cal.when}: partitioner's all-reduce (reduce to one, "
+            f"broadcast) of {transfers.NUM_TENSORS} float32 tensors among {len(cal.devices)} "
+            f"devices of {cal.where}"
+        ),
+    }
+    data["calibration"] = _provenance(cal)
+    return data
+
+
+def check_not_inputs(out: str | os.PathLike[str], inputs: Mapping[str, str]) -> None:
+    """UsageError when ``out`` is one of ``inputs`` (``{what: path}``)."""
+    from partitioner.core.files import same_file
+
+    for what, path in inputs.items():
+        if path and os.path.exists(path) and same_file(out, path):
+            raise UsageError(f"out={os.fspath(out)!r} is {what}; write the topology elsewhere")
