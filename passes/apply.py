@@ -1,7 +1,9 @@
 """Applying a plan to a Keras model: the plan's device indices become TensorFlow device strings,
 and the model is placed (:func:`~passes.rewrite.device_placement.place_model`), pipelined
-(:func:`~passes.rewrite.pipeline.pipeline_model`) or placed on a cluster's tasks
-(:func:`~passes.cluster.runtime.place_on_cluster`)."""
+(:func:`~passes.rewrite.pipeline.pipeline_model`), replicated
+(:func:`~passes.rewrite.replicate.realise_strategy`), or, on a cluster's tasks, placed or pipelined
+(:func:`~passes.cluster.runtime.place_on_cluster`) or replicated
+(:func:`~passes.cluster.runtime.replicate_on_cluster`)."""
 
 from __future__ import annotations
 
@@ -20,20 +22,32 @@ from passes.trace import input_specs, placement_units
 __all__ = ["apply_plan"]
 
 
-def _replicas(plan: Plan, cluster: Any) -> Strategy | None:
-    """The plan's strategy when it has replicas (``None`` otherwise); PlanError with the next
-    step when those are asked to run from this client on a cluster."""
+def _replicas(plan: Plan) -> Strategy | None:
+    """The plan's strategy when it has replicas (``None`` otherwise)."""
     strategy = plan.strategy
     if strategy is None or strategy.replicas == 1:
         return None
-    if cluster is not None:
-        raise PlanError(
-            f"the plan runs {strategy.describe()}; replicas on a cluster's tasks train as one "
-            "program per worker under tf.distribute.MultiWorkerMirroredStrategy, not from this "
-            "client: emit that program with partition --emit (codegen.emit_plan_module) and run "
-            "it on every worker"
-        )
     return strategy
+
+
+def _check_cluster_holds(strategy: Strategy, handle: Any) -> None:
+    """PlanError with the next step when the cluster has fewer devices than the replicas use."""
+    held = handle.devices_per_task()
+    needed, capacity = len(strategy.devices), sum(held)
+    if needed <= capacity:
+        return
+    cluster = handle.cluster
+    tasks = (
+        f"{cluster.num_tasks} {cluster.job_name} task(s) x {held[0]} device(s)"
+        if len(set(held)) == 1
+        else f"{cluster.num_tasks} {cluster.job_name} tasks holding {list(held)} devices"
+    )
+    raise PlanError(
+        f"the plan runs {strategy.describe()} on {needed} devices, but the cluster in "
+        f"{cluster.source} holds {capacity} ({tasks}); start workers for "
+        f"{needed - capacity} more device(s) (partition worker), or plan for at most "
+        f"{capacity} devices (gpus={capacity})"
+    )
 
 
 def _replicated(
@@ -42,11 +56,12 @@ def _replicated(
     model: Any,
     device_strings: Sequence[str],
     sample: Sequence[Any],
+    handle: Any,
+    step_timeout_s: float,
 ) -> Any:
     """The copy of ``model`` that trains under the plan's replicas (data parallel or hybrid),
-    through :func:`~passes.rewrite.replicate.realise_strategy`."""
-    from passes.rewrite.replicate import realise_strategy
-
+    through :func:`~passes.rewrite.replicate.realise_strategy`, or on a cluster's tasks through
+    :func:`~passes.cluster.runtime.replicate_on_cluster`."""
     per_replica = [
         {
             name: device_strings[strategy.device_groups[r][s]]
@@ -54,6 +69,20 @@ def _replicated(
         }
         for r in range(strategy.replicas)
     ]
+    if handle is not None:
+        from passes.cluster.runtime import replicate_on_cluster
+
+        return replicate_on_cluster(
+            model,
+            per_replica,
+            sample,
+            handle,
+            num_microbatches=strategy.num_microbatches,
+            schedule=strategy.schedule,
+            step_timeout_s=step_timeout_s,
+        )
+    from passes.rewrite.replicate import realise_strategy
+
     return realise_strategy(
         model,
         per_replica,
@@ -63,8 +92,12 @@ def _replicated(
     )
 
 
-def _device_strings(plan: Plan, devices: Sequence[str] | None, handle: Any) -> tuple[str, ...]:
-    """TensorFlow device strings for the plan's devices, in the plan's order."""
+def _device_strings(
+    plan: Plan, devices: Sequence[str] | None, handle: Any, used: Sequence[int] | None = None
+) -> tuple[str, ...]:
+    """TensorFlow device strings for the plan's devices, in the plan's order. On a cluster,
+    ``used`` (the devices a strategy with replicas uses; it may leave some of the plan's idle)
+    limits the mapping to those, and the others map to ``""``."""
     if devices is not None:
         device_strings = tuple(devices)
         if len(device_strings) != plan.num_devices:
@@ -76,10 +109,23 @@ def _device_strings(plan: Plan, devices: Sequence[str] | None, handle: Any) -> t
     if handle is not None:
         from passes.cluster.runtime import remote_device_strings
 
-        return tuple(remote_device_strings(handle, plan.devices))
+        if used is None:
+            return tuple(remote_device_strings(handle, plan.devices))
+        remote = dict(zip(used, remote_device_strings(handle, [plan.devices[i] for i in used])))
+        return tuple(remote.get(i, "") for i in range(plan.num_devices))
     if all(d.name for d in plan.devices):
         return tuple(d.name for d in plan.devices)
     return tuple(default_device_strings(plan.num_devices))
+
+
+def _connected(cluster: Any, timeout_s: float) -> Any:
+    """The :class:`~passes.cluster.runtime.ClusterHandle` of ``cluster`` (connecting to it
+    unless it is one), or None without a cluster."""
+    if cluster is None:
+        return None
+    from passes.cluster.runtime import ClusterHandle, connect
+
+    return cluster if isinstance(cluster, ClusterHandle) else connect(cluster, timeout_s=timeout_s)
 
 
 def apply_plan(
@@ -92,15 +138,12 @@ def apply_plan(
     step_timeout_s: float = 30.0,
 ) -> Any:
     """A copy of ``model`` placed by ``plan`` (see :meth:`partitioner.plan.model.Plan.apply`)."""
-    strategy = _replicas(plan, cluster)
-    handle = None
-    if cluster is not None:
-        from passes.cluster.runtime import ClusterHandle, connect
-
-        handle = (
-            cluster if isinstance(cluster, ClusterHandle) else connect(cluster, timeout_s=timeout_s)
-        )
-    device_strings = _device_strings(plan, devices, handle)
+    strategy = _replicas(plan)
+    handle = _connected(cluster, timeout_s)
+    if strategy is not None and handle is not None:
+        _check_cluster_holds(strategy, handle)
+    used = strategy.devices if strategy is not None else None
+    device_strings = _device_strings(plan, devices, handle, used)
     check_plan_matches_model(
         plan.layer_order,
         [u.name for u in placement_units(model)],
@@ -116,7 +159,7 @@ def apply_plan(
     layer_devices = {name: device_strings[d] for name, d in plan.assignment.items()}
     pipeline = plan.pipeline
     if strategy is not None:
-        return _replicated(plan, strategy, model, device_strings, sample)
+        return _replicated(plan, strategy, model, device_strings, sample, handle, step_timeout_s)
     if handle is not None:
         from passes.cluster.runtime import place_on_cluster
 

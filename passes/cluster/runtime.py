@@ -12,7 +12,10 @@ so the cluster file lists only the workers). Remote devices are then named
 plan's devices onto them and :func:`place_on_cluster` applies the plan with
 :func:`passes.rewrite.device_placement.place_model` (or :func:`passes.rewrite.pipeline.pipeline_model`), so every
 layer's variables live on, and its forward and backward ops run on, its remote task, while
-``fit`` is driven from the client.
+``fit`` is driven from the client. Plans with replicas (data parallel, hybrid) go through
+:func:`replicate_on_cluster`: ``R`` copies on the tasks' devices, trained on shares of each
+batch with an explicit all-reduce (:func:`passes.rewrite.replicate.replicate_pipeline`; each
+variable's gradients reduced on replica 0's device of it, the result read by every replica).
 
 Threads. The functions a client runs on a worker use the thread counts of the *client's*
 config where it sets them (``experimental_connect_to_cluster`` ships a copy of it), else the
@@ -79,6 +82,7 @@ __all__ = [
     "place_on_cluster",
     "probe_tasks",
     "remote_device_strings",
+    "replicate_on_cluster",
 ]
 
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
@@ -341,6 +345,14 @@ class ClusterHandle:
         found = [d for d in self.device_names if d.startswith(prefix)]
         return tuple(sorted(found, key=lambda d: int(d.rsplit(":", 1)[1])))
 
+    def plan_devices(self, task: int) -> tuple[str, ...]:
+        """The devices of ``task`` a plan's devices map to: its GPUs, or its CPUs if none."""
+        return self.task_devices(task, DeviceKind.GPU) or self.task_devices(task, DeviceKind.CPU)
+
+    def devices_per_task(self) -> tuple[int, ...]:
+        """How many plan devices each task holds (:meth:`plan_devices`)."""
+        return tuple(len(self.plan_devices(t)) for t in range(self.cluster.num_tasks))
+
     def task_of(self, device: str) -> int | None:
         """The task of a device string of this cluster's job, else None."""
         match = _TASK_IN_MESSAGE.search(_canonical(device))
@@ -449,15 +461,27 @@ def _task_device(handle: ClusterHandle, task: int, slot: int, what: str) -> str:
             f"{what} needs task {task}, but the cluster has {handle.cluster.job_name} tasks "
             f"0..{handle.cluster.num_tasks - 1}; start more workers or plan for fewer devices"
         )
-    gpus = handle.task_devices(task, DeviceKind.GPU)
-    pool = gpus or handle.task_devices(task, DeviceKind.CPU)
+    pool = handle.plan_devices(task)
     if slot >= len(pool):
+        gpus = handle.task_devices(task, DeviceKind.GPU)
         kind = (DeviceKind.GPU if gpus else DeviceKind.CPU).tf_name
         raise ClusterError(
             f"{what} is device {slot} of {handle.cluster.describe(task)}, which has "
             f"{len(pool)} {kind} device(s); plan for fewer devices per task"
         )
     return pool[slot]
+
+
+def _one_host_slot(handle: ClusterHandle, position: int, count: int) -> tuple[int, int]:
+    """(task, device slot) of one-host plan device ``position`` of ``count``: task ``position``
+    when the tasks are enough, else the tasks' devices filled in order."""
+    if count <= handle.cluster.num_tasks:
+        return position, 0
+    for task, held in enumerate(handle.devices_per_task()):
+        if position < held:
+            return task, position
+        position -= held
+    return handle.cluster.num_tasks + position, 0  # past the last task: _task_device says so
 
 
 def remote_device_strings(
@@ -469,8 +493,9 @@ def remote_device_strings(
       them) is used as it is, once checked against the cluster's devices;
     * an integer ``i`` is task ``i``'s first GPU, or its CPU when it has none;
     * plan devices without a name: when they all share one host, plan device ``i`` goes to task
-      ``i``; when they name several hosts, host ``h`` is task ``h`` and its ``k``-th device is
-      the task's ``k``-th GPU (or CPU).
+      ``i`` (when there are more of them than tasks, they fill the tasks' devices in order: task
+      0's GPUs, or CPUs, then task 1's, ...); when they name several hosts, host ``h`` is task
+      ``h`` and its ``k``-th device is the task's ``k``-th GPU (or CPU).
     """
     known = set(handle.device_names) | set(handle.local_device_names)
     unnamed = [d for d in devices if not isinstance(d, (int, str)) and not d.name]
@@ -496,7 +521,8 @@ def remote_device_strings(
         assert not isinstance(device, str)
         what = f"plan device {device.index}"
         if one_host:
-            out.append(_task_device(handle, position, 0, what))
+            task, slot = _one_host_slot(handle, position, len(devices))
+            out.append(_task_device(handle, task, slot, what))
         else:
             slot = slot_on_host.get(device.host, 0)
             slot_on_host[device.host] = slot + 1
@@ -659,13 +685,7 @@ def place_on_cluster(
     :class:`passes.rewrite.device_placement.PlacedModel`; either way :func:`guard_model` bounds its
     calls. Creating the remote variables is bounded by the handle's ``timeout_s``.
     """
-    known = set(handle.device_names) | set(handle.local_device_names)
-    for layer, device in layer_devices.items():
-        if _canonical(device) not in known:
-            raise ClusterError(
-                f"layer {layer!r} is placed on {device!r}, which the cluster does not have; its "
-                f"devices are {sorted(handle.device_names)}"
-            )
+    _check_layer_devices(handle, layer_devices)
     if (num_microbatches is None) != (schedule is None):
         raise UsageError("pass both num_microbatches and schedule to pipeline, or neither")
 
@@ -674,6 +694,74 @@ def place_on_cluster(
 
     placed = _bounded_placement(handle, build)
     return guard_model(placed, handle, step_timeout_s=step_timeout_s)
+
+
+def _check_layer_devices(
+    handle: ClusterHandle, layer_devices: Mapping[str, str], replica: int | None = None
+) -> None:
+    """ClusterError for a layer placed on a device the cluster does not have."""
+    known = set(handle.device_names) | set(handle.local_device_names)
+    whose = "" if replica is None else f" of replica {replica}"
+    for layer, device in layer_devices.items():
+        if _canonical(device) not in known:
+            raise ClusterError(
+                f"layer {layer!r}{whose} is placed on {device!r}, which the cluster does not "
+                f"have; its devices are {sorted(handle.device_names)}"
+            )
+
+
+def _device_keys(devices: Sequence[str]) -> tuple[str, ...]:
+    """The canonical names of ``devices`` (already checked against the cluster), one key per
+    device for the replica layout checks; RewriteError when one device is named twice."""
+    keys = tuple(_canonical(d) for d in devices)
+    for k, key in enumerate(keys):
+        if key in keys[:k]:
+            raise RewriteError(
+                f"device {devices[k]!r} is named twice ({devices[keys.index(key)]!r}); each "
+                "replica and stage needs a device of its own"
+            )
+    return keys
+
+
+def replicate_on_cluster(
+    model: keras.Model,
+    layer_devices_per_replica: Sequence[Mapping[str, str]],
+    sample_inputs: Sequence[Any],
+    handle: ClusterHandle,
+    *,
+    num_microbatches: int = 1,
+    schedule: Schedule = Schedule.NONE,
+    step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S,
+) -> keras.Model:
+    """``R = len(layer_devices_per_replica)`` copies of ``model`` on the cluster's devices,
+    trained data-parallel (one device per replica) or hybrid (pipelined replicas), guarded
+    against faults as :func:`place_on_cluster` guards its copy.
+
+    ``layer_devices_per_replica[r]`` maps each layer to replica ``r``'s device string of
+    ``handle``. The copy is a :class:`passes.rewrite.replicate.ReplicatedPipeline` (module
+    docstring there): each step splits the batch into ``R`` shares, each replica computes its
+    gradients on its devices, and each variable's ``R`` gradients are reduced once on replica
+    0's device of it and applied by every replica. ``fit`` and ``train_on_batch`` are driven
+    from the client. Creating the remote variables is bounded by the handle's ``timeout_s``.
+    """
+    plans = [dict(p) for p in layer_devices_per_replica]
+    for r, plan in enumerate(plans):
+        _check_layer_devices(handle, plan, r)
+
+    def build() -> keras.Model:
+        from passes.rewrite.replicate import replicate_pipeline
+
+        return replicate_pipeline(
+            model,
+            plans,
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+            sample_inputs=sample_inputs,
+            check_devices=_device_keys,
+        )
+
+    replicated = _bounded_placement(handle, build)
+    return guard_model(replicated, handle, step_timeout_s=step_timeout_s)
 
 
 def _placed_copy(

@@ -1,8 +1,9 @@
 """Data-parallel replicas: ``R`` copies of a model (or of its pipeline) trained on shares of the
 global batch, with the gradients averaged across the copies.
 
-Two rewrites, one per strategy family with ``R > 1`` (``passes.rewrite.device_placement`` and
-``passes.rewrite.pipeline`` realise ``R = 1``; :func:`realise_strategy` chooses among all four):
+Two rewrites for the strategy families with ``R > 1`` (``passes.rewrite.device_placement`` and
+``passes.rewrite.pipeline`` realise ``R = 1``; :func:`realise_strategy` chooses among all four
+on this process's devices, :func:`passes.cluster.runtime.replicate_on_cluster` on a cluster's):
 
 * :func:`replicate_model` (``R`` replicas x 1 stage) is TensorFlow's own data parallelism: a
   :class:`ReplicatedModel` whose variables are created under
@@ -25,7 +26,11 @@ Two rewrites, one per strategy family with ``R > 1`` (``passes.rewrite.device_pl
   inside one :class:`ReplicatedPipeline`, whose ``train_step`` (one ``tf.function``) splits the
   global batch into ``R`` equal shares, runs each replica's pipelined forward and backward on its
   share (``PipelinedModel.pipeline_gradients``), averages every variable's gradient over the
-  replicas and applies that one gradient to every replica's copy of the variable.
+  replicas and applies that one gradient to every replica's copy of the variable. With ``S = 1``
+  it is data parallelism by the same explicit all-reduce: each replica is a
+  :class:`PlacedReplica` (the placed copy on its one device, whose step returns its gradients).
+  That is how data parallelism runs on a cluster's tasks: MirroredStrategy refuses another
+  process's devices in eager mode ("In-graph multi-worker training ... is not supported").
 
   **Why not tf.distribute here.** MirroredStrategy creates each ``MirroredVariable``'s components
   on the strategy's devices, one per replica, whatever ``tf.device`` scope is in effect, and runs
@@ -39,8 +44,21 @@ Two rewrites, one per strategy family with ``R > 1`` (``passes.rewrite.device_pl
   device byte for byte (``Send``/``Recv``), so every replica applies bitwise the same gradient and,
   with the same optimizer state, computes bitwise the same update: the copies stay identical.
   Each update runs on its variable's device (as in the placed model); the optimizer's step
-  counter is advanced once per batch. This is a reduce-then-broadcast, not a ring: fine for a few
-  local replicas; across hosts use the cluster path.
+  counter is advanced once per batch. This is a reduce-then-broadcast, not a ring: each non-root
+  replica sends its gradient to the root (replica 0's device of the variable), the root sends
+  the reduced one back; on a cluster those are gRPC transfers between the tasks.
+
+  **Sparse gradients.** A gradient that reaches the all-reduce as a ``tf.IndexedSlices`` (an
+  ``Embedding`` table's, in data parallelism) stays sparse, as TensorFlow's own
+  ``cross_device_utils.aggregate_indexed_slices`` keeps it: on the root device the replicas'
+  ``indices`` are concatenated, and their ``values`` concatenated and divided by ``R`` (not
+  divided for a ``sum``-reduced loss), into one ``IndexedSlices`` of all the looked-up rows
+  (repeated rows stay repeated; the optimizer's scatter adds them). So each non-root replica
+  sends its slices (rows looked up x row width values, plus the indices) to the root, and the
+  root sends the concatenation (``R`` times that) back to every other replica; each applies it; no
+  dense table-sized tensor is made or sent. The pipeline rewrite sums a gradient over its
+  micro-batches densely (``pipeline.py``), so in the hybrid an embedding's gradient arrives,
+  and is reduced, dense.
 
 For a mean-reduced loss (Keras's default), both rewrites compute the global-batch gradient up to
 float rounding, so one step updates the weights as one device would on the whole batch (the tests
@@ -63,7 +81,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -72,9 +90,10 @@ import tensorflow as tf
 
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
-from passes.rewrite.device_placement import place_model, sample_batch
+from passes.rewrite.device_placement import PlacedModel, finish_copy, place_model, sample_batch
 from passes.rewrite.pipeline import (
     PipelinedModel,
+    PipelineGradients,
     SplitBatchTraining,
     assertion_errors,
     pipeline_model,
@@ -85,6 +104,7 @@ from passes.weightless import is_weightless
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "PlacedReplica",
     "ReplicatedModel",
     "ReplicatedPipeline",
     "check_replica_devices",
@@ -400,11 +420,56 @@ def replicate_model(
 # -- R replicas x S stages: explicit all-reduce -----------------------------------------------
 
 
-class ReplicatedPipeline(SplitBatchTraining):
-    """``R`` pipelined copies of one model trained on shares of each batch with averaged
-    gradients; see the module docstring (built by :func:`replicate_pipeline`)."""
+class PlacedReplica(PlacedModel):
+    """One replica of data parallelism under the explicit all-reduce: the placed copy of the
+    model on its one device, whose :meth:`pipeline_gradients` computes a step's loss, outputs
+    and gradients as the placed step does (``tf.gradients``: an ``Embedding``'s gradient stays a
+    ``tf.IndexedSlices``) without applying them. It speaks the part of
+    :class:`~passes.rewrite.pipeline.PipelinedModel` a :class:`ReplicatedPipeline` uses."""
 
-    def __init__(self, replicas: Sequence[PipelinedModel], **kwargs: Any) -> None:
+    num_microbatches = 1
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def stage_devices(self) -> tuple[str, ...]:
+        """The replica's one device (its one stage)."""
+        return tuple(dict.fromkeys(self.layer_devices.values()))
+
+    def pipeline_gradients(
+        self, x: Any, y: Any = None, sample_weight: Any = None
+    ) -> PipelineGradients:
+        """The batch loss, outputs and gradients (``None`` where unused); inside a
+        ``tf.function`` only, as for the pipeline."""
+        if tf.executing_eagerly():
+            raise RewriteError(
+                "replicated training builds a graph (tf.gradients); do not compile with "
+                "run_eagerly=True, and call pipeline_gradients inside tf.function"
+            )
+        y_pred = self(x, training=True)
+        with tf.device(self.output_device):
+            loss = self._compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+        scaled = loss if self.optimizer is None else self.optimizer.scale_loss(loss)
+        return PipelineGradients(loss, y_pred, tuple(self.gradients(scaled)))
+
+
+def _placed_replica(
+    model: keras.Model, layer_devices: Mapping[str, str], sample_inputs: Sequence[Any]
+) -> PlacedReplica:
+    """The :class:`PlacedReplica` of ``model`` with every layer on its one device."""
+    placed = place_model(model, layer_devices, sample_inputs)
+    replica = PlacedReplica(placed.inner, placed.layer_devices, name=f"{model.name}_replica")
+    finish_copy(replica, model, sample_inputs, logger)
+    return replica
+
+
+class ReplicatedPipeline(SplitBatchTraining):
+    """``R`` pipelined copies of one model (or, with one stage, :class:`PlacedReplica` copies)
+    trained on shares of each batch with averaged gradients; see the module docstring (built by
+    :func:`replicate_pipeline`)."""
+
+    def __init__(self, replicas: Sequence[PipelinedModel | PlacedReplica], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if len(replicas) < 2:
             raise UsageError(f"a replicated pipeline needs >= 2 replicas, got {len(replicas)}")
@@ -493,30 +558,28 @@ class ReplicatedPipeline(SplitBatchTraining):
             replica.pipeline_gradients(xs[r], ys[r], sws[r])
             for r, replica in enumerate(self.replicas)
         ]
-        combine = self._combine()
+        divisor = self._divisor()
         with tf.device(self.replicas[0].output_device):
-            loss = combine([res.loss for res in results])
+            loss = _reduce([res.loss for res in results], divisor)
             y_pred = _concat([res.y_pred for res in results])
         self._loss_tracker.update_state(
             loss_module.unscale_loss_for_distribution(loss), sample_weight=rows
         )
         if self.trainable_weights:
-            self._apply_gradients(self._all_reduce([res.gradients for res in results], combine))
+            self._apply_gradients(self._all_reduce([res.gradients for res in results], divisor))
         with tf.device(self.replicas[0].output_device):
             return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def _combine(self) -> Any:
-        """Mean over the replicas for a mean-reduced loss, sum for a ``sum``-reduced one."""
+    def _divisor(self) -> float | None:
+        """``R`` (a mean over the replicas) for a mean-reduced loss, None (a sum) for a
+        ``sum``-reduced one."""
         from keras.src import tree
 
         losses = (
             [self.loss] if isinstance(self.loss, keras.losses.Loss) else tree.flatten(self.loss)
         )
         reductions = {str(getattr(f, "reduction", "sum_over_batch_size")) for f in losses if f}
-        n = float(self.num_replicas)
-        if reductions == {"sum"}:
-            return lambda values: tf.add_n(list(values))
-        return lambda values: tf.add_n(list(values)) / tf.cast(n, values[0].dtype)
+        return None if reductions == {"sum"} else float(self.num_replicas)
 
     def _shard_batch(self, x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any, Any]:
         """``R`` equal shares of the batch, after checking ``R x M`` divides it."""
@@ -534,9 +597,12 @@ class ReplicatedPipeline(SplitBatchTraining):
         )
         return xs, ys, sample_weights, rows
 
-    def _all_reduce(self, gradients: Sequence[Sequence[Any]], combine: Any) -> list[Any]:
+    def _all_reduce(
+        self, gradients: Sequence[Sequence[Any]], divisor: float | None
+    ) -> list[tuple[Any, Any]]:
         """``(gradient, variable)`` for every replica's copy of every variable: the combined
-        gradient, computed once on replica 0's device of the variable, read by all."""
+        gradient (:func:`_reduce`), computed once on replica 0's device of the variable, read
+        by all."""
         pairs: list[tuple[Any, Any]] = []
         variables = [r.trainable_weights for r in self.replicas]
         for k, first in enumerate(variables[0]):
@@ -544,9 +610,24 @@ class ReplicatedPipeline(SplitBatchTraining):
             if any(g is None for g in grads):
                 continue
             with tf.device(_device_of(first)):
-                reduced = combine(grads)
+                reduced = _reduce(grads, divisor)
             pairs += [(reduced, v[k]) for v in variables]
         return pairs
+
+
+def _reduce(values: Sequence[Any], divisor: float | None) -> Any:
+    """The replicas' ``values`` summed (and divided by ``divisor`` unless it is None), on the
+    current device. ``tf.IndexedSlices`` stay sparse: indices and values are concatenated, the
+    values divided (TensorFlow's ``aggregate_indexed_slices``); see the module docstring."""
+    if all(isinstance(v, tf.IndexedSlices) for v in values):
+        joined = tf.concat([v.values for v in values], axis=0)
+        if divisor is not None:
+            joined = joined / tf.cast(divisor, joined.dtype)
+        indices = tf.concat([v.indices for v in values], axis=0)
+        return tf.IndexedSlices(joined, indices, values[0].dense_shape)
+    dense = [tf.convert_to_tensor(v) for v in values]
+    total = tf.add_n(dense)
+    return total if divisor is None else total / tf.cast(divisor, total.dtype)
 
 
 def _device_of(variable: Any) -> str:
@@ -575,7 +656,15 @@ def _place_updates(optimizer: Any) -> None:
     object.__setattr__(optimizer, "_partitioner_placed", True)
 
 
-def _check_replica_layouts(layer_devices_per_replica: Sequence[Mapping[str, str]]) -> None:
+DeviceCheck = Callable[[Sequence[str]], tuple[str, ...]]
+"""Checks device strings, returning one key per device (equal keys: the same device):
+:func:`check_replica_devices` here, the cluster's own check on a cluster."""
+
+
+def _check_replica_layouts(
+    layer_devices_per_replica: Sequence[Mapping[str, str]],
+    check_devices: DeviceCheck = check_replica_devices,
+) -> None:
     """Every replica must put the same layers together, on its own devices."""
     first = layer_devices_per_replica[0]
     counts = [len(set(p.values())) for p in layer_devices_per_replica]
@@ -589,7 +678,7 @@ def _check_replica_layouts(layer_devices_per_replica: Sequence[Mapping[str, str]
         if set(plan) != set(first):
             odd = sorted(set(plan) ^ set(first))[:4]
             raise RewriteError(f"replica {r} places other layers than replica 0: {odd}")
-        check_replica_devices(list(dict.fromkeys(plan.values())))
+        check_devices(list(dict.fromkeys(plan.values())))
         match: dict[str, str] = {}
         for layer, device in plan.items():
             if match.setdefault(first[layer], device) != device:
@@ -599,12 +688,26 @@ def _check_replica_layouts(layer_devices_per_replica: Sequence[Mapping[str, str]
                     "stage): every replica must be the same pipeline on its own devices"
                 )
         for device in set(plan.values()):
-            key = check_replica_devices([device])[0]
+            key = check_devices([device])[0]
             if owner.setdefault(key, r) != r:
                 raise RewriteError(
                     f"device {device!r} is in replicas {owner[key]} and {r}; each replica "
                     "needs devices of its own"
                 )
+
+
+def _check_family(stages: int, num_microbatches: int, schedule: Schedule) -> None:
+    """Replicas of one stage take no micro-batches; replicas of several stages pipeline."""
+    if stages == 1 and num_microbatches != 1:
+        raise UsageError(
+            f"data parallelism over one stage has no micro-batches; got "
+            f"num_microbatches={num_microbatches}: use 1"
+        )
+    if stages > 1 and schedule is Schedule.NONE:
+        raise UsageError(
+            "replicas of a plain split (schedule none) are not supported; pipeline them "
+            "(schedule gpipe or 1f1b, num_microbatches=1 is the plain step)"
+        )
 
 
 def replicate_pipeline(
@@ -614,6 +717,7 @@ def replicate_pipeline(
     num_microbatches: int,
     schedule: Schedule,
     sample_inputs: Sequence[Any],
+    check_devices: DeviceCheck = check_replica_devices,
 ) -> ReplicatedPipeline:
     """``R = len(layer_devices_per_replica)`` pipelined copies of ``model``, trained
     data-parallel: replica ``r`` places layer ``L`` on ``layer_devices_per_replica[r][L]``.
@@ -621,28 +725,36 @@ def replicate_pipeline(
     Every replica must be the same pipeline (the same layers on each stage, as many stages) on
     devices of its own. Each step splits the global batch into ``R`` equal shares (each split
     again into ``num_microbatches`` micro-batches by the pipeline), averages the gradients over
-    the replicas and applies that gradient to every copy. Compiled with the original's compile
-    config when the original is compiled. The original model is never modified.
+    the replicas and applies that gradient to every copy. With one device per replica (``S =
+    1``) each replica is a :class:`PlacedReplica` and ``num_microbatches`` must be 1: data
+    parallelism by the same explicit all-reduce. ``check_devices`` checks the device strings
+    (default: this process's devices). Compiled with the original's compile config when the
+    original is compiled. The original model is never modified.
     """
-    if len(layer_devices_per_replica) < 2:
+    plans = [dict(p) for p in layer_devices_per_replica]
+    if len(plans) < 2:
         raise UsageError(
-            f"a replicated pipeline needs >= 2 replicas, got {len(layer_devices_per_replica)}; "
-            "use pipeline_model for one"
+            f"a replicated pipeline needs >= 2 replicas, got {len(plans)}; use pipeline_model "
+            "for one"
         )
-    _check_replica_layouts(layer_devices_per_replica)
-    replicas = [
-        pipeline_model(
+    _check_replica_layouts(plans, check_devices)
+    stages = len(set(plans[0].values()))
+    _check_family(stages, num_microbatches, schedule)
+    replicas: list[PipelinedModel | PlacedReplica] = [
+        _placed_replica(model, plan, sample_inputs)
+        if stages == 1
+        else pipeline_model(
             model,
-            dict(plan),
+            plan,
             num_microbatches=num_microbatches,
             schedule=schedule,
             sample_inputs=sample_inputs,
         )
-        for plan in layer_devices_per_replica
+        for plan in plans
     ]
-    hybrid = ReplicatedPipeline(replicas, name=f"{model.name}_replicated_pipeline")
-    n = len(replicas)
-    hybrid(sample_batch([np.concatenate([s] * n) for s in sample_inputs], model))
+    suffix = "replicated" if stages == 1 else "replicated_pipeline"
+    hybrid = ReplicatedPipeline(replicas, name=f"{model.name}_{suffix}")
+    hybrid(sample_batch([np.concatenate([s] * len(plans)) for s in sample_inputs], model))
     if model.compiled:
         try:
             hybrid.compile_from_config(model.get_compile_config())
@@ -690,18 +802,9 @@ def realise_strategy(
             )
         return place_model(model, plans[0], sample_inputs)
     _check_replica_layouts(plans)
+    _check_family(stages, num_microbatches, schedule)
     if stages == 1:
-        if num_microbatches != 1:
-            raise UsageError(
-                f"data parallelism over one stage has no micro-batches; got "
-                f"num_microbatches={num_microbatches}: use 1"
-            )
         return replicate_model(model, [next(iter(p.values())) for p in plans], sample_inputs)
-    if not pipelined:
-        raise UsageError(
-            "replicas of a plain split (schedule none) are not supported; pipeline them "
-            "(schedule gpipe or 1f1b, num_microbatches=1 is the plain step)"
-        )
     return replicate_pipeline(
         model,
         plans,

@@ -10,7 +10,9 @@ Checked: the cluster file forms and their errors; plan devices -> remote device 
 a down cluster fails fast; outputs and one training step of a model split over both workers
 equal a single-process copy (placed and pipelined); variables live on the remote tasks; a
 worker killed (or hung) mid-``fit`` makes the client fail with a one-line error within 30 s,
-leaving the original model untouched; a worker stops cleanly on SIGTERM.
+leaving the original model untouched (a placed model, and a data-parallel plan applied with
+``cluster=``; tests/passes/test_cluster_replicas.py checks what replicas compute); a worker stops
+cleanly on SIGTERM.
 """
 
 from __future__ import annotations
@@ -149,9 +151,6 @@ def client_plan_apply(cluster_file: str) -> dict[str, Any]:
 
 def client_fault(cluster_file: str) -> dict[str, Any]:
     """Train until the test breaks a worker (it waits for ``TRAINING`` on stdout)."""
-    import keras
-
-    from partitioner.core.errors import PartitionError
     from passes.cluster.runtime import connect, place_on_cluster, remote_device_strings
 
     model = _build_mlp()
@@ -160,6 +159,31 @@ def client_fault(cluster_file: str) -> dict[str, Any]:
     handle = connect(cluster_file, timeout_s=60)
     layer_devices = _half_and_half(model, remote_device_strings(handle, [0, 1]))
     placed = place_on_cluster(model, layer_devices, [x[:1]], handle, step_timeout_s=3.0)
+    return _train_until_broken(model, placed, x, y, before)
+
+
+def client_fault_replicas(cluster_file: str) -> dict[str, Any]:
+    """As client_fault, for a data-parallel plan applied on the cluster (a replica a worker)."""
+    import partitioner
+
+    model = _build_mlp()
+    x, y = _data(4096)
+    before = [w.copy() for w in model.get_weights()]
+    plan = partitioner.partition(
+        model, gpus=2, batch_size=4, solver="even", strategy="data_parallel", time_limit_s=1.0
+    )
+    placed = plan.apply(model, cluster=cluster_file, timeout_s=60, step_timeout_s=3.0)
+    return _train_until_broken(model, placed, x, y, before)
+
+
+def _train_until_broken(
+    model: Any, placed: Any, x: Any, y: Any, before: list[Any]
+) -> dict[str, Any]:
+    """``fit`` until it fails (printing ``TRAINING`` after batch 3); what it raised, and when."""
+    import keras
+
+    from partitioner.core.errors import PartitionError
+
     placed.compile(optimizer="sgd", loss="mse")
 
     class Announce(keras.callbacks.Callback):
@@ -217,6 +241,7 @@ SCENARIOS = {
     "equivalence": client_equivalence,
     "pipeline_timeline": client_pipeline_timeline,
     "fault": client_fault,
+    "fault_replicas": client_fault_replicas,
     "plan_apply": client_plan_apply,
 }
 
@@ -468,10 +493,12 @@ def test_pipeline_stages_overlap_on_two_single_core_workers(tmp_path: Path) -> N
     assert tasks[(1, "F0")][0] < tasks[(0, "F3")][1], tasks
 
 
-def _fault_run(tmp_path: Path, break_worker: str) -> tuple[dict[str, Any], float, Any]:
+def _fault_run(
+    tmp_path: Path, break_worker: str, scenario: str = "fault"
+) -> tuple[dict[str, Any], float, Any]:
     cluster = start_workers(2, tmp_path / "cluster")
     try:
-        client = _start_client("fault", cluster.cluster_file, tmp_path / "out.json")
+        client = _start_client(scenario, cluster.cluster_file, tmp_path / "out.json")
         _wait_for_line(client, "TRAINING", CLIENT_TIMEOUT_S)
         broken_at = time.time()
         if break_worker == "kill":
@@ -489,6 +516,19 @@ def _fault_run(tmp_path: Path, break_worker: str) -> tuple[dict[str, Any], float
 @pytest.mark.slow
 def test_killed_worker_fails_the_client_within_30s(tmp_path: Path) -> None:
     result, killed_at, cluster = _fault_run(tmp_path, "kill")
+    assert result["error_type"] == "ClusterError", result
+    message = result["message"]
+    assert "\n" not in message
+    assert f"worker task 1 ({cluster.addresses[1]}) is down" in message
+    assert "fit stopped after" in message and "apply the plan again" in message
+    assert result["raised_at"] - killed_at < FAULT_BOUND_S
+    assert result["original_changed"] == 0.0
+
+
+@pytest.mark.slow
+def test_killed_worker_fails_replicated_training_within_30s(tmp_path: Path) -> None:
+    """plan.apply(cluster=...) of a data-parallel plan is guarded as a placed model is."""
+    result, killed_at, cluster = _fault_run(tmp_path, "kill", "fault_replicas")
     assert result["error_type"] == "ClusterError", result
     message = result["message"]
     assert "\n" not in message

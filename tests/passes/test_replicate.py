@@ -306,3 +306,77 @@ def test_microbatches_without_stages_are_refused() -> None:
         realise_strategy(
             mlp(), plans, num_microbatches=2, schedule=Schedule.GPIPE, sample_inputs=[data(1)[0]]
         )
+
+
+# -- data parallelism by the explicit all-reduce (what runs on a cluster) ---------------------
+
+
+def embedding_mlp() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,), dtype="int32")
+    h = keras.layers.Embedding(50, 6, name="emb")(inputs)
+    h = keras.layers.Flatten(name="flat")(h)
+    outputs = keras.layers.Dense(3, name="head")(h)
+    model = keras.Model(inputs, outputs, name="emb_mlp")
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5), loss="mse")
+    return model
+
+
+def test_sparse_gradients_are_reduced_sparse_as_tensorflow_aggregates_them() -> None:
+    from passes.rewrite.replicate import _reduce
+
+    shape = tf.constant([5, 2], dtype=tf.int64)
+    a = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([0, 3]), shape)
+    b = tf.IndexedSlices(tf.constant([[5.0, 6.0]]), tf.constant([3]), shape)
+    mean = _reduce([a, b], 2.0)
+    assert isinstance(mean, tf.IndexedSlices)
+    assert mean.indices.numpy().tolist() == [0, 3, 3]  # concatenated, repeats kept
+    assert mean.values.numpy().tolist() == [[0.5, 1.0], [1.5, 2.0], [2.5, 3.0]]
+    dense = (tf.convert_to_tensor(a) + tf.convert_to_tensor(b)) / 2.0
+    np.testing.assert_array_equal(tf.convert_to_tensor(mean).numpy(), dense.numpy())
+    summed = _reduce([a, b], None)
+    assert summed.values.numpy().tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    dense_mean = _reduce([tf.ones((2,)), tf.zeros((2,))], 2.0)
+    assert dense_mean.numpy().tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("how", ["train_on_batch", "fit"])
+def test_explicit_data_parallel_trains_like_one_device_and_keeps_embeddings_sparse(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import passes.rewrite.replicate as replicate
+
+    reduced: list[str] = []
+    original_reduce = replicate._reduce
+
+    def spy(values: Any, divisor: Any) -> Any:
+        out = original_reduce(values, divisor)
+        reduced.append(type(out).__name__)
+        return out
+
+    monkeypatch.setattr(replicate, "_reduce", spy)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 50, (2 * BATCH, 4)).astype(np.int32)
+    y = rng.standard_normal((2 * BATCH, 3)).astype(np.float32)
+    model = embedding_mlp()
+    layers = ("emb", "flat", "head")
+    plans = [dict.fromkeys(layers, CPU[0]), dict.fromkeys(layers, CPU[1])]
+    copy = replicate_pipeline(
+        model, plans, num_microbatches=1, schedule=Schedule.NONE, sample_inputs=[x[:1]]
+    )
+    assert isinstance(copy, ReplicatedPipeline) and copy.stage_devices == ((CPU[0],), (CPU[1],))
+    reference = embedding_mlp()
+    if how == "fit":
+        copy.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    else:
+        for step in range(2):
+            rows = slice(step * BATCH, (step + 1) * BATCH)
+            copy.train_on_batch(x[rows], y[rows])
+            reference.train_on_batch(x[rows], y[rows])
+    assert_same_weights(copy, reference.get_weights(), f"explicit data parallel {how}")
+    # the loss, the embedding table's gradient (sparse), the head's kernel and bias (dense)
+    assert reduced.count("IndexedSlices") == 1, reduced
+    np.testing.assert_allclose(
+        copy.predict(x, verbose=0), reference.predict(x, verbose=0), rtol=1e-5, atol=1e-6
+    )
