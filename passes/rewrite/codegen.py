@@ -40,12 +40,19 @@ the module itself runs the stages one after another (no micro-batching).
 
 Strategies: ``emit_plan_module`` of a plan whose strategy has replicas writes a module that
 trains that way. Data parallel (R replicas of one stage): ``ReplicaModel`` replays the graph with
-no device scopes (a subclassed model is rebuilt from its config), ``make_strategy()`` is
-``tf.distribute.MirroredStrategy(devices=REPLICA_DEVICES)``, and the model is built, given the
-original's weights and compiled inside ``strategy.scope()`` (``train()``, or ``python module.py
-ORIGINAL.keras DATA.npz``). Replicas on several hosts: the same with
-``MultiWorkerMirroredStrategy``, run on every host with its ``TF_CONFIG`` (the docstring says
-how). Replicated pipelines (R > 1 x S > 1) have no short plain-TensorFlow form: that module calls
+no device scopes (a subclassed model is rebuilt from its config). On devices of one process,
+``make_strategy()`` is ``tf.distribute.MirroredStrategy(devices=REPLICA_DEVICES)``, and the model
+is built, given the original's weights and compiled inside ``strategy.scope()`` and trained by
+``fit`` (``train()``, or ``python module.py ORIGINAL.keras DATA.npz``). On a cluster's tasks (a
+job in the replica devices' strings, on one host or many, or devices on several hosts) it is a
+``MultiWorkerMirroredStrategy`` program, run once per task with its ``TF_CONFIG`` (the docstring
+gives each task's command): ``main`` makes the strategy first, before TensorFlow runs anything
+(loading the model does), and ``train()`` is a loop of its own, since Keras 3's ``fit`` does not
+run under that strategy (tensorflow#72388): ``strategy.run`` of the forward pass under a
+``GradientTape`` and ``optimizer.apply_gradients``, each worker reading its replicas' shares of
+each global batch (``experimental_distribute_dataset``), each replica's loss divided by the global
+batch's count of loss values, so the all-reduced gradients are those of the global batch's mean
+loss. Replicated pipelines (R > 1 x S > 1) have no short plain-TensorFlow form: that module calls
 partitioner's ``passes.rewrite.replicate.realise_strategy`` with every replica's layer devices
 written out (``LAYER_DEVICES_PER_REPLICA``), and says so.
 
@@ -59,6 +66,7 @@ from __future__ import annotations
 import builtins
 import importlib.util
 import inspect
+import json
 import keyword
 import logging
 import math
@@ -869,7 +877,7 @@ def _placed_model_lines(call_lines: Sequence[str], result: str, placed: bool = T
         body.append(f'{INDENT}"""The original graph, layer by layer: one whole replica.')
         body.append("")
         body.append(f"{INDENT}Build it with build_model() inside strategy.scope(): the strategy")
-        body.append(f"{INDENT}mirrors every variable on each device of REPLICA_DEVICES.")
+        body.append(f"{INDENT}mirrors every variable on each replica's device.")
     body.append(f'{INDENT}"""')
     body.append("")
     body.append(f"{INDENT}def __init__(self, **kwargs: Any) -> None:")
@@ -1331,9 +1339,10 @@ def emit_plan_module(
     """:func:`emit_placed_module` for ``plan``: its devices, pipeline stages and input shape.
 
     A plan whose strategy has replicas trains that way instead: data parallel (one stage) as
-    ``tf.distribute.MirroredStrategy`` code (``MultiWorkerMirroredStrategy`` across hosts,
-    :func:`emit_replicated_module`); replicated pipelines through partitioner's own rewrite,
-    ``realise_strategy``, with every replica's layer devices written out.
+    ``tf.distribute.MirroredStrategy`` code (a ``MultiWorkerMirroredStrategy`` program run on
+    every task when the replicas are a cluster's tasks, :func:`emit_replicated_module`);
+    replicated pipelines through partitioner's own rewrite, ``realise_strategy``, with every
+    replica's layer devices written out.
     """
     strings = plan_device_strings(plan, devices)
     strategy = plan.strategy
@@ -1375,19 +1384,36 @@ def make_strategy() -> tf.distribute.Strategy:
 
 _MULTI_WORKER_STRATEGY = '''
 
+_strategy: tf.distribute.Strategy | None = None
+
+
 def make_strategy() -> tf.distribute.Strategy:
-    """tf.distribute.MultiWorkerMirroredStrategy over the workers of TF_CONFIG (one replica per
-    device each worker sees; see the module docstring for how to launch the workers)."""
-    if "TF_CONFIG" not in os.environ:
-        raise RuntimeError(
-            "set TF_CONFIG for this worker first, e.g. " + json.dumps(example_tf_config(0))
-        )
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    """tf.distribute.MultiWorkerMirroredStrategy over the tasks of this worker's TF_CONFIG (one
+    replica per device the worker sees), made once per process. Make it first, before any other
+    TensorFlow call: its collectives are configured when TensorFlow starts."""
+    global _strategy
+    if _strategy is None:
+        if "TF_CONFIG" not in os.environ:
+            first = "chief" if "chief" in CLUSTER else "worker"
+            raise RuntimeError(
+                "set TF_CONFIG for this worker first, e.g. "
+                + json.dumps(example_tf_config(0, first))
+            )
+        _strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    return _strategy
 
 
-def example_tf_config(index: int) -> dict[str, Any]:
-    """The TF_CONFIG of worker ``index``: WORKERS as the cluster, this worker's task index."""
-    return {"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": index}}'''
+def example_tf_config(index: int, job: str = "worker") -> dict[str, Any]:
+    """The TF_CONFIG of task ``index`` of ``job``: CLUSTER as the cluster, that task as this one."""
+    return {"cluster": CLUSTER, "task": {"type": job, "index": index}}
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this worker is the cluster's chief: the "chief" task, else worker 0."""
+    resolver = strategy.cluster_resolver
+    if "chief" in resolver.cluster_spec().jobs:
+        return bool(resolver.task_type == "chief")
+    return bool(resolver.task_type == "worker" and resolver.task_id == 0)'''
 
 _REPLICA_GRAPH_BUILD = '''
 
@@ -1457,16 +1483,203 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     main(sys.argv[1:])'''
 
+# The multi-worker module's training: Keras 3's fit does not run under
+# MultiWorkerMirroredStrategy (tensorflow#72388), so it is a loop of its own.
+_TRAIN_LOOP = '''
+
+def train(
+    original: Any,
+    x: Any,
+    y: Any,
+    *,
+    optimizer: Any,
+    loss: Any,
+    epochs: int = 1,
+    verbose: bool = False,
+) -> keras.Model:
+    """Train a copy of ``original`` (a keras.Model or .keras file) data-parallel; returns it.
+
+    Call it on every worker, with the same arguments. Each step takes the next GLOBAL_BATCH_SIZE
+    rows of x and y (in order; x an array, or a list or dict of arrays for several inputs), each
+    worker its replicas' share of them, and updates the weights as one device would on the whole
+    batch (train_step). ``optimizer``: a name like "sgd", or a function that makes one (it must
+    be made inside the strategy's scope); ``loss``: a keras.losses.Loss, its name, or a function
+    of (y_true, y_pred). Keras's fit does not run under MultiWorkerMirroredStrategy in Keras 3
+    (tensorflow#72388), hence the loop.
+    """
+    strategy = make_strategy()
+    with strategy.scope():
+        model = build_model()
+        load_original_weights(model, original)
+        made = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer()
+        made.build(model.trainable_variables)
+    step = train_step(strategy, model, made, loss_values(loss))
+    batches = strategy.experimental_distribute_dataset(global_batches(x, y))
+    for epoch in range(epochs):
+        for k, batch in enumerate(batches):
+            batch_loss = float(step(batch))
+            if verbose:
+                print(f"epoch {epoch + 1}, step {k + 1}: loss {batch_loss:.6g}", flush=True)
+    return model
+
+
+def global_batches(x: Any, y: Any) -> tf.data.Dataset:
+    """x and y in batches of GLOBAL_BATCH_SIZE rows, in order. Every worker holds the same
+    arrays: distributed, each batch is split into one equal share per replica, and each worker
+    reads its replicas' shares (sharded by data)."""
+    features = tuple(x) if isinstance(x, list) else x
+    batches = tf.data.Dataset.from_tensor_slices((features, y)).batch(GLOBAL_BATCH_SIZE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return batches.with_options(options)
+
+
+def loss_values(loss: Any) -> Any:
+    """``loss`` (a keras.losses.Loss, its name or a function of (y_true, y_pred)) as the
+    function of its values before any reduction."""
+    if isinstance(loss, (list, tuple, dict)):
+        raise ValueError(f"train() takes one loss, for a model of one output; got {loss!r}")
+    made = keras.losses.get(loss)
+    return made.call if isinstance(made, keras.losses.Loss) else made
+
+
+def train_step(
+    strategy: tf.distribute.Strategy, model: keras.Model, optimizer: Any, values_of: Any
+) -> Any:
+    """One step on a distributed global batch, as a tf.function; returns the batch's loss.
+
+    Each replica runs forward and backward on its share. Its loss is the sum of its loss values
+    divided by the number of values in the whole global batch, so the replicas' gradients, which
+    the optimizer sums over all replicas (an all-reduce) before it applies them, add up to the
+    gradient of the mean loss over the global batch: the update of one device on the whole batch.
+    """
+
+    def replica_step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            prediction = model(list(x) if isinstance(x, tuple) else x, training=True)
+            values = tf.cast(values_of(y, prediction), tf.float32)
+            context = tf.distribute.get_replica_context()
+            count = context.all_reduce("sum", tf.cast(tf.size(values), tf.float32))
+            loss = tf.reduce_sum(values) / count
+            if model.losses:  # regularisers: an equal part on each replica
+                extra = tf.cast(tf.add_n(model.losses), tf.float32)
+                loss += extra / strategy.num_replicas_in_sync
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    @tf.function(jit_compile=False)
+    def step(batch: Any) -> Any:
+        losses = strategy.run(replica_step, args=batch)
+        return strategy.reduce("sum", losses, axis=None)
+
+    return step
+
+
+def main(argv: list[str]) -> None:
+    """``TF_CONFIG=... python THIS_FILE.py ORIGINAL.keras DATA.npz`` on every worker: train the
+    saved, compiled original's copy for one epoch on the arrays ``x`` and ``y`` of DATA.npz; the
+    chief saves the original with the trained weights as ORIGINAL.trained.keras."""
+    if len(argv) != 2:
+        raise SystemExit(f"usage: TF_CONFIG=... python {sys.argv[0]} ORIGINAL.keras DATA.npz")
+    strategy = make_strategy()  # first: loading the model runs TensorFlow
+    original = keras.saving.load_model(argv[0])
+    if original.optimizer is None:
+        raise SystemExit(f"{argv[0]} was saved uncompiled: compile it, save it, run again")
+    config = original.optimizer.get_config()
+    data = np.load(argv[1])
+    chief = is_chief(strategy)
+    model = train(
+        original,
+        data["x"],
+        data["y"],
+        optimizer=lambda: original.optimizer.__class__.from_config(config),
+        loss=original.loss,
+        verbose=chief,
+    )
+    if chief:
+        original.set_weights(model.get_weights())  # the trained weights, in the original model
+        path = os.path.splitext(argv[0])[0] + ".trained.keras"
+        original.save(path)
+        print(f"trained weights saved to {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])'''
+
+_TASK_JOBS = ("chief", "worker")
+
+
+@dataclass(frozen=True)
+class _Cluster:
+    """The cluster tasks a data-parallel plan's replicas run on, numbered from 0 in each job
+    (chief first): each task's (job, index), placeholder address and replica device strings."""
+
+    tasks: tuple[tuple[str, int], ...]
+    addresses: tuple[str, ...]
+    devices: tuple[tuple[str, ...], ...]
+    num_hosts: int
+
+    def spec(self) -> dict[str, list[str]]:
+        """TF_CONFIG's ``cluster``: each job's task addresses in index order."""
+        jobs = [job for job in _TASK_JOBS if any(j == job for j, _ in self.tasks)]
+        return {
+            job: [a for (j, _), a in zip(self.tasks, self.addresses) if j == job] for job in jobs
+        }
+
+
+def _job_task(device: str) -> tuple[str, int] | None:
+    """The (job, task) a device string names (``/job:worker/replica:0/task:1/...``), or None."""
+    job = re.search(r"/job:([^/]+)", device)
+    if job is None:
+        return None
+    task = re.search(r"/task:(\d+)", device)
+    return job.group(1), int(task.group(1)) if task else 0
+
+
+def _cluster_of(plan: Plan, strategy: Strategy, strings: Sequence[str]) -> _Cluster | None:
+    """The cluster tasks of the replicas: the job and task in each replica device's string, or
+    one worker per host for devices named without a job on several hosts. None when the
+    replicas are devices of one process (one host, no job names): MirroredStrategy's case."""
+    firsts = [g[0] for g in strategy.device_groups]
+    named = [_job_task(strings[d]) for d in firsts]
+    if all(n is None for n in named):
+        if len({plan.devices[d].host for d in firsts}) < 2:
+            return None
+        named = [("worker", plan.devices[d].host) for d in firsts]
+    tasks: list[tuple[str, int]] = []
+    for d, task in zip(firsts, named):
+        if task is None or task[0] not in _TASK_JOBS:
+            raise RewriteError(
+                f"replica device {strings[d]!r} is not on a chief or worker task while other "
+                "replicas are on cluster tasks: MultiWorkerMirroredStrategy trains on every "
+                "replica's task; plan on the chief and worker tasks only"
+            )
+        tasks.append(task)
+    order = sorted(set(tasks), key=lambda t: (_TASK_JOBS.index(t[0]), t[1]))
+    host_of = {t: plan.devices[d].host for d, t in reversed(list(zip(firsts, tasks)))}
+    on_host: dict[int, int] = {}
+    addresses = []
+    for t in order:
+        k = on_host[host_of[t]] = on_host.get(host_of[t], -1) + 1
+        addresses.append(f"host{host_of[t]}.example:{2222 + k}")
+    return _Cluster(
+        tasks=tuple((t[0], [o for o in order if o[0] == t[0]].index(t)) for t in order),
+        addresses=tuple(addresses),
+        devices=tuple(tuple(strings[d] for d, n in zip(firsts, tasks) if n == t) for t in order),
+        num_hosts=len(set(host_of.values())),
+    )
+
 
 def _replicas_header(
     model: Any,
     plan: Plan,
     strategy: Strategy,
     replica_devices: Sequence[str],
-    workers: Sequence[str],
+    cluster: _Cluster | None,
 ) -> list[str]:
-    """The docstring of a data-parallel module (one host, or ``workers`` across hosts)."""
-    how = "MultiWorkerMirroredStrategy" if workers else "MirroredStrategy"
+    """The docstring of a data-parallel module (devices of one process, or cluster tasks)."""
+    how = "MultiWorkerMirroredStrategy" if cluster else "MirroredStrategy"
     lines = [
         f'"""Model {_safe_text(model.name)} trained data-parallel with tf.distribute.{how}, '
         "written by partitioner.",
@@ -1479,34 +1692,45 @@ def _replicas_header(
         "must divide the batch evenly.",
         "",
     ]
-    if workers:
-        lines += _launch_lines(plan, workers)
-    else:
+    if cluster is None:
         lines += ["REPLICA_DEVICES lists one device per replica: edit it to use others.", ""]
-    return [*lines, *_replicas_use_lines(bool(workers))]
+        return [*lines, *_replicas_use_lines()]
+    return [*lines, *_launch_lines(cluster), *_multi_worker_use_lines()]
 
 
-def _launch_lines(plan: Plan, workers: Sequence[str]) -> list[str]:
-    """How to launch the workers of a module across hosts."""
-    addresses = ", ".join(f'"{w}"' for w in workers)
-    example = f'{{"cluster": {{"worker": [{addresses}]}}, "task": {{"type": "worker", "index": 0}}}}'
-    return [
-        f"The replicas run on {len(workers)} hosts. Run this same file on every host, each with",
-        "its own TF_CONFIG (WORKERS lists the addresses: edit them to the real hosts' and",
-        "ports); worker 0 is the chief. For worker 0:",
-        "",
-        f"    TF_CONFIG='{example}' \\\\",
-        "        python THIS_FILE.py ORIGINAL.keras DATA.npz",
-        "",
-        "and the same with index 1, 2, ... on the other hosts. Every worker uses each device it",
-        "sees, one replica per device: the plan's devices per host are in WORKER_DEVICES (limit a",
-        "worker with CUDA_VISIBLE_DEVICES to match them).",
+def _launch_lines(cluster: _Cluster) -> list[str]:
+    """How to launch the tasks of a multi-worker module: one command per task."""
+    hosts = "one host" if cluster.num_hosts == 1 else f"{cluster.num_hosts} hosts"
+    lines = [
+        f"The replicas run on {len(cluster.tasks)} tasks of a TensorFlow cluster, on {hosts}.",
+        "Run this same file once per task, each process with its own TF_CONFIG. CLUSTER lists",
+        "the tasks' addresses: placeholders, so edit them (there and in these commands) to the",
+        "real hosts and free ports first. Then run, each on its task's host:",
         "",
     ]
+    spec = cluster.spec()
+    shown = cluster.tasks if len(cluster.tasks) <= 4 else cluster.tasks[:2]
+    for job, index in shown:
+        config = {"cluster": spec, "task": {"type": job, "index": index}}
+        lines += [f"    TF_CONFIG='{json.dumps(config)}' \\\\"]
+        lines += ["        python THIS_FILE.py ORIGINAL.keras DATA.npz", ""]
+    if len(shown) < len(cluster.tasks):
+        lines += ["and the same for every other task of CLUSTER, with its job and index.", ""]
+    chief = "the chief" if "chief" in spec else "worker 0 (the chief)"
+    lines += [
+        "Every process reads its own copy of ORIGINAL.keras (a compiled Keras model) and",
+        "DATA.npz (arrays x and y, the same for every task), waits until every task has joined,",
+        "trains one epoch of batches of GLOBAL_BATCH_SIZE rows (in order; each task its replicas'",
+        f"share of each batch), and {chief} saves the model with the trained weights",
+        "as ORIGINAL.trained.keras beside ORIGINAL.keras on its host. Each task uses every device",
+        "it sees, one replica per device (a CPU task: one replica): TASK_DEVICES lists the plan's",
+        "devices of each task (limit a task with CUDA_VISIBLE_DEVICES to match them).",
+        "",
+    ]
+    return lines
 
 
-def _replicas_use_lines(multi_worker: bool) -> list[str]:
-    run = "Each worker runs" if multi_worker else "Run"
+def _replicas_use_lines() -> list[str]:
     return [
         "Use:",
         "",
@@ -1519,44 +1743,44 @@ def _replicas_use_lines(multi_worker: bool) -> list[str]:
         "    model.fit(x, y, batch_size=placed_model.GLOBAL_BATCH_SIZE)  # the global batch",
         "",
         "or placed_model.train(original, x, y, optimizer='sgd', loss='mse'), which does that.",
-        f"{run} `python THIS_FILE.py ORIGINAL.keras DATA.npz` to train a saved, compiled",
+        "Run `python THIS_FILE.py ORIGINAL.keras DATA.npz` to train a saved, compiled",
         "model for one epoch on the arrays x and y of DATA.npz.",
         '"""',
     ]
 
 
+def _multi_worker_use_lines() -> list[str]:
+    return [
+        "Use from Python, in every task's process (TF_CONFIG set):",
+        "",
+        "    import placed_model                          # this file",
+        "    placed_model.make_strategy()    # first, before any other TensorFlow call",
+        "    model = placed_model.train(original, x, y, optimizer='sgd', loss='mse')",
+        "",
+        "Keras's fit does not run under MultiWorkerMirroredStrategy in Keras 3 (tensorflow#72388):",
+        "train() runs a loop of its own (train_step: GradientTape, then the optimizer applies the",
+        "gradients summed over every replica).",
+        '"""',
+    ]
+
+
 def _replica_devices_lines(
-    plan: Plan,
-    strategy: Strategy,
-    strings: Sequence[str],
-    replica_devices: Sequence[str],
-    workers: Sequence[str],
+    plan: Plan, replica_devices: Sequence[str], cluster: _Cluster | None
 ) -> list[str]:
-    """``REPLICA_DEVICES`` (one host) or ``WORKERS`` and ``WORKER_DEVICES`` (several)."""
+    """``REPLICA_DEVICES`` (devices of one process) or ``CLUSTER`` and ``TASK_DEVICES``."""
     lines = [f"GLOBAL_BATCH_SIZE = {plan.batch_size}", ""]
-    if not workers:
+    if cluster is None:
         lines.append("# One replica of the whole model on each device.")
         return [*lines, f"REPLICA_DEVICES = {_literal(list(replica_devices), 0)}"]
-    hosts = sorted({plan.devices[g[0]].host for g in strategy.device_groups})
-    per_host = {
-        h: [strings[g[0]] for g in strategy.device_groups if plan.devices[g[0]].host == h]
-        for h in hosts
-    }
-    lines += [
-        "# The address (host:port) of each worker, worker 0 first: one per host of the plan.",
-        f"WORKERS = {_literal(list(workers), 0)}",
-        "# The plan's replica devices on each worker (index into WORKERS).",
-        f"WORKER_DEVICES = {_literal({k: per_host[h] for k, h in enumerate(hosts)}, 0)}",
+    task_devices = {t: list(d) for t, d in zip(cluster.tasks, cluster.devices)}
+    return [
+        *lines,
+        "# TF_CONFIG's cluster: the address (host:port) of each task of each job, by index. The",
+        "# addresses are placeholders (one host per plan host): edit them to the real ones.",
+        f"CLUSTER = {_literal(cluster.spec(), 0)}",
+        "# The plan's replica devices on each task, (job, index) -> device strings.",
+        f"TASK_DEVICES = {_literal(task_devices, 0)}",
     ]
-    return lines
-
-
-def _worker_addresses(plan: Plan, strategy: Strategy) -> list[str]:
-    """A ``host:port`` placeholder per host of the strategy's devices (``[]`` on one host)."""
-    hosts = sorted({plan.devices[d].host for d in strategy.devices})
-    if len(hosts) < 2:
-        return []
-    return [f"host{h}.example:2222" for h in hosts]
 
 
 def emit_replicated_module(
@@ -1568,8 +1792,10 @@ def emit_replicated_module(
 ) -> str:
     """The source of a module that trains ``model`` data-parallel as ``plan.strategy`` (``R``
     replicas of one stage) says: ``tf.distribute.MirroredStrategy`` over its devices
-    (``strings[d]`` for plan device ``d``), or ``MultiWorkerMirroredStrategy`` when they are on
-    several hosts. Like :func:`emit_placed_module`'s, without device scopes."""
+    (``strings[d]`` for plan device ``d``) when they are devices of one process, else
+    ``MultiWorkerMirroredStrategy``: when they are a cluster's tasks (a job in their strings, on
+    one host or many) or on several hosts. Like :func:`emit_placed_module`'s, without device
+    scopes."""
     strategy = plan.strategy
     if strategy is None or strategy.stages != 1 or strategy.replicas < 2:
         raise RewriteError(
@@ -1586,13 +1812,13 @@ def emit_replicated_module(
         body, imports = [], []
         _subclassed_checks(model, emitter)
     replica_devices = [strings[g[0]] for g in strategy.device_groups]
-    workers = _worker_addresses(plan, strategy)
-    devices = (strings, replica_devices, workers)
-    text = _replicated_text(model, plan, strategy, emitter, graph_model, imports, devices)
+    cluster = _cluster_of(plan, strategy, strings)
+    devices = (replica_devices, cluster)
+    text = _replicated_text(model, plan, emitter, graph_model, imports, strategy, devices)
     text += "\n\n\n" + "\n".join(body) + "\n" if graph_model else "\n"
     text += _REPLICA_GRAPH_BUILD if graph_model else _REPLICA_SUBCLASSED_BUILD
-    text += "\n" + (_MULTI_WORKER_STRATEGY if workers else _MIRRORED_STRATEGY)
-    text += "\n" + _LOAD_WEIGHTS + "\n" + _TRAIN + "\n"
+    text += "\n" + (_MULTI_WORKER_STRATEGY if cluster else _MIRRORED_STRATEGY)
+    text += "\n" + _LOAD_WEIGHTS + "\n" + (_TRAIN_LOOP if cluster else _TRAIN) + "\n"
     _compile_check(text, "<emitted module>")
     return text
 
@@ -1600,25 +1826,25 @@ def emit_replicated_module(
 def _replicated_text(
     model: Any,
     plan: Plan,
-    strategy: Strategy,
     emitter: _Emitter,
     graph_model: bool,
     imports: Sequence[str],
-    devices: tuple[Sequence[str], Sequence[str], Sequence[str]],
+    strategy: Strategy,
+    devices: tuple[Sequence[str], _Cluster | None],
 ) -> str:
     """The data-parallel module up to its model code: docstring, imports, constants.
-    ``devices``: every plan device's string, the replica devices and the worker addresses."""
-    strings, replica_devices, workers = devices
+    ``devices``: the replica devices and the cluster tasks (None: devices of one process)."""
+    replica_devices, cluster = devices
     loads_source = emitter.uses_source or not graph_model
-    lines = _replicas_header(model, plan, strategy, replica_devices, workers)
-    standard = ["import sys", *(["import json"] if workers else [])]
+    lines = _replicas_header(model, plan, strategy, replica_devices, cluster)
+    standard = ["import sys", *(["import json"] if cluster else [])]
     lines += _import_lines(loads_source, imports, standard, placed=False)
     lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}", ""]
     if loads_source:
         lines += _source_lines(model, emitter)
     if not graph_model:
         lines += _subclassed_config_lines(model)
-    lines += [*_replica_devices_lines(plan, strategy, strings, replica_devices, workers), ""]
+    lines += [*_replica_devices_lines(plan, replica_devices, cluster), ""]
     sample = _sample_lines(model, plan.input_shape, graph_model)
     sample[1] = "# of these shapes so that every layer creates its variables (in strategy.scope())."
     lines += sample

@@ -2,10 +2,12 @@
 
 On the logical CPU devices of tests/conftest.py: a data-parallel plan's emitted module
 (``tf.distribute.MirroredStrategy`` in plain TensorFlow) trains one step to the loss and weights
-of the original trained on one device on the same global batch, and ``fit`` works; a plan
-across hosts emits a ``MultiWorkerMirroredStrategy`` script; a hybrid plan's module hands every
-replica's layer devices to ``realise_strategy``; plans without replicas emit what they emitted
-before.
+of the original trained on one device on the same global batch, and ``fit`` works. A plan whose
+replicas are a cluster's tasks (job names in its device strings, on one host or many) emits a
+``MultiWorkerMirroredStrategy`` program: its text here, its training loop run in this process
+under a ``MirroredStrategy`` (the same ``strategy.run`` code; two launched workers are
+test_codegen_multi_worker.py's, slow). A hybrid plan's module hands every replica's layer devices
+to ``realise_strategy``; plans without replicas emit what they emitted before.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import itertools
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +25,9 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from cost_models.devices.topology import topology_from_tf_config
 from partitioner.core.errors import RewriteError
 from partitioner.core.ir import Schedule
 from partitioner.core.strategy import Strategy
@@ -173,19 +178,122 @@ def test_a_plan_across_hosts_emits_a_multi_worker_script(tmp_path: Path) -> None
     plan = strategy_plan(model, strategy, hosts=(0, 0, 1, 1))
     source = emit_plan_module(model, plan)
     assert "tf.distribute.MultiWorkerMirroredStrategy()" in source
+    assert "MirroredStrategy(devices=" not in source
     assert "TF_CONFIG=" in source and "python THIS_FILE.py ORIGINAL.keras DATA.npz" in source
     assert imported_modules(source) <= PLAIN_TF_IMPORTS
     module = import_emitted(source, tmp_path)
-    assert module.WORKERS == ["host0.example:2222", "host1.example:2222"]
-    assert module.WORKER_DEVICES == {
-        0: ["/job:worker/task:0/device:GPU:0"] * 2,
-        1: ["/job:worker/task:1/device:GPU:0"] * 2,
+    assert module.CLUSTER == {"worker": ["host0.example:2222", "host1.example:2222"]}
+    assert module.TASK_DEVICES == {
+        ("worker", 0): ["/job:worker/task:0/device:GPU:0"] * 2,
+        ("worker", 1): ["/job:worker/task:1/device:GPU:0"] * 2,
     }
     assert module.example_tf_config(1)["task"] == {"type": "worker", "index": 1}
+    assert launch_configs(source) == [module.example_tf_config(0), module.example_tf_config(1)]
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("TF_CONFIG", raising=False)
         with pytest.raises(RuntimeError, match="set TF_CONFIG"):
             module.make_strategy()
+
+
+def launch_configs(source: str) -> list[Any]:
+    """The TF_CONFIG of each launch command in the module's docstring, in order."""
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    return [
+        json.loads(line.split("TF_CONFIG='", 1)[1].rsplit("'", 1)[0])
+        for line in docstring.splitlines()
+        if line.strip().startswith("TF_CONFIG='")
+    ]
+
+
+def cluster_plan(model: keras.Model, tasks: dict[str, list[str]]) -> Plan:
+    """A data-parallel plan over the tasks of a TF_CONFIG cluster, one CPU device per task,
+    named as ``--topology tf-config`` names them."""
+    config = {"cluster": tasks, "task": {"type": next(iter(tasks)), "index": 0}}
+    topology = topology_from_tf_config(config, device_type="cpu")
+    devices = tuple(
+        PlanDevice(d.index, d.device_type, d.memory_bytes, d.host, d.name) for d in topology.devices
+    )
+    layers = (0,) * len(placement_units(model))
+    strategy = Strategy(tuple((d.index,) for d in devices), layers)
+    return replace(strategy_plan(model, strategy), devices=devices)
+
+
+def test_tasks_on_one_host_emit_the_multi_worker_program_not_in_graph_mirrored() -> None:
+    model = mlp()
+    source = emit_plan_module(
+        model, cluster_plan(model, {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]})
+    )
+    assert "tf.distribute.MultiWorkerMirroredStrategy()" in source
+    assert "MirroredStrategy(devices=" not in source and "REPLICA_DEVICES" not in source
+    assert "on 2 tasks of a TensorFlow cluster, on one host" in source
+    spec = {"worker": ["host0.example:2222", "host0.example:2223"]}
+    assert launch_configs(source) == [
+        {"cluster": spec, "task": {"type": "worker", "index": k}} for k in range(2)
+    ]
+    # The strategy is made before TensorFlow runs anything: main makes it before the model
+    # loads; and the loop is its own (Keras 3's fit does not run under it).
+    main = source[source.index("def main(") :]
+    assert main.index("make_strategy()") < main.index("keras.saving.load_model")
+    assert ".fit(" not in source and "strategy.run(replica_step" in source
+    assert "_maybe_symbolic_build" not in source
+    functions = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)]
+    assert max((n.end_lineno or n.lineno) - n.lineno + 1 for n in functions) <= 60  # house rule
+
+
+def test_a_cluster_with_a_chief_launches_the_chief_first() -> None:
+    model = mlp()
+    tasks = {"chief": ["a:1"], "worker": ["b:1", "b:2"]}
+    source = emit_plan_module(model, cluster_plan(model, tasks))
+    spec = {"chief": ["host0.example:2222"], "worker": ["host1.example:2222", "host1.example:2223"]}
+    assert [c["task"] for c in launch_configs(source)] == [
+        {"type": "chief", "index": 0},
+        {"type": "worker", "index": 0},
+        {"type": "worker", "index": 1},
+    ]
+    assert all(c["cluster"] == spec for c in launch_configs(source))
+    assert "on 3 tasks of a TensorFlow cluster, on 2 hosts" in source
+    assert "and the chief saves" in source
+
+
+def test_replicas_on_a_ps_task_or_on_both_a_task_and_a_local_device_are_refused() -> None:
+    model = mlp()
+    plan = cluster_plan(model, {"worker": ["a:1", "a:2"]})
+    with pytest.raises(RewriteError, match="is not on a chief or worker task"):
+        emit_plan_module(model, plan, devices=["/job:worker/task:0/device:CPU:0", CPU[1]])
+    with pytest.raises(RewriteError, match="'/job:ps/task:0/device:CPU:0' is not on a chief"):
+        emit_plan_module(
+            model, plan, devices=["/job:worker/task:0/device:CPU:0", "/job:ps/task:0/device:CPU:0"]
+        )
+
+
+def test_the_multi_worker_loop_steps_as_one_device_on_the_global_batch(tmp_path: Path) -> None:
+    """The loop of the multi-worker program (train -> train_step, global_batches, loss_values),
+    run under a MirroredStrategy of two local devices: the same strategy.run code, without
+    launching workers. A last batch that is not full, a Loss object and a regulariser too."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu", name="d1", kernel_regularizer="l2")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="d2")(hidden), name="reg")
+    plan = cluster_plan(model, {"worker": ["a:1", "a:2"]})
+    module = import_emitted(emit_plan_module(model, replace(plan, batch_size=4)), tmp_path)
+    x, y = data(11, seed=3)  # batches of 4, 4 and 3 rows
+    with pytest.MonkeyPatch.context() as patch:
+        mirrored = tf.distribute.MirroredStrategy(CPU[:2])
+        patch.setattr(module, "make_strategy", lambda: mirrored)
+        trained = module.train(
+            model,
+            x,
+            y,
+            optimizer=lambda: keras.optimizers.SGD(0.1),
+            loss=keras.losses.MeanSquaredError(),
+        )
+    assert trained.distribute_strategy.num_replicas_in_sync == 2
+    reference = keras.models.clone_model(model)
+    reference.set_weights(model.get_weights())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    reference.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+    for k, (a, b) in enumerate(zip(trained.get_weights(), reference.get_weights())):
+        assert relative_error(a, b) <= REL_TOL, f"weight {k}"
 
 
 def test_a_hybrid_plan_emits_every_replicas_devices_for_realise_strategy(tmp_path: Path) -> None:
