@@ -101,6 +101,7 @@ __all__ = [
     "TF_CONFIG_SPEC",
     "all_reduce_fit_to_dict",
     "check_memory_limit",
+    "links_note",
     "load_topology",
     "parse_topology",
     "topology_from_tf_config",
@@ -117,6 +118,9 @@ _MAX_DEVICES = 4096
 
 _SCHEMA = "devices/topology.schema.json"
 """The topology file's JSON Schema, next to this reader (package data of ``cost_models``)."""
+
+TASKS_ON_A_HOST_LINK = "grpc-loopback"
+"""The catalog link between devices of two TF_CONFIG tasks on one host (two processes: gRPC)."""
 
 _TF_JOBS = ("chief", "worker")
 """TF_CONFIG jobs whose tasks hold devices for model layers (``ps`` and ``evaluator`` do not)."""
@@ -521,13 +525,12 @@ def parse_topology(
         pair_overrides=pair_overrides,
         memory_limit_bytes=memory_limit_bytes,
     )
+    if "calibration" in top:
+        _check_calibration(where, top, topology.num_devices)
     if "all_reduce" not in top:
         return topology
     fit = _all_reduce_fit(where, top["all_reduce"], topology.num_devices)
-    topology = replace(topology, all_reduce=fit)
-    if "calibration" in top:
-        _check_calibration(where, top, topology.num_devices)
-    return topology
+    return replace(topology, all_reduce=fit)
 
 
 def _same_figures(table: Mapping[str, Any], fit: LatencyBandwidthFit) -> bool:
@@ -654,7 +657,9 @@ def topology_from_tf_config(
     ``{"cluster": {"worker": ["host0:2222", "host1:2222"]}, "task": {"type": "worker",
     "index": 0}}`` (parsed by :func:`cost_models.devices.tf_config.parse_tf_config`). Tasks
     whose addresses share a hostname share a host (joined by ``intra_link``); different
-    hostnames are different hosts, joined by ``inter_link``. Devices are named
+    hostnames are different hosts, joined by ``inter_link``; devices of two tasks on one host
+    are two processes, joined by the catalog's ``grpc-loopback`` link
+    (:data:`TASKS_ON_A_HOST_LINK`; ``partition calibrate`` measures it). Devices are named
     ``/job:<job>/replica:0/task:<i>/device:GPU:<j>`` (``CPU`` for a CPU device type), chief
     first, then workers in task order.
     """
@@ -672,6 +677,22 @@ def topology_from_tf_config(
         devices=tuple(devices),
         link=_pair_link(where, "intra_link", intra, dtype, dtype),
         inter_host_link=inter if num_hosts > 1 else None,
+        links=_between_tasks_on_a_host(tasks, per_task),
+    )
+
+
+def _between_tasks_on_a_host(
+    tasks: Sequence[tuple[str, int, str]], per_task: int
+) -> tuple[tuple[int, int, Link], ...]:
+    """Devices of two tasks on one host: two TensorFlow processes, which exchange tensors over
+    gRPC (the catalog's :data:`TASKS_ON_A_HOST_LINK`), not over the host's device link."""
+    link = get_link(TASKS_ON_A_HOST_LINK)
+    owner = [(k, host) for k, (_, _, host) in enumerate(tasks) for _ in range(per_task)]
+    return tuple(
+        (a, b, link)
+        for a, (task_a, host_a) in enumerate(owner)
+        for b, (task_b, host_b) in enumerate(owner)
+        if a < b and host_a == host_b and task_a != task_b
     )
 
 
@@ -850,3 +871,31 @@ def topology_summary(topology: Topology) -> str:
     body = f"{len(hosts)} hosts x {group(hosts[0])}" if same else "; ".join(group(h) for h in hosts)
     inter = topology.inter_host_link.kind if topology.inter_host_link is not None else "?"
     return f"{body}, {'/'.join(intra)} within hosts, {inter} between"
+
+
+def links_note(topology: Topology) -> str:
+    """Which transfer figures were measured and which come from the catalog, for the plan's
+    cost notes: ``links measured (measured 0<->1); all-reduce measured (...)``."""
+    if topology.num_devices < 2:
+        return "no links (one device)"
+    kinds: dict[str, Link] = {}
+    n = topology.num_devices
+    for a in range(n):
+        for b in range(a + 1, n):
+            link = topology.link_between(a, b)
+            if link is not None:
+                kinds.setdefault(link.kind, link)
+    known = catalog().links
+    measured = sorted(k for k in kinds if k not in known)
+    listed = sorted(k for k in kinds if k in known)
+    parts = []
+    if measured:
+        parts.append(f"links from the topology file ({', '.join(measured)})")
+    if listed:
+        parts.append(f"links from the catalog ({', '.join(listed)})")
+    fit = topology.all_reduce
+    if fit is None:
+        parts.append("all-reduce estimated from the links")
+    else:
+        parts.append(f"all-reduce measured: {fit.source}")
+    return "; ".join(parts)

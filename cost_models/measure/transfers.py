@@ -75,13 +75,13 @@ def _difference_s(samples: Mapping[str, Sequence[float]], with_it: str, without:
 
 
 def _move(num_floats: int, src: str, dst: str) -> Callable[[], Any]:
-    @tf.function(jit_compile=False)
-    def step() -> Any:
+    def body() -> Any:
         with tf.device(src):
             a = tf.random.uniform([num_floats])
         with tf.device(dst):
             return tf.reduce_sum(a)
 
+    step = tf.function(body, jit_compile=False)
     return lambda: step().numpy()
 
 
@@ -106,8 +106,7 @@ def _reduce(num_floats: int, members: Sequence[str], *, exchange: bool) -> Calla
     without it every member reads its own."""
     count = float(len(members))
 
-    @tf.function(jit_compile=False)
-    def step() -> Any:
+    def body() -> Any:
         made = []
         for device in members:
             with tf.device(device):
@@ -124,6 +123,7 @@ def _reduce(num_floats: int, members: Sequence[str], *, exchange: bool) -> Calla
                 totals.append(tf.add_n([tf.reduce_sum(t) for t in tensors]))
         return tf.add_n(totals)
 
+    step = tf.function(body, jit_compile=False)
     return lambda: step().numpy()
 
 
@@ -148,14 +148,14 @@ def matmul_flops_per_s(device: str, *, size: int = 512, repeats: int = 8, rounds
     (the median call, less a call that makes the inputs alone)."""
 
     def chain(products: int) -> Callable[[], Any]:
-        @tf.function(jit_compile=False)
-        def step() -> Any:
+        def body() -> Any:
             with tf.device(device):
                 a = tf.random.uniform([size, size]) / size
                 for _ in range(products):
                     a = tf.matmul(a, a)
                 return tf.reduce_sum(a)
 
+        step = tf.function(body, jit_compile=False)
         return lambda: step().numpy()
 
     samples = time_interleaved({"products": chain(repeats), "inputs": chain(0)}, rounds, 2)
@@ -166,12 +166,12 @@ def matmul_flops_per_s(device: str, *, size: int = 512, repeats: int = 8, rounds
 def dispatch_s(devices: Sequence[str], *, rounds: int = 9) -> float:
     """The median seconds of one step that touches every device and does nothing else."""
 
-    @tf.function(jit_compile=False)
-    def step() -> Any:
+    def body() -> Any:
         total = tf.constant(0.0)
         for device in devices:
             with tf.device(device):
                 total = total + 1.0
         return total
 
+    step = tf.function(body, jit_compile=False)
     return statistics.median(time_interleaved({"noop": lambda: step().numpy()}, rounds, 2)["noop"])

@@ -2,7 +2,7 @@
 
     partition calibrate --cluster cluster.json --out calibrated.json   # the workers of a file
     partition calibrate --out calibrated.json                          # the workers of $TF_CONFIG
-    partition calibrate --logical-cpus 2 --out local.json              # this host (no GPU)
+    partition calibrate --out local.json                               # this host's GPUs
 
 then ``partition model.py --topology calibrated.json --profile-ops``. What is measured and how:
 :mod:`passes.cluster.calibrate`. Progress goes to stderr; errors are one line, exit 2, and no
@@ -38,14 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster",
         default=None,
         help='cluster file {"worker": ["host:port", ...]} or TF_CONFIG form (default: '
-        "$TF_CONFIG; neither: this host's devices)",
-    )
-    parser.add_argument(
-        "--logical-cpus",
-        type=int,
-        default=None,
-        metavar="N",
-        help="this host only: measure N logical CPU devices (standing in for GPUs)",
+        "$TF_CONFIG; neither: this host's GPUs)",
     )
     parser.add_argument(
         "--device-type", default=None, help="catalog type of the measured devices (default cpu)"
@@ -102,13 +95,10 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"[{time.monotonic() - started:5.1f} s] {line}\n")
         sys.stderr.flush()
 
-    on_cluster = args.cluster is not None or (
-        args.logical_cpus is None and tf_config_text() is not None
-    )
-    if on_cluster:
+    if args.cluster is not None or tf_config_text() is not None:
         cal = calibrate_cluster(args.cluster, options, timeout_s=args.timeout, progress=say)
     else:
-        cal = calibrate_local(options, logical_cpus=args.logical_cpus, progress=say)
+        cal = calibrate_local(options, progress=say)
     data = cal.topology_data()
     _check_written(data)
     from partitioner.core.files import write_atomic

@@ -14,8 +14,10 @@ process connects as the client (:func:`passes.cluster.runtime.connect`) and time
 * each device's float32 matrix-product speed, this process's too (the machine that profiles
   the model with ``--profile-ops``), and the client's fixed cost of one step over the devices.
 
-On this host (no cluster) the same among its devices: its GPUs, else ``logical_cpus`` logical
-CPU devices standing in for them (their copies are memory copies: a lower bound).
+On this host (no cluster) the same among its GPUs. Logical CPU devices of one process are
+refused: they share the process's memory and TensorFlow copies nothing between them (timed,
+the "transfer" does not grow with its size), so the way to calibrate CPUs is as a cluster of
+``partition worker`` processes, which exchange tensors over gRPC as they would in training.
 
 The file it writes is an ordinary topology file (:mod:`cost_models.devices.topology`): one host
 per task (so devices are named ``/job:<job>/replica:0/task:<i>/...`` as the cluster names them),
@@ -36,6 +38,7 @@ naming it. Nothing is written unless every figure was measured.
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 import os
 import socket
@@ -148,14 +151,14 @@ class _Watch:
 
 
 def _measure(
-    devices: Sequence[str], hosts: Sequence[int], options: CalibrationOptions,
-    watch: _Watch, say: Progress,
-) -> dict[str, Any]:  # fmt: skip
+    devices: Sequence[str], options: CalibrationOptions, watch: _Watch, say: Progress
+) -> dict[str, Any]:
     """Every figure of :class:`Calibration` but the where and when."""
     sizes, rounds, warmup = options.sizes_bytes, options.rounds, options.warmup
     say(f"compute: {len(devices)} devices and this process, float32 matrix products")
     flops = tuple(
-        watch(f"compute on {d}", lambda d=d: transfers.matmul_flops_per_s(d)) for d in devices
+        watch(f"compute on {d}", functools.partial(transfers.matmul_flops_per_s, d))
+        for d in devices
     )
     client = transfers.matmul_flops_per_s("/job:localhost/replica:0/task:0/device:CPU:0")
     links = []
@@ -163,8 +166,13 @@ def _measure(
         say(f"link {devices[a]} -> {devices[b]}: {len(sizes)} sizes x {rounds} rounds")
         points = watch(
             f"the link {devices[a]} -> {devices[b]}",
-            lambda a=a, b=b: transfers.transfer_points(
-                devices[a], devices[b], sizes, rounds=rounds, warmup=warmup
+            functools.partial(
+                transfers.transfer_points,
+                devices[a],
+                devices[b],
+                sizes,
+                rounds=rounds,
+                warmup=warmup,
             ),
         )
         links.append((a, b, fit_latency_bandwidth(points, f"link {a}-{b}")))
@@ -237,7 +245,7 @@ def calibrate_cluster(
         )
     devices, hosts = _task_devices(handle)
     say(f"connected to {handle.cluster.num_tasks} tasks: {', '.join(handle.cluster.addresses)}")
-    figures = _measure(devices, hosts, options, _Watch(handle, options.step_timeout_s), say)
+    figures = _measure(devices, options, _Watch(handle, options.step_timeout_s), say)
     return Calibration(
         devices=devices, hosts=hosts, device_type=_device_type(devices, options.device_type),
         where=f"{handle.cluster.num_tasks} tasks of {handle.cluster.source}", when=_now(),
@@ -248,53 +256,28 @@ def calibrate_cluster(
 def calibrate_local(
     options: CalibrationOptions = CalibrationOptions(),
     *,
-    logical_cpus: int | None = None,
     progress: Progress | None = None,
 ) -> Calibration:
-    """Measure this host's devices: its GPUs, else ``logical_cpus`` logical CPU devices (made
-    here, before TensorFlow starts its runtime; >= 2)."""
+    """Measure this host's GPUs (two or more). A host without GPUs is refused: logical CPU
+    devices of one process share its memory and TensorFlow copies nothing between them, so
+    there is no link to measure; calibrate ``partition worker`` processes instead."""
     options.check()
     say = progress or (lambda _: None)
-    gpus = tf.config.list_logical_devices("GPU")
-    if gpus and logical_cpus is None:
-        devices = tuple(d.name for d in gpus)
-    else:
-        devices = _logical_cpus(logical_cpus)
-    if len(devices) < 2:
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) < 2:
         raise UsageError(
-            f"this host has {len(devices)} device to calibrate; give logical_cpus >= 2 to stand "
-            "in for GPUs, or run on a machine with two or more GPUs"
+            f"this host has {len(gpus)} GPU; devices of one process share its memory and "
+            "TensorFlow copies nothing between CPU devices, so there is no link to measure: "
+            "start partition worker processes and calibrate them with cluster= (a cluster file)"
         )
-    figures = _measure(
-        devices, (0,) * len(devices), options, _Watch(None, options.step_timeout_s), say
-    )
+    devices = tuple(d.name for d in tf.config.list_logical_devices("GPU"))
+    watch = _Watch(None, options.step_timeout_s)
+    figures = _measure(devices, options, watch, say)
     return Calibration(
         devices=devices, hosts=(0,) * len(devices),
         device_type=_device_type(devices, options.device_type),
         where=f"host {socket.gethostname()}", when=_now(), **figures,
     )  # fmt: skip
-
-
-def _logical_cpus(count: int | None) -> tuple[str, ...]:
-    """``count`` logical CPU devices of this process (set up before TF's runtime starts)."""
-    if count is None or count < 2:
-        raise UsageError(
-            f"logical_cpus={count!r}: this host has no GPU; give logical_cpus >= 2 logical CPU "
-            "devices to stand in for them"
-        )
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    configs = tf.config.get_logical_device_configuration(cpu) or []
-    if len(configs) != count:
-        try:
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * count
-            )
-        except RuntimeError:
-            raise UsageError(
-                f"logical_cpus={count}: TensorFlow already started with {max(1, len(configs))} "
-                "CPU devices in this process; calibrate in a fresh process"
-            ) from None
-    return tuple(d.name for d in tf.config.list_logical_devices("CPU"))
 
 
 # -- the topology file -------------------------------------------------------------------------

@@ -266,7 +266,9 @@ def test_tf_config_cluster() -> None:
         "/job:worker/replica:0/task:0/device:GPU:0",
     ]
     assert topo.devices[7].name == "/job:worker/replica:0/task:2/device:GPU:1"
-    assert topo.link_between(0, 3) == get_link("nvlink2")
+    assert topo.link_between(0, 1) == get_link("nvlink2")  # one task's two GPUs
+    # chief and worker 0 share host alpha but are two processes: gRPC, not NVLink
+    assert topo.link_between(0, 3) == get_link("grpc-loopback")
     assert topo.link_between(0, 4) == get_link("eth100g")
     cpu = topology_from_tf_config(TF_CONFIG, device_type="cpu", inter_link="infiniband")
     assert cpu.devices[1].name == "/job:worker/replica:0/task:0/device:CPU:0"

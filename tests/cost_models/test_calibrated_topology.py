@@ -1,0 +1,131 @@
+"""A topology file written by ``partition calibrate``: its figures are the fits of its raw points.
+
+The reader (:mod:`cost_models.devices.topology`) refits every measured link and the all-reduce
+from the ``calibration`` table's points and refuses a file whose figures were edited away from
+them, whose points cannot make a fit, or whose figures are nonsense, with one line naming the
+field and the next step. :mod:`cost_models.devices.fits` is the fit both sides use.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cost_models.devices.fits import fit_latency_bandwidth
+from cost_models.devices.topology import load_topology, parse_topology
+from partitioner.core.errors import CatalogError
+
+SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)
+
+
+def _line(latency_s: float, bandwidth: float) -> list[list[float]]:
+    return [[b, latency_s + b / bandwidth] for b in SIZES]
+
+
+def _calibrated() -> dict[str, Any]:
+    link_points = _line(8e-4, 1.2e9)
+    reduce_points = _line(1.5e-3, 8e8)
+    link = fit_latency_bandwidth([(int(b), s) for b, s in link_points], "link")
+    reduce = fit_latency_bandwidth([(int(b), s) for b, s in reduce_points], "all-reduce")
+    table = {"latency_s": link.latency_s, "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
+    return {
+        "name": "calibrated: 2 tasks",
+        "job": "worker",
+        "hosts": [{"devices": [{"type": "cpu"}]}, {"devices": [{"type": "cpu"}]}],
+        "inter_host_link": {**table, "name": "measured (slowest pair)"},
+        "links": [{"devices": [0, 1], "link": {**table, "name": "measured 0<->1"}}],
+        "all_reduce": {
+            "latency_s": reduce.latency_s,
+            "bandwidth_bytes_per_s": reduce.bandwidth_bytes_per_s,
+            "members": 2,
+            "algorithm": "reduce_to_one",
+            "source": "partition calibrate (test)",
+        },
+        "calibration": {
+            "tool": "partition calibrate",
+            "when": "2026-11-26T00:00:00+00:00",
+            "where": "2 tasks of cluster file 'c.json'",
+            "tensorflow": "2.21.0",
+            "cluster": ["127.0.0.1:1", "127.0.0.1:2"],
+            "links": [{"devices": [0, 1], "points": link_points}],
+            "all_reduce": {"points": reduce_points},
+        },
+    }
+
+
+def test_fit_recovers_a_line_and_refuses_what_is_no_line() -> None:
+    fit = fit_latency_bandwidth([(int(b), s) for b, s in _line(1e-3, 2e9)], "x")
+    assert fit.latency_s == pytest.approx(1e-3, rel=1e-9)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(2e9, rel=1e-9)
+    assert fit.predict_s(1 << 20) == pytest.approx(1e-3 + (1 << 20) / 2e9)
+    with pytest.raises(CatalogError, match="needs points at 2 or more sizes"):
+        fit_latency_bandwidth([(1024, 1e-3)], "x")
+    with pytest.raises(CatalogError, match="do not grow with the size"):
+        fit_latency_bandwidth([(1024, 2e-3), (1 << 20, 1e-3)], "x")
+    with pytest.raises(CatalogError, match="finite number of seconds > 0"):
+        fit_latency_bandwidth([(1024, 0.0), (1 << 20, 1e-3)], "x")
+
+
+def test_a_calibrated_file_plans_with_its_measured_figures(tmp_path: Path) -> None:
+    path = tmp_path / "calibrated.json"
+    path.write_text(json.dumps(_calibrated()))
+    topo = load_topology(str(path))
+    assert topo.num_devices == 2 and topo.num_hosts == 2
+    assert [d.name for d in topo.devices] == [
+        "/job:worker/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:0",
+    ]
+    link = topo.link_between(0, 1)
+    assert link is not None and link.kind == "measured 0<->1"
+    assert link.latency_s == pytest.approx(8e-4) and link.bandwidth_bytes_per_s == pytest.approx(
+        1.2e9
+    )
+    fit = topo.all_reduce
+    assert fit is not None and fit.algorithm == "reduce_to_one" and fit.members == 2
+    assert fit.bandwidth_bytes_per_s == pytest.approx(8e8)
+
+
+def _edit(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(_calibrated())
+    node: Any = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        (("links", 0, "link", "bandwidth_bytes_per_s"), 5e9,
+         "links[0].link: differs from the fit of its calibration points"),
+        (("all_reduce", "latency_s"), 0.0, "all_reduce: differs from the fit"),
+        (("links", 0, "link", "bandwidth_bytes_per_s"), -1.0, "links[0].link"),
+        (("all_reduce", "bandwidth_bytes_per_s"), -5.0, "bytes per second > 0"),
+        (("calibration", "links", 0, "points"), [[1024, 0.001]],
+         "must hold 2 or more [bytes, seconds] points"),
+        (("calibration", "all_reduce", "points"), [[1024, 0.002], [4096, 0.001]],
+         "do not grow with the size"),
+        (("calibration", "links", 0, "devices"), [0, 5], "which no [[links]] table sets"),
+        (("calibration", "measured_devices"), ["a", "b", "c"], "names 3 devices"),
+    ],
+)  # fmt: skip
+def test_an_edited_calibrated_file_fails_with_one_line(
+    path: tuple[Any, ...], value: Any, needle: str
+) -> None:
+    with pytest.raises(CatalogError) as info:
+        parse_topology(_edit(path, value), origin="topology file 'c.json'")
+    message = str(info.value)
+    assert needle in message and "\n" not in message
+    assert message.startswith("topology file 'c.json'")
+
+
+def test_a_calibration_needs_its_all_reduce() -> None:
+    data = _calibrated()
+    del data["all_reduce"]
+    with pytest.raises(CatalogError, match="all_reduce: is missing, though the calibration"):
+        parse_topology(data, origin="t")
