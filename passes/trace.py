@@ -28,7 +28,7 @@ import math
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
 import keras
@@ -36,7 +36,7 @@ import networkx as nx
 import tensorflow as tf
 
 from partitioner.core.errors import TraceError
-from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
+from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
 from passes import blocks, weightless
 
 logger = logging.getLogger(__name__)
@@ -649,7 +649,46 @@ def _profiled_flops(graph: Any) -> dict[str, int]:
     return flops
 
 
-def _layer_info(unit: Unit) -> LayerInfo:
+def _sparse_gradients(variables: Sequence[Any], grads: Sequence[Any]) -> dict[int, SparseGradient]:
+    """``id(variable)`` -> its gradient as ``tf.IndexedSlices`` (a gathered variable's: the
+    looked-up rows and their indices), for each of ``variables`` whose gradient TensorFlow left
+    sparse. ``tf.gradients`` adds a variable's gradients from several reads as Keras's
+    ``GradientTape`` does (``AggregateIndexedSlicesGradients``): slices from several gathers are
+    concatenated, and any dense read (a tied output projection) makes the sum dense, so a
+    variable read densely anywhere has no record. Rows unknown in the trace count as dense."""
+    found: dict[int, SparseGradient] = {}
+    for variable, grad in zip(variables, grads):
+        if not isinstance(grad, tf.IndexedSlices):
+            continue
+        rows = grad.indices.shape[0] if grad.indices.shape.rank == 1 else None
+        row_shape = grad.values.shape[1:]
+        if rows is None or not row_shape.is_fully_defined():
+            logger.debug("%s: sparse gradient of unknown rows, counted dense", variable.path)
+            continue
+        dense = math.prod(int(d) for d in variable.shape) * tf.as_dtype(variable.dtype).size
+        found[id(variable)] = SparseGradient(
+            variable=str(getattr(variable, "path", None) or variable.name),
+            rows_per_step=int(rows),
+            row_bytes=math.prod(int(d) for d in row_shape) * grad.values.dtype.size,
+            index_bytes=grad.indices.dtype.size,
+            dense_bytes=dense,
+        )
+    return found
+
+
+def _sparse_by_unit(
+    units: Sequence[Unit], sparse: Mapping[int, SparseGradient]
+) -> dict[str, tuple[SparseGradient, ...]]:
+    """Each unit's sparse gradients: those of the variables it holds first
+    (:func:`passes.weightless.variable_owners`, as its read op's layer)."""
+    by_unit: dict[str, list[SparseGradient]] = {}
+    for var_id, unit in weightless.variable_owners(units).items():
+        if var_id in sparse:
+            by_unit.setdefault(unit, []).append(sparse[var_id])
+    return {unit: tuple(found) for unit, found in by_unit.items()}
+
+
+def _layer_info(unit: Unit, sparse: tuple[SparseGradient, ...] = ()) -> LayerInfo:
     weights = list(getattr(unit.operation, "weights", []) or [])
     trainable_ids = {id(w) for w in getattr(unit.operation, "trainable_weights", []) or []}
     num = trainable = nbytes = tbytes = 0
@@ -668,6 +707,7 @@ def _layer_info(unit: Unit) -> LayerInfo:
         trainable_params=trainable,
         param_bytes=nbytes,
         trainable_param_bytes=tbytes,
+        sparse_gradients=sparse,
     )
 
 
@@ -692,9 +732,10 @@ def _topological(ops: list[Op], edges: list[Edge]) -> tuple[Op, ...]:
 
 def _trace_step(
     model: keras.Model, specs: Sequence[tf.TensorSpec], recorder: _CallRecorder
-) -> tuple[Any, int | None]:
+) -> tuple[Any, int | None, dict[int, SparseGradient]]:
     """The concrete function of one training step (forward with ``recorder`` on, a synthetic
-    loss, ``tf.gradients``), and the number of ops before the gradients (None if unknown)."""
+    loss, ``tf.gradients``), the number of ops before the gradients (None if unknown), and the
+    variables whose gradients are ``tf.IndexedSlices`` (:func:`_sparse_gradients`)."""
     boundary: list[int] = []
 
     def step(*inputs: tf.Tensor) -> Any:
@@ -705,15 +746,17 @@ def _trace_step(
         boundary.append(len(graph.get_operations()))
         variables = [v.value for v in model.trainable_variables]
         grads = tf.gradients(loss, variables) if variables else []
+        sparse.update(_sparse_gradients(model.trainable_variables, grads))
         return loss, [g for g in grads if g is not None]
 
+    sparse: dict[int, SparseGradient] = {}
     try:
         concrete = tf.function(step, autograph=False).get_concrete_function(*specs)
     except TraceError:
         raise
     except Exception as exc:
         raise _trace_failure(model, specs, exc) from exc
-    return concrete, boundary[0] if boundary else None
+    return concrete, boundary[0] if boundary else None, sparse
 
 
 def _weightless_step(
@@ -721,14 +764,14 @@ def _weightless_step(
     specs: Sequence[tf.TensorSpec],
     recorder: _CallRecorder,
     repeat: blocks.Repeat | None = None,
-) -> tuple[Any, int | None, dict[str, tuple[str, str]]]:
+) -> tuple[Any, int | None, tuple[dict[str, tuple[str, str]], dict[int, SparseGradient]]]:
     """:func:`_trace_step` for a model without weights (:mod:`passes.weightless`): every variable
     is a ``tf.TensorSpec`` argument, mapped onto its variable by a ``StatelessScope`` while the
     forward runs, and the gradients are taken with respect to those arguments. Also returns
     each variable argument's op name -> the unit holding the variable (so its bytes belong to
     that layer, as a read op's would). With ``repeat``, the model runs with its repeated blocks
     past the second skipped (:func:`passes.blocks.reduced_call`), and only the variables of the
-    layers that run are arguments."""
+    layers that run are arguments; the owners come with the sparse gradients."""
     skipped = blocks.skipped_variables(model, repeat) if repeat is not None else set()
     trainable = [v for v in model.trainable_variables if id(v) not in skipped]
     frozen = [v for v in model.non_trainable_variables if id(v) not in skipped]
@@ -737,6 +780,7 @@ def _weightless_step(
     var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
     boundary: list[int] = []
     assigns: dict[str, Any] = {}
+    sparse: dict[int, SparseGradient] = {}
 
     def step(inputs: list[tf.Tensor], values: list[tf.Tensor]) -> Any:
         graph = tf.compat.v1.get_default_graph()
@@ -752,6 +796,7 @@ def _weightless_step(
         loss = _synthetic_loss(outputs)
         boundary.append(len(graph.get_operations()))
         grads = tf.gradients(loss, values[: len(trainable)]) if trainable else []
+        sparse.update(_sparse_gradients(trainable, grads))
         return loss, [g for g in grads if g is not None]
 
     try:
@@ -772,7 +817,7 @@ def _weightless_step(
         for name, v in assigns.items()
         if id(v) in owner_of_var
     )
-    return concrete, boundary[0] if boundary else None, owners
+    return concrete, boundary[0] if boundary else None, (owners, sparse)
 
 
 def _trace_failure(
@@ -871,8 +916,9 @@ def _graph_of(
     model: keras.Model, batch_size: int, concrete: Any, forward_end: int | None, parts: Any
 ) -> tuple[Graph, float]:
     """The IR of the traced ``concrete`` step, and the seconds its FLOP count took; ``parts``
-    is (recorder, units, the variable arguments' owners)."""
-    recorder, units, fixed_owners = parts
+    is (recorder, units, (the variable arguments' owners, the sparse gradients))."""
+    recorder, units, (fixed_owners, sparse) = parts
+    sparse_of = _sparse_by_unit(units, sparse)
     tf_ops = concrete.graph.get_operations()
     t1 = time.perf_counter()
     flops = _count_flops(concrete.graph)
@@ -883,10 +929,31 @@ def _graph_of(
         name=model.name,
         ops=_topological(ops, edges),
         edges=tuple(edges),
-        layers=tuple(_layer_info(u) for u in units),
+        layers=tuple(_layer_info(u, sparse_of.get(u.name, ())) for u in units),
         batch_size=batch_size,
     )
     return graph, flops_time_s
+
+
+def _skipped_sparse(graph: Graph, repeat: blocks.Repeat) -> Graph:
+    """``graph`` (a repeat expanded from two traced blocks) with each skipped block's layers
+    given the sparse gradients of their counterparts in block 1 (whose variables were not
+    arguments of the trace, so TensorFlow made no gradient for them)."""
+    layers = list(graph.layers)
+    for k, info in enumerate(layers):
+        block = repeat.block_of(k)
+        if block is None or block < 2:
+            continue
+        twin = layers[k - (block - 1) * repeat.period]
+        if twin.sparse_gradients and not info.sparse_gradients:
+            renamed = tuple(
+                replace(g, variable=g.variable.replace(twin.name, info.name, 1))
+                for g in twin.sparse_gradients
+            )
+            layers[k] = replace(info, sparse_gradients=renamed)
+    if layers == list(graph.layers):
+        return graph
+    return replace(graph, layers=tuple(layers))
 
 
 def _weightless_graph(
@@ -903,7 +970,7 @@ def _weightless_graph(
         full = blocks.expand_repeat(reduced, repeat)
         if full is not None:
             logger.debug("traced 2 of %d blocks of %d layers", repeat.count, repeat.period)
-            return full, flops_s
+            return _skipped_sparse(full, repeat), flops_s
         logger.debug("the %d repeated blocks differ in their ops: tracing all", repeat.count)
     recorder = _CallRecorder(units)
     concrete, end, owners = _weightless_step(model, specs, recorder)
@@ -925,8 +992,8 @@ def trace_model(
         graph, flops_time_s = _weightless_graph(model, specs, units, batch_size)
     else:
         recorder = _CallRecorder(units)
-        concrete, forward_end = _trace_step(model, specs, recorder)
-        parts: tuple[Any, ...] = (recorder, units, {})
+        concrete, forward_end, sparse = _trace_step(model, specs, recorder)
+        parts: tuple[Any, ...] = (recorder, units, ({}, sparse))
         graph, flops_time_s = _graph_of(model, batch_size, concrete, forward_end, parts)
     trace_time_s = time.perf_counter() - t0 - flops_time_s
     logger.debug(

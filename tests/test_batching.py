@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from partitioner.core.batching import graph_at_batch
-from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase
+from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
 
 
 def _graph(batch: int, *, quadratic: bool = False) -> Graph:
@@ -62,3 +62,30 @@ def test_traces_of_different_structure_are_refused() -> None:
 def test_two_traces_at_the_same_batch_determine_nothing() -> None:
     assert graph_at_batch(_graph(4), _graph(4), 2) is None
     assert graph_at_batch(_graph(4), _graph(2), 0) is None
+
+
+def _with_embedding(graph: Graph, ids_per_example: int = 16) -> Graph:
+    """``graph`` whose layer also holds an embedding table with an ``IndexedSlices`` gradient
+    of ``batch x ids_per_example`` rows (the trace's record)."""
+    rows = graph.batch_size * ids_per_example
+    sparse = (SparseGradient("dense/table", rows, 256, 4, 51_200),)
+    return replace(graph, layers=(replace(graph.layers[0], sparse_gradients=sparse),))
+
+
+def test_sparse_gradient_rows_scale_with_the_batch() -> None:
+    a, b = _with_embedding(_graph(8)), _with_embedding(_graph(2))
+    for batch in (1, 4, 16, 64):
+        got = graph_at_batch(a, b, batch)
+        assert got == _with_embedding(_graph(batch))
+        assert got is not None and got.layers[0].sparse_gradients[0].rows_per_step == 16 * batch
+
+
+def test_traces_whose_sparse_gradients_differ_are_refused() -> None:
+    a = _with_embedding(_graph(8))
+    assert graph_at_batch(a, _graph(2), 4) is None  # sparse in one trace, dense in the other
+    other = _with_embedding(_graph(2))
+    widened = replace(
+        other.layers[0],
+        sparse_gradients=(replace(other.layers[0].sparse_gradients[0], row_bytes=512),),
+    )
+    assert graph_at_batch(a, replace(other, layers=(widened,)), 4) is None

@@ -51,6 +51,31 @@ it replaces both estimates above for its algorithm (for either when its ``algori
 and all-reduces running at the same time (a hybrid strategy's stages) add their bytes: they go
 through the same runtime's collective executors on the same hosts.
 
+**Sparse gradients.** The gradient of a gathered variable (an ``Embedding``'s table) is a
+``tf.IndexedSlices`` (:class:`~partitioner.core.ir.SparseGradient`): ``s`` bytes per replica,
+its looked-up rows and their indices. Keras 3's optimizer hands it to the replica context's
+``all_reduce`` unchanged (``keras/src/backend/tensorflow/optimizer.py``,
+``_all_reduce_sum_gradients``), and TensorFlow does not sum it: it gathers every replica's slices.
+``MultiWorkerMirroredStrategy`` all-gathers values and indices
+(``cross_device_utils.CollectiveReplicaLauncher.all_reduce_indexed_slices``), a ring all-gather
+of ``R - 1`` steps, each member passing one member's ``s`` bytes to its successor::
+
+    all_gather_s = (R - 1) * max over channels c of (latency_c + s carried by c / ring_bandwidth_c)
+
+``ReductionToOneDevice`` (``MirroredStrategy`` on CPUs) copies every replica's slices to the root,
+which concatenates them (``aggregate_tensors_or_indexed_slices``), and copies the concatenation,
+``R s`` bytes, back to every replica; the hybrid rewrite's explicit reduction does the same. A
+step's dense gradients and slices travel in the same two phases::
+
+    gather_s    = max over c of (latency_c + (dense + s) carried by c / bandwidth_c)
+    broadcast_s = max over c of (latency_c + (dense + R s) carried by c / bandwidth_c)
+
+:func:`gradient_exchange_s` prices a step's dense gradients and slices together: the ring's dense
+all-reduce then its all-gather, or reduce-to-one's two phases. A measured all-reduce prices the
+slices by the bytes they send: an all-reduce of :func:`all_gather_equivalent_bytes` (``R s / 2``
+for a ring, ``(R + 1) s / 2`` for reduce-to-one), a collective of its own after the dense one.
+Repeated ids are not merged: the rows are the step's lookups, duplicates included.
+
 Pure Python, no TensorFlow.
 """
 
@@ -65,13 +90,20 @@ from partitioner.core.ir import AllReduceFit, Link, Topology
 
 __all__ = [
     "AllReduceAlgorithm",
+    "all_gather_equivalent_bytes",
     "all_reduce_s",
+    "concurrent_all_gather_s",
     "concurrent_all_reduce_s",
     "concurrent_reduce_to_one_s",
+    "gradient_exchange_s",
     "measured_all_reduce_s",
     "ring_bandwidth_bytes_per_s",
     "ring_order",
 ]
+
+
+_Channel = tuple[str, int, int]
+"""A queue transfers wait in (:meth:`~partitioner.core.ir.Topology.channel_between`)."""
 
 
 class AllReduceAlgorithm(enum.Enum):
@@ -119,6 +151,38 @@ def ring_order(topology: Topology, group: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(group, key=lambda d: (topology.devices[d].host, d)))
 
 
+def _ring_step_s(topology: Topology, rings: Sequence[tuple[tuple[int, ...], float]]) -> float:
+    """Seconds of one ring step: every member of every ``(ordered group, chunk bytes)`` ring
+    sends one chunk to its successor at once, chunks sharing a channel sharing its bandwidth."""
+    load: dict[tuple[str, int, int], float] = {}
+    latency: dict[tuple[str, int, int], float] = {}
+    bandwidth: dict[tuple[str, int, int], float] = {}
+    for group, chunk in rings:
+        for i, src in enumerate(group):
+            dst = group[(i + 1) % len(group)]
+            link = topology.link_between(src, dst)
+            if link is None:  # pragma: no cover - a ring's members are distinct devices
+                continue
+            channel = topology.channel_between(src, dst)
+            load[channel] = load.get(channel, 0.0) + chunk
+            latency[channel] = max(latency.get(channel, 0.0), link.latency_s)
+            ring_bw = ring_bandwidth_bytes_per_s(link)
+            bandwidth[channel] = min(bandwidth.get(channel, ring_bw), ring_bw)
+    return max(latency[c] + load[c] / bandwidth[c] for c in load)
+
+
+def _active_rings(
+    topology: Topology, rings: Sequence[tuple[Sequence[int], int]]
+) -> tuple[int, list[tuple[tuple[int, ...], int]]]:
+    """The rings with two members or more and some bytes, in ring order, and their common size
+    (0 when none); rings of different sizes raise PlanError."""
+    active = [(ring_order(topology, g), b) for g, b in rings if len(g) > 1 and b > 0]
+    sizes = {len(g) for g, _ in active}
+    if len(sizes) > 1:
+        raise PlanError(f"rings of different sizes {sorted(sizes)} cannot step together")
+    return (sizes.pop() if sizes else 0), active
+
+
 def concurrent_all_reduce_s(
     topology: Topology, rings: Sequence[tuple[Sequence[int], int]]
 ) -> float:
@@ -129,30 +193,84 @@ def concurrent_all_reduce_s(
     fit = _fit_for(topology, AllReduceAlgorithm.RING)
     if fit is not None:
         return _measured_concurrent_s(fit, rings)
-    active = [(ring_order(topology, g), b) for g, b in rings if len(g) > 1 and b > 0]
+    members, active = _active_rings(topology, rings)
     if not active:
         return 0.0
-    sizes = {len(g) for g, _ in active}
-    if len(sizes) != 1:
-        raise PlanError(f"rings of different sizes {sorted(sizes)} cannot step together")
-    members = sizes.pop()
-    load: dict[tuple[str, int, int], float] = {}
-    latency: dict[tuple[str, int, int], float] = {}
-    bandwidth: dict[tuple[str, int, int], float] = {}
-    for group, num_bytes in active:
-        chunk = num_bytes / members
-        for i, src in enumerate(group):
-            dst = group[(i + 1) % members]
-            link = topology.link_between(src, dst)
-            if link is None:  # pragma: no cover - a ring's members are distinct devices
-                continue
-            channel = topology.channel_between(src, dst)
-            load[channel] = load.get(channel, 0.0) + chunk
-            latency[channel] = max(latency.get(channel, 0.0), link.latency_s)
-            ring_bw = ring_bandwidth_bytes_per_s(link)
-            bandwidth[channel] = min(bandwidth.get(channel, ring_bw), ring_bw)
-    step_s = max(latency[c] + load[c] / bandwidth[c] for c in load)
+    step_s = _ring_step_s(topology, [(g, b / members) for g, b in active])
     return 2 * (members - 1) * step_s
+
+
+def concurrent_all_gather_s(
+    topology: Topology, groups: Sequence[tuple[Sequence[int], int]]
+) -> float:
+    """Seconds for ring all-gathers of ``(group, bytes each member contributes)`` at once:
+    ``R - 1`` steps, each member passing one member's slices to its successor (module
+    docstring, "Sparse gradients"). A topology's measured ring all-reduce prices it by the bytes
+    it sends (:func:`all_gather_equivalent_bytes`)."""
+    fit = _fit_for(topology, AllReduceAlgorithm.RING)
+    if fit is not None:
+        return _measured_concurrent_s(
+            fit,
+            [
+                (g, all_gather_equivalent_bytes(len(g), b, AllReduceAlgorithm.RING))
+                for g, b in groups
+            ],
+        )
+    members, active = _active_rings(topology, groups)
+    if not active:
+        return 0.0
+    return (members - 1) * _ring_step_s(topology, [(g, float(b)) for g, b in active])
+
+
+def all_gather_equivalent_bytes(
+    members: int, slices_bytes: int, algorithm: AllReduceAlgorithm
+) -> int:
+    """The bytes of a dense all-reduce among ``members`` that sends as many bytes as the
+    exchange of ``slices_bytes`` per member (module docstring, "Sparse gradients"): a ring
+    all-gather sends ``(R - 1) s`` per member where a ring all-reduce of ``B`` sends
+    ``2 (R - 1) / R B``, so ``B = R s / 2``; reduce-to-one gathers ``(R - 1) s`` and broadcasts
+    ``(R - 1) R s`` where it moves ``2 (R - 1) B``, so ``B = (R + 1) s / 2``."""
+    if members < 2 or slices_bytes <= 0:
+        return 0
+    factor = members if algorithm is AllReduceAlgorithm.RING else members + 1
+    return round(factor * slices_bytes / 2)
+
+
+def _reduce_to_one_loads(
+    topology: Topology, groups: Sequence[tuple[Sequence[int], int, int]]
+) -> tuple[dict[_Channel, float], dict[_Channel, float], dict[_Channel, tuple[float, float]]]:
+    """Per channel, the bytes a reduce-to-one exchange of ``(group, dense, slices)`` carries in
+    the gather (member -> root: the dense gradient and the member's slices) and in the broadcast
+    (root -> member: the dense sum and the ``R``-fold concatenation of the slices), and each
+    channel's (latency, bandwidth)."""
+    gather: dict[_Channel, float] = {}
+    scatter: dict[_Channel, float] = {}
+    links: dict[_Channel, tuple[float, float]] = {}
+    for group, dense, slices in groups:
+        root = group[0]
+        for member in group[1:]:
+            link = topology.link_between(member, root)
+            if link is None or dense + slices <= 0:
+                continue
+            for loads, channel, nbytes in (
+                (gather, topology.channel_between(member, root), dense + slices),
+                (scatter, topology.channel_between(root, member), dense + len(group) * slices),
+            ):
+                loads[channel] = loads.get(channel, 0.0) + nbytes
+                lat, bw = links.get(channel, (0.0, link.bandwidth_bytes_per_s))
+                links[channel] = (max(lat, link.latency_s), min(bw, link.bandwidth_bytes_per_s))
+    return gather, scatter, links
+
+
+def _reduce_to_one_exchange_s(
+    topology: Topology, groups: Sequence[tuple[Sequence[int], int, int]]
+) -> float:
+    """The gather, then the broadcast, each as long as its slowest channel (module docstring)."""
+    gather, scatter, links = _reduce_to_one_loads(topology, groups)
+    return sum(
+        max((links[c][0] + n / links[c][1] for c, n in phase.items()), default=0.0)
+        for phase in (gather, scatter)
+    )
 
 
 def concurrent_reduce_to_one_s(
@@ -163,24 +281,26 @@ def concurrent_reduce_to_one_s(
     fit = _fit_for(topology, AllReduceAlgorithm.REDUCE_TO_ONE)
     if fit is not None:
         return _measured_concurrent_s(fit, groups)
-    load: dict[tuple[str, int, int], float] = {}
-    latency: dict[tuple[str, int, int], float] = {}
-    bandwidth: dict[tuple[str, int, int], float] = {}
-    for group, num_bytes in groups:
-        root = group[0]
-        for member in group[1:]:
-            link = topology.link_between(member, root)
-            if link is None or num_bytes <= 0:
-                continue
-            channel = topology.channel_between(member, root)
-            load[channel] = load.get(channel, 0.0) + num_bytes
-            latency[channel] = max(latency.get(channel, 0.0), link.latency_s)
-            bandwidth[channel] = min(
-                bandwidth.get(channel, link.bandwidth_bytes_per_s), link.bandwidth_bytes_per_s
-            )
-    if not load:
-        return 0.0
-    return 2 * max(latency[c] + load[c] / bandwidth[c] for c in load)
+    return _reduce_to_one_exchange_s(topology, [(g, b, 0) for g, b in groups])
+
+
+def gradient_exchange_s(
+    topology: Topology,
+    groups: Sequence[tuple[Sequence[int], int, int]],
+    algorithm: AllReduceAlgorithm,
+) -> float:
+    """Seconds for every group of ``(group, dense bytes, slices bytes per member)`` to exchange
+    its gradients at once: the dense ones all-reduced, the ``IndexedSlices`` all-gathered, as
+    TensorFlow does (module docstring, "Sparse gradients")."""
+    dense = [(g, d) for g, d, _ in groups]
+    sparse = [(g, s) for g, _, s in groups]
+    fit = _fit_for(topology, algorithm)
+    if fit is not None:
+        equivalent = [(g, all_gather_equivalent_bytes(len(g), s, algorithm)) for g, s in sparse]
+        return _measured_concurrent_s(fit, dense) + _measured_concurrent_s(fit, equivalent)
+    if algorithm is AllReduceAlgorithm.RING:
+        return concurrent_all_reduce_s(topology, dense) + concurrent_all_gather_s(topology, sparse)
+    return _reduce_to_one_exchange_s(topology, groups)
 
 
 def all_reduce_s(

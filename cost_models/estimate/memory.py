@@ -59,6 +59,13 @@ layer's backward runs: a device's peak is its layers' resident bytes plus the *l
 transient among them (:func:`peak_memory_bytes`, :func:`partitioner.core.ir.peak_bytes`), never
 their sum.
 
+**Sparse gradients.** The gradient of a gathered variable (an ``Embedding``'s table) reaches
+the optimizer as ``tf.IndexedSlices`` (:class:`~partitioner.core.ir.SparseGradient`): its memory
+is the gathered rows and their indices, not the table. The optimizer slots stay the table's size.
+An optimizer whose update turns the slices into a table-sized tensor
+(:attr:`Optimizer.densifies_sparse_gradients`: momentum, Adam, AdamW, RMSprop) holds that tensor
+during the update: it is counted as the layer's transient (a peak term, not resident).
+
 **Precision.** Under mixed precision activations and transients are 16-bit; weights, their
 gradients and optimizer slots stay float32 (:mod:`cost_models.estimate.precision`).
 """
@@ -100,6 +107,17 @@ class Optimizer(enum.Enum):
     def slots_per_param(self) -> int:
         """Optimizer state tensors kept per trainable weight (each the weight's size)."""
         return _SLOTS[self]
+
+    @property
+    def densifies_sparse_gradients(self) -> bool:
+        """Whether Keras 3's update step turns an ``IndexedSlices`` gradient into a tensor of
+        its variable's size (``UnsortedSegmentSum``, in ``m - g`` and the like): momentum, Adam,
+        AdamW and RMSprop do; plain SGD (``scatter_sub``) and Adagrad (scatters into its
+        accumulator) keep the rows. After the all-reduce, so the exchange stays sparse."""
+        return self.value in _DENSIFYING
+
+
+_DENSIFYING = frozenset({"momentum", "adam", "adamw", "rmsprop"})
 
 
 _SLOTS: Mapping[Optimizer, int] = MappingProxyType(
@@ -223,7 +241,7 @@ def layer_memory(
     """Training memory of every layer of ``graph``, in ``graph.layers`` order.
 
     Weights count in full (trainable or not); gradients and ``optimizer.slots_per_param`` state
-    slots count the trainable weights only; activations are the forward tensors the backward pass
+    slots count the trainable weights only (a sparse gradient its slices, module docstring); activations are the forward tensors the backward pass
     keeps (:func:`kept_activation_bytes`); the transient is the partial
     gradients the layer's backward adds up (:attr:`partitioner.core.ir.LayerNode.gradient_partial_bytes`).
 
@@ -236,17 +254,23 @@ def layer_memory(
     nodes = graph.layer_graph.nodes
     kept = kept_activation_bytes(graph)
     scale = 1.0 if precision is None else bytes_scale(traced_precision(graph), precision)
-    return tuple(
-        LayerMemory(
-            layer=info.name,
-            param_bytes=info.param_bytes,
-            gradient_bytes=info.trainable_param_bytes,
-            optimizer_bytes=slots * info.trainable_param_bytes,
-            activation_bytes=round(kept_bytes * scale),
-            transient_bytes=round(node.gradient_partial_bytes * scale),
+    memories = []
+    for info, node, kept_bytes in zip(graph.layers, nodes, kept, strict=True):
+        tables = sum(g.dense_bytes for g in info.sparse_gradients)
+        densified = tables if optimizer.densifies_sparse_gradients else 0
+        memories.append(
+            LayerMemory(
+                layer=info.name,
+                param_bytes=info.param_bytes,
+                gradient_bytes=info.dense_gradient_bytes + info.sparse_gradient_bytes,
+                optimizer_bytes=slots * info.trainable_param_bytes,
+                activation_bytes=round(kept_bytes * scale),
+                transient_bytes=max(round(node.gradient_partial_bytes * scale), densified),
+                sparse_gradient_bytes=info.sparse_gradient_bytes,
+                sparse_gradient_dense_bytes=tables,
+            )
         )
-        for info, node, kept_bytes in zip(graph.layers, nodes, kept, strict=True)
-    )
+    return tuple(memories)
 
 
 def peak_memory_bytes(

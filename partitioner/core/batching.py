@@ -6,8 +6,9 @@ takes seconds to tens of seconds each time. In the graphs of ordinary networks t
 only scales the leading dimension of the batch's tensors, so every op's FLOPs, every tensor's
 bytes and every dimension is an affine function ``a + b * batch`` of it (a weight's gradient:
 constant bytes, FLOPs proportional; an activation: both proportional; an attention score:
-proportional, with the sequence length squared in ``b``). Two traces at batches ``b1 != b2``
-with the same ops and edges determine each of those functions, and so the graph at any batch.
+proportional, with the sequence length squared in ``b``; a sparse gradient's rows: the step's
+lookups, proportional). Two traces at batches ``b1 != b2`` with the same ops and edges determine
+each of those functions, and so the graph at any batch.
 
 :func:`graph_at_batch` refuses (returns None) whenever the two traces differ in structure (op
 ids, types, layers, phases, dtypes, edges) or a value would not be a non-negative integer at
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from partitioner.core.ir import Edge, Graph, Op
+from partitioner.core.ir import Edge, Graph, LayerInfo, Op
 
 __all__ = ["graph_at_batch"]
 
@@ -43,8 +44,37 @@ class _Line:
         return value
 
 
+def _without_rows(info: LayerInfo) -> LayerInfo:
+    """``info`` without the batch-dependent part: its sparse gradients' row counts."""
+    if not info.sparse_gradients:
+        return info
+    rowless = tuple(replace(g, rows_per_step=0) for g in info.sparse_gradients)
+    return replace(info, sparse_gradients=rowless)
+
+
+def _layers_at(a: Graph, b: Graph, line: _Line) -> tuple[LayerInfo, ...]:
+    """The layers at the asked batch: each sparse gradient's rows (the step's lookups) on the
+    line through the two traces."""
+    return tuple(
+        x
+        if not x.sparse_gradients
+        else replace(
+            x,
+            sparse_gradients=tuple(
+                replace(g, rows_per_step=line(g.rows_per_step, h.rows_per_step))
+                for g, h in zip(x.sparse_gradients, y.sparse_gradients)
+            ),
+        )
+        for x, y in zip(a.layers, b.layers)
+    )
+
+
 def _same_structure(a: Graph, b: Graph) -> bool:
-    if len(a.ops) != len(b.ops) or len(a.edges) != len(b.edges) or a.layers != b.layers:
+    if len(a.ops) != len(b.ops) or len(a.edges) != len(b.edges):
+        return False
+    if a.layers != b.layers and [_without_rows(x) for x in a.layers] != [
+        _without_rows(y) for y in b.layers
+    ]:
         return False
     for x, y in zip(a.ops, b.ops):
         if (x.id, x.op_type, x.layer, x.phase, x.output_dtypes) != (
@@ -92,6 +122,7 @@ def graph_at_batch(a: Graph, b: Graph, batch: int) -> Graph | None:
             e if e.bytes == f.bytes else Edge(e.src, e.dst, line(e.bytes, f.bytes), e.output_index)
             for e, f in zip(a.edges, b.edges)
         )
+        layers = a.layers if a.layers == b.layers else _layers_at(a, b, line)
     except _NotAffine:
         return None
-    return Graph(name=a.name, ops=ops, edges=edges, layers=a.layers, batch_size=batch)
+    return Graph(name=a.name, ops=ops, edges=edges, layers=layers, batch_size=batch)

@@ -39,6 +39,7 @@ __all__ = [
     "Schedule",
     "SolveStatus",
     "SolverResult",
+    "SparseGradient",
     "TimelineEvent",
     "Topology",
     "peak_bytes",
@@ -160,6 +161,42 @@ class Edge:
 
 
 @dataclass(frozen=True)
+class SparseGradient:
+    """A trainable variable whose gradient reaches the optimizer as ``tf.IndexedSlices``.
+
+    The gradient of a gathered variable (an ``Embedding``'s table read by ``GatherV2``) is the
+    gathered rows and their indices, not the table: ``rows_per_step`` rows of
+    ``row_bytes`` values each and one ``index_bytes`` index per row (the indices' dtype: int32
+    for Keras's ``Embedding``). ``rows_per_step`` is the number of indices the step gathers at
+    the graph's batch (``batch x ids per example``), duplicates included: TensorFlow neither
+    removes nor sums repeated ids before the optimizer (``AggregateIndexedSlicesGradients``
+    concatenates). Affine in the batch. A variable whose gradient something densifies (a dense
+    read of the same variable, a tied output projection) is not sparse and has no record.
+    """
+
+    variable: str
+    """The variable's path (``embedding/embeddings``)."""
+    rows_per_step: int
+    row_bytes: int
+    index_bytes: int
+    dense_bytes: int
+    """Bytes of the whole variable: what its gradient would be if dense."""
+
+    def __post_init__(self) -> None:
+        if min(self.rows_per_step, self.row_bytes, self.index_bytes, self.dense_bytes) < 0:
+            raise InvalidGraphError(
+                f"sparse gradient of {self.variable!r}: rows_per_step={self.rows_per_step}, "
+                f"row_bytes={self.row_bytes}, index_bytes={self.index_bytes} and "
+                f"dense_bytes={self.dense_bytes} must be >= 0"
+            )
+
+    @property
+    def slices_bytes(self) -> int:
+        """Bytes of the gradient as TensorFlow holds and exchanges it: values and indices."""
+        return self.rows_per_step * (self.row_bytes + self.index_bytes)
+
+
+@dataclass(frozen=True)
 class LayerInfo:
     """A placement unit: a Keras layer (or an op that stands as a node of a functional graph)."""
 
@@ -169,6 +206,20 @@ class LayerInfo:
     trainable_params: int = 0
     param_bytes: int = 0
     trainable_param_bytes: int = 0
+    sparse_gradients: tuple[SparseGradient, ...] = ()
+    """The trainable variables of this layer whose gradients are ``tf.IndexedSlices`` (the rest
+    of ``trainable_param_bytes`` has dense gradients)."""
+
+    @property
+    def dense_gradient_bytes(self) -> int:
+        """Bytes of this layer's dense gradients: the trainable weights without sparse ones."""
+        sparse = sum(g.dense_bytes for g in self.sparse_gradients)
+        return max(0, self.trainable_param_bytes - sparse)
+
+    @property
+    def sparse_gradient_bytes(self) -> int:
+        """Bytes of this layer's ``IndexedSlices`` gradients at the graph's batch."""
+        return sum(g.slices_bytes for g in self.sparse_gradients)
 
 
 @dataclass(frozen=True)
@@ -601,6 +652,33 @@ class LayerMemory:
     a device's peak is the sum of its layers' ``total_bytes`` plus the largest of their
     ``transient_bytes`` (:func:`cost_models.estimate.memory.peak_memory_bytes`). Solvers count it in full
     per layer (:attr:`footprint_bytes`), which never understates a device's peak."""
+    sparse_gradient_bytes: int = 0
+    """Of ``gradient_bytes``, the bytes of ``tf.IndexedSlices`` gradients (values and indices of
+    the rows one replica's step gathers, :class:`SparseGradient`): replicas exchange them by an
+    all-gather, the rest by an all-reduce (:mod:`cost_models.estimate.collectives`)."""
+    sparse_gradient_dense_bytes: int = 0
+    """Bytes of the variables whose gradients make ``sparse_gradient_bytes``: their gradients'
+    size where a rewrite densifies them (:meth:`densified`)."""
+
+    @property
+    def dense_gradient_bytes(self) -> int:
+        """Bytes of the gradients replicas all-reduce (``gradient_bytes`` less the slices)."""
+        return self.gradient_bytes - self.sparse_gradient_bytes
+
+    def densified(self) -> LayerMemory:
+        """This layer's memory where its ``IndexedSlices`` gradients are made dense (a rewrite
+        that adds micro-batch gradients into dense sums): each is its variable's size, and the
+        conversion's dense tensor is alive beside the sum (a transient of one table)."""
+        if not self.sparse_gradient_dense_bytes:
+            return self
+        return LayerMemory(
+            layer=self.layer,
+            param_bytes=self.param_bytes,
+            gradient_bytes=self.dense_gradient_bytes + self.sparse_gradient_dense_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+            activation_bytes=self.activation_bytes,
+            transient_bytes=max(self.transient_bytes, self.sparse_gradient_dense_bytes),
+        )
 
     @property
     def total_bytes(self) -> int:

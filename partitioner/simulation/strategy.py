@@ -20,6 +20,13 @@ the backward here::
 
     step_s = max over replicas (replica step) + all_reduce_s
 
+An embedding's gradient is ``tf.IndexedSlices`` (the rows a replica looked up): the replicas
+all-gather it rather than all-reduce the table
+(:func:`~cost_models.estimate.collectives.gradient_exchange_s`) where the rewrite keeps it
+sparse (Keras's own ``train_step``: one device, a plain split, data-parallel replicas). The
+pipeline rewrite (pipelined stages, every hybrid) sums micro-batch gradients densely, so there
+the gradient is the table's size, in the exchange and in memory (:func:`keeps_sparse_gradients`).
+
 Memory per device is the replica's simulated peak on that device: a replica holds whole copies of
 its stages' weights, gradients and optimizer slots, plus the activations of ``batch / R``
 samples (of the micro-batches the schedule keeps alive, for a pipeline).
@@ -32,13 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models.devices.catalog import DeviceKind, get_device_type
-from cost_models.estimate.collectives import (
-    AllReduceAlgorithm,
-    concurrent_all_reduce_s,
-    concurrent_reduce_to_one_s,
-)
+from cost_models.estimate.collectives import AllReduceAlgorithm, gradient_exchange_s
 from partitioner.core.errors import PlanError
-from partitioner.core.ir import CostedGraph, Link, Topology
+from partitioner.core.ir import CostedGraph, LayerMemory, Link, Topology
 from partitioner.core.strategy import Strategy
 from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
@@ -47,8 +50,10 @@ __all__ = [
     "StrategySimulation",
     "all_reduce_algorithm",
     "gradient_bytes_per_stage",
+    "keeps_sparse_gradients",
     "microbatch_costed",
     "simulate_strategy",
+    "sparse_gradient_bytes_per_stage",
     "static_overflow",
     "strategy_lower_bound_s",
 ]
@@ -64,12 +69,15 @@ class StrategySimulation:
     all_reduce_s: float
     algorithm: AllReduceAlgorithm
     gradient_bytes: tuple[int, ...]
-    """Bytes of gradients each stage all-reduces."""
+    """Bytes of gradients each stage exchanges per replica (dense and sparse)."""
     peak_memory_bytes: tuple[int, ...]
     """Per topology device (0 where the strategy uses none)."""
     memory_limit_bytes: tuple[int, ...]
     replica: PlanEvaluation
     """The evaluation of replica 0 (per-device loads, timeline)."""
+    sparse_gradient_bytes: tuple[int, ...] = ()
+    """Of ``gradient_bytes``, the ``IndexedSlices`` each stage's replica all-gathers (empty:
+    none)."""
 
     @property
     def step_time_s(self) -> float:
@@ -124,11 +132,59 @@ def microbatch_costed(
     return replace(costed, op_compute_time_s=tuple(rows))
 
 
+def keeps_sparse_gradients(strategy: Strategy) -> bool:
+    """Whether the rewrite of ``strategy`` hands ``IndexedSlices`` gradients to the optimizer
+    (and its all-reduce) as they are: Keras's own ``train_step`` does (one device, a plain
+    split, ``MirroredStrategy`` replicas). The pipeline rewrite, which runs every pipelined
+    strategy and every hybrid, adds each micro-batch's gradient into a dense sum
+    (``passes/rewrite/pipeline.py``, ``_accumulate``): there the gradients are dense."""
+    return strategy.stages == 1 or (strategy.replicas == 1 and strategy.num_microbatches == 1)
+
+
+def _stage_memory(costed: CostedGraph, strategy: Strategy) -> tuple[LayerMemory, ...]:
+    """The layers' memory as ``strategy``'s rewrite holds it (:func:`keeps_sparse_gradients`)."""
+    return _as_run(costed, strategy).layer_memory
+
+
+_DENSIFIED: dict[int, tuple[CostedGraph, CostedGraph]] = {}
+"""``id(costed)`` -> (``costed``, ``costed`` with densified gradients): a search simulates many
+strategies of one costed graph; a few entries (the replica's and the micro-batch's graphs)."""
+
+
+def _as_run(costed: CostedGraph, strategy: Strategy) -> CostedGraph:
+    """``costed`` with the layers' memory as ``strategy``'s rewrite holds it: its
+    ``IndexedSlices`` gradients dense where the rewrite densifies them
+    (:meth:`~partitioner.core.ir.LayerMemory.densified`)."""
+    if keeps_sparse_gradients(strategy) or not any(
+        m.sparse_gradient_dense_bytes for m in costed.layer_memory
+    ):
+        return costed
+    held = _DENSIFIED.get(id(costed))
+    if held is None or held[0] is not costed:
+        if len(_DENSIFIED) >= 8:
+            _DENSIFIED.clear()
+        dense = tuple(m.densified() for m in costed.layer_memory)
+        held = (costed, replace(costed, layer_memory=dense))
+        _DENSIFIED[id(costed)] = held
+    return held[1]
+
+
 def gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> tuple[int, ...]:
-    """The bytes of gradients of each stage's layers."""
+    """The bytes of gradients of each stage's layers, per replica: dense gradients in full,
+    ``IndexedSlices`` as the rows one replica gathers where the rewrite keeps them
+    (:func:`keeps_sparse_gradients`), else as their variables' size."""
     per_stage = [0] * strategy.stages
-    for memory, stage in zip(costed.layer_memory, strategy.stage_of_layer):
+    for memory, stage in zip(_stage_memory(costed, strategy), strategy.stage_of_layer):
         per_stage[stage] += memory.gradient_bytes
+    return tuple(per_stage)
+
+
+def sparse_gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> tuple[int, ...]:
+    """Of :func:`gradient_bytes_per_stage`, the ``IndexedSlices`` bytes (all-gathered, not
+    all-reduced); zeros where the rewrite densifies them."""
+    per_stage = [0] * strategy.stages
+    for memory, stage in zip(_stage_memory(costed, strategy), strategy.stage_of_layer):
+        per_stage[stage] += memory.sparse_gradient_bytes
     return tuple(per_stage)
 
 
@@ -207,29 +263,24 @@ def _replicas(
 
 def _all_reduce(
     costed: CostedGraph, strategy: Strategy
-) -> tuple[tuple[int, ...], AllReduceAlgorithm, float]:
-    """Each stage's gradient bytes, the algorithm, and the seconds of the all-reduce of every
-    stage's gradients among its replicas, all stages at once (0 for one replica)."""
+) -> tuple[tuple[int, ...], tuple[int, ...], AllReduceAlgorithm, float]:
+    """Each stage's gradient bytes and sparse part, the algorithm, and the seconds of the
+    exchange of every stage's gradients among its replicas, all stages at once (0 for one
+    replica): dense ones all-reduced, ``IndexedSlices`` all-gathered."""
     topology = costed.topology
     grads = gradient_bytes_per_stage(costed, strategy)
+    sparse = sparse_gradient_bytes_per_stage(costed, strategy)
     algorithm = all_reduce_algorithm(topology, strategy)
     if strategy.replicas == 1:
-        return grads, algorithm, 0.0
-    rings = [
-        (tuple(group[s] for group in strategy.device_groups), grads[s])
+        return grads, sparse, algorithm, 0.0
+    groups = [
+        (tuple(group[s] for group in strategy.device_groups), grads[s] - sparse[s], sparse[s])
         for s in range(strategy.stages)
     ]
-    reduce = (
-        concurrent_all_reduce_s
-        if algorithm is AllReduceAlgorithm.RING
-        else concurrent_reduce_to_one_s
-    )
-    return grads, algorithm, reduce(topology, rings)
+    return grads, sparse, algorithm, gradient_exchange_s(topology, groups, algorithm)
 
 
-def strategy_lower_bound_s(
-    costed: CostedGraph, strategy: Strategy, bounds: LowerBounds
-) -> float:
+def strategy_lower_bound_s(costed: CostedGraph, strategy: Strategy, bounds: LowerBounds) -> float:
     """A lower bound on ``simulate_strategy(costed, strategy).step_time_s``, without simulating.
 
     A device runs its ops one at a time (the step and the pipeline simulators queue them; a
@@ -249,7 +300,7 @@ def strategy_lower_bound_s(
         per_stage[id(rows[d])][s] for group in strategy.device_groups for s, d in enumerate(group)
     )
     path_s = bounds.critical_path_s / strategy.num_microbatches
-    return max(busiest, path_s) + _all_reduce(costed, strategy)[2]
+    return max(busiest, path_s) + _all_reduce(costed, strategy)[3]
 
 
 def static_overflow(costed: CostedGraph, strategy: Strategy) -> bool:
@@ -258,7 +309,7 @@ def static_overflow(costed: CostedGraph, strategy: Strategy) -> bool:
     strategy surely does not fit."""
     static = [0] * strategy.stages
     transient = [0] * strategy.stages
-    for m, s in zip(costed.layer_memory, strategy.stage_of_layer):
+    for m, s in zip(_stage_memory(costed, strategy), strategy.stage_of_layer):
         static[s] += m.param_bytes + m.gradient_bytes + m.optimizer_bytes
         transient[s] = max(transient[s], m.transient_bytes)
     devices = costed.topology.devices
@@ -282,8 +333,8 @@ def simulate_strategy(
         )
     topology = costed.topology
     bounds = bounds or costed_lower_bounds(costed)
-    replica_step_s, peak, first = _replicas(costed, strategy, bounds)
-    grads, algorithm, all_reduce_s = _all_reduce(costed, strategy)
+    replica_step_s, peak, first = _replicas(_as_run(costed, strategy), strategy, bounds)
+    grads, sparse, algorithm, all_reduce_s = _all_reduce(costed, strategy)
     return StrategySimulation(
         strategy=strategy,
         replica_step_s=replica_step_s,
@@ -293,4 +344,5 @@ def simulate_strategy(
         peak_memory_bytes=tuple(peak),
         memory_limit_bytes=tuple(d.memory_bytes for d in topology.devices),
         replica=first,
+        sparse_gradient_bytes=sparse if any(sparse) else (),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import replace
 from functools import cache
 
 import keras
@@ -339,3 +340,147 @@ def test_depthwise_gradients_count_the_forward_multiply_adds() -> None:
     assert counts["DepthwiseConv2dNativeBackpropFilter"] == forward
     # the input gradient is not needed for the first layer's input; where made, it counts alike
     assert counts.get("DepthwiseConv2dNativeBackpropInput", forward) == forward
+
+
+# -- sparse gradients -----------------------------------------------------------------------------
+
+
+def _recommender(table: int = 1000, width: int = 8, ids: int = 16) -> keras.Model:
+    x = keras.Input((ids,), dtype="int32")
+    e = keras.layers.Embedding(table, width, name="emb")(x)
+    return keras.Model(x, keras.layers.Dense(1, name="head")(keras.layers.Flatten()(e)))
+
+
+class _TiedLookup(keras.layers.Layer):
+    """Looks its table up and multiplies by it (a tied output projection): a dense read."""
+
+    def build(self, shape: object) -> None:
+        self.table = self.add_weight(shape=(100, 8), name="table")
+
+    def call(self, ids: object) -> object:
+        rows = keras.ops.mean(keras.ops.take(self.table, ids, axis=0), axis=1)
+        return keras.ops.matmul(rows, keras.ops.transpose(self.table))
+
+
+def test_an_embeddings_gradient_is_recorded_as_its_looked_up_rows() -> None:
+    graph = trace_model(_recommender(), batch_size=4).graph
+    emb, head = graph.layers[0], graph.layers[-1]
+    (g,) = emb.sparse_gradients
+    # 4 examples x 16 ids, duplicates included; 8 float32 values and one int32 index per row
+    assert (g.variable, g.rows_per_step, g.row_bytes, g.index_bytes) == (
+        "emb/embeddings",
+        64,
+        32,
+        4,
+    )
+    assert g.dense_bytes == 1000 * 8 * 4 and emb.dense_gradient_bytes == 0
+    assert head.sparse_gradients == () and head.dense_gradient_bytes == head.trainable_param_bytes
+
+
+def test_two_lookups_of_one_table_concatenate_and_a_dense_read_densifies() -> None:
+    x = keras.Input((16,), dtype="int32")
+    emb = keras.layers.Embedding(1000, 8, name="emb")
+    both = keras.layers.Concatenate(axis=1)([emb(x), emb(x[:, :4])])
+    shared = keras.Model(x, keras.layers.Dense(1)(keras.layers.Flatten()(both)))
+    layers = {info.name: info for info in trace_model(shared, batch_size=4).graph.layers}
+    (g,) = layers["emb"].sparse_gradients
+    assert g.rows_per_step == 4 * 16 + 4 * 4
+    tied = keras.Model(x, _TiedLookup(name="tied")(x))
+    assert all(not info.sparse_gradients for info in trace_model(tied, batch_size=4).graph.layers)
+
+
+def test_a_weightless_trace_records_the_same_sparse_gradients() -> None:
+    from passes.weightless import without_weights
+
+    with without_weights():
+        model = _recommender()
+
+    def sparse(m: keras.Model) -> list[object]:
+        return [info.sparse_gradients for info in trace_model(m, batch_size=4).graph.layers]
+
+    assert sparse(model) == sparse(_recommender()) and any(sparse(model))
+
+
+@pytest.mark.slow
+def test_the_priced_slices_are_the_ones_tensorflow_exchanges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keras's ``fit`` under ``MirroredStrategy`` with ``ReductionToOneDevice`` (data parallel on
+    CPUs) hands the replica context's ``all_reduce`` each replica's ``IndexedSlices`` of the
+    bytes the cost model prices per replica (values and int32 indices of batch x ids rows), and
+    gets back their concatenation (R times that: what the root broadcasts); the dense gradients
+    are the rest of the layer memory's gradient bytes."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.distribute import distribute_lib
+
+    from cost_models.estimate.memory import Optimizer, layer_memory
+
+    def nbytes(t: tf.Tensor) -> int:
+        return int(np.prod(t.shape)) * t.dtype.size
+
+    def sizes(values: list[object]) -> tuple[int, int]:
+        sparse = [v for v in values if isinstance(v, tf.IndexedSlices)]
+        dense = [v for v in values if not isinstance(v, tf.IndexedSlices)]
+        return (
+            sum(nbytes(v.values) + nbytes(v.indices) for v in sparse),
+            sum(nbytes(v) for v in dense),  # type: ignore[arg-type]
+        )
+
+    exchanged: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    original = distribute_lib.ReplicaContext.all_reduce
+
+    def recording(self: object, reduce_op: object, value: object, options: object = None) -> object:
+        out = original(self, reduce_op, value, options)  # type: ignore[arg-type]
+        exchanged.append((sizes(list(value)), sizes(list(out))))  # type: ignore[call-overload]
+        return out
+
+    monkeypatch.setattr(distribute_lib.ReplicaContext, "all_reduce", recording)
+    replicas, batch = 2, 32
+    strategy = tf.distribute.MirroredStrategy(
+        [f"/cpu:{r}" for r in range(replicas)],
+        cross_device_ops=tf.distribute.ReductionToOneDevice(),
+    )
+    with strategy.scope():
+        model = _recommender()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    ids = np.random.default_rng(0).integers(0, 1000, (batch, 16)).astype("int32")
+    model.fit(ids, np.zeros((batch, 1), "float32"), batch_size=batch, epochs=1, verbose=0)
+
+    graph = trace_model(_recommender(), batch_size=batch // replicas).graph
+    memory = layer_memory(graph, Optimizer.SGD)
+    slices = sum(m.sparse_gradient_bytes for m in memory)
+    dense = sum(m.dense_gradient_bytes for m in memory)
+    assert exchanged and slices == 16 * 16 * (8 * 4 + 4)
+    for sent, received in exchanged:
+        assert sent == (slices, dense)
+        assert received == (replicas * slices, dense)
+
+
+def test_skipped_blocks_take_their_twins_sparse_gradients() -> None:
+    """A weightless trace of repeated blocks makes no gradient for blocks 2.. (their variables
+    are not arguments); their layers get block 1's records, renamed."""
+    from partitioner.core.ir import LayerInfo, SparseGradient
+    from passes.blocks import Repeat
+    from passes.trace import _skipped_sparse
+
+    names = ("in", "e0", "e1", "e2", "e3", "out")
+    record = SparseGradient("e1/embeddings", 64, 32, 4, 3200)
+    layers = tuple(
+        LayerInfo(n, "Embedding", sparse_gradients=(replace(record, variable=f"{n}/embeddings"),))
+        if n in ("e0", "e1")
+        else LayerInfo(n, "X")
+        for n in names
+    )
+    ops = (Op("a", "X", "in", Phase.FORWARD),)
+    graph = Graph("g", ops, (), layers, 4)
+    out = _skipped_sparse(graph, Repeat(start=1, period=1, count=4, unit_names=names))
+    got = {info.name: [g.variable for g in info.sparse_gradients] for info in out.layers}
+    assert got == {
+        "in": [],
+        "e0": ["e0/embeddings"],
+        "e1": ["e1/embeddings"],
+        "e2": ["e2/embeddings"],
+        "e3": ["e3/embeddings"],
+        "out": [],
+    }
