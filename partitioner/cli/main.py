@@ -670,6 +670,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _internal_error(exc)
 
 
+def _tf_config_cluster(topology: str) -> dict[str, list[str]] | None:
+    """TF_CONFIG's cluster when the plan is for ``--topology tf-config`` (the emitted
+    multi-worker program then names the real task addresses), else None."""
+    from cost_models.devices.tf_config import parse_tf_config, tf_config_text
+    from cost_models.devices.topology import TF_CONFIG_SPEC
+
+    text = tf_config_text()
+    if topology.strip().lower() not in (TF_CONFIG_SPEC, "tf_config") or text is None:
+        return None
+    return parse_tf_config(text).as_dict()
+
+
 def _internal_error(exc: BaseException) -> int:
     """One line for an exception that is not a PartitionError (a bug, or the model's code)."""
     text = str(exc).strip()
@@ -758,7 +770,10 @@ def _write_outputs(args: argparse.Namespace, model: Any, plan: Plan) -> None:
         from partitioner.cli.loader import split_spec
         from passes.rewrite.codegen import emit_plan_module
 
-        source = emit_plan_module(model, plan, model_source=split_spec(args.model)[0])
+        source = emit_plan_module(
+            model, plan, model_source=split_spec(args.model)[0],
+            cluster_addresses=_tf_config_cluster(args.topology),
+        )  # fmt: skip
         files.append((args.emit, source))
     if files:
         write_all_atomic(files)

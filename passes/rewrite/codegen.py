@@ -1335,8 +1335,12 @@ def emit_plan_module(
     *,
     devices: Sequence[str] | None = None,
     model_source: str | os.PathLike[str] | None = None,
+    cluster_addresses: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """:func:`emit_placed_module` for ``plan``: its devices, pipeline stages and input shape.
+
+    ``cluster_addresses`` (``{job: [host:port, ...]}``, e.g. TF_CONFIG's ``cluster``) gives a
+    multi-worker program the real task addresses; without it they are placeholders to edit.
 
     A plan whose strategy has replicas trains that way instead: data parallel (one stage) as
     ``tf.distribute.MirroredStrategy`` code (a ``MultiWorkerMirroredStrategy`` program run on
@@ -1348,7 +1352,9 @@ def emit_plan_module(
     strategy = plan.strategy
     if strategy is not None and strategy.replicas > 1:
         if strategy.stages == 1:
-            return emit_replicated_module(model, plan, strings, model_source=model_source)
+            return emit_replicated_module(
+                model, plan, strings, model_source=model_source, cluster_addresses=cluster_addresses
+            )
         return _emit_hybrid_module(model, plan, strategy, strings)
     layer_devices = {name: strings[d] for name, d in plan.assignment.items()}
     stages = None
@@ -1619,6 +1625,7 @@ class _Cluster:
     addresses: tuple[str, ...]
     devices: tuple[tuple[str, ...], ...]
     num_hosts: int
+    real_addresses: bool = False
 
     def spec(self) -> dict[str, list[str]]:
         """TF_CONFIG's ``cluster``: each job's task addresses in index order."""
@@ -1637,7 +1644,12 @@ def _job_task(device: str) -> tuple[str, int] | None:
     return job.group(1), int(task.group(1)) if task else 0
 
 
-def _cluster_of(plan: Plan, strategy: Strategy, strings: Sequence[str]) -> _Cluster | None:
+def _cluster_of(
+    plan: Plan,
+    strategy: Strategy,
+    strings: Sequence[str],
+    known: Mapping[str, Sequence[str]] | None = None,
+) -> _Cluster | None:
     """The cluster tasks of the replicas: the job and task in each replica device's string, or
     one worker per host for devices named without a job on several hosts. None when the
     replicas are devices of one process (one host, no job names): MirroredStrategy's case."""
@@ -1663,11 +1675,15 @@ def _cluster_of(plan: Plan, strategy: Strategy, strings: Sequence[str]) -> _Clus
     for t in order:
         k = on_host[host_of[t]] = on_host.get(host_of[t], -1) + 1
         addresses.append(f"host{host_of[t]}.example:{2222 + k}")
+    real = known is not None and all(t[1] < len(known.get(t[0], ())) for t in order)
+    if real and known is not None:
+        addresses = [str(known[job][index]) for job, index in order]
     return _Cluster(
         tasks=tuple((t[0], [o for o in order if o[0] == t[0]].index(t)) for t in order),
         addresses=tuple(addresses),
         devices=tuple(tuple(strings[d] for d, n in zip(firsts, tasks) if n == t) for t in order),
         num_hosts=len(set(host_of.values())),
+        real_addresses=real,
     )
 
 
@@ -1704,16 +1720,22 @@ def _launch_lines(cluster: _Cluster) -> list[str]:
     lines = [
         f"The replicas run on {len(cluster.tasks)} tasks of a TensorFlow cluster, on {hosts}.",
         "Run this same file once per task, each process with its own TF_CONFIG. CLUSTER lists",
-        "the tasks' addresses: placeholders, so edit them (there and in these commands) to the",
-        "real hosts and free ports first. Then run, each on its task's host:",
+        *(
+            ["the tasks' addresses (the cluster it was planned for). Run, each on its task's host:"]
+            if cluster.real_addresses
+            else [
+                "the tasks' addresses: placeholders, so edit them (there and in these commands) to",
+                "the real hosts and free ports first. Then run, each on its task's host:",
+            ]
+        ),
         "",
     ]
     spec = cluster.spec()
     shown = cluster.tasks if len(cluster.tasks) <= 4 else cluster.tasks[:2]
     for job, index in shown:
         config = {"cluster": spec, "task": {"type": job, "index": index}}
-        lines += [f"    TF_CONFIG='{json.dumps(config)}' \\\\"]
-        lines += ["        python THIS_FILE.py ORIGINAL.keras DATA.npz", ""]
+        lines += [f"    TF_CONFIG='{json.dumps(config)}' python THIS_FILE.py ORIGINAL.keras DATA.npz"]
+        lines += [""]
     if len(shown) < len(cluster.tasks):
         lines += ["and the same for every other task of CLUSTER, with its job and index.", ""]
     chief = "the chief" if "chief" in spec else "worker 0 (the chief)"
@@ -1789,6 +1811,7 @@ def emit_replicated_module(
     strings: Sequence[str],
     *,
     model_source: str | os.PathLike[str] | None = None,
+    cluster_addresses: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """The source of a module that trains ``model`` data-parallel as ``plan.strategy`` (``R``
     replicas of one stage) says: ``tf.distribute.MirroredStrategy`` over its devices
@@ -1812,7 +1835,7 @@ def emit_replicated_module(
         body, imports = [], []
         _subclassed_checks(model, emitter)
     replica_devices = [strings[g[0]] for g in strategy.device_groups]
-    cluster = _cluster_of(plan, strategy, strings)
+    cluster = _cluster_of(plan, strategy, strings, cluster_addresses)
     devices = (replica_devices, cluster)
     text = _replicated_text(model, plan, emitter, graph_model, imports, strategy, devices)
     text += "\n\n\n" + "\n".join(body) + "\n" if graph_model else "\n"

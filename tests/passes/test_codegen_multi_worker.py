@@ -2,8 +2,9 @@
 
 Two tasks on one host (127.0.0.1, free ports): the program is written for the plan, the original
 model is saved compiled (SGD, MSE) and the data written as DATA.npz, and each launch command of
-the program's docstring is run as its own process, with the placeholder addresses edited to the
-loopback ports (as the docstring tells a user to). After its three steps the model the chief saves
+the program's docstring is run as its own process as written (the plan is made for a TF_CONFIG
+of two free loopback ports, whose addresses the program names, as ``partition --emit`` passes
+them). After its three steps the model the chief saves
 (ORIGINAL.trained.keras) holds the weights of the original trained on one device on the same
 global batches. Slow: two TensorFlow processes (about 15 s on two cores).
 """
@@ -48,22 +49,17 @@ def launch_commands(source: str) -> list[list[str]]:
     return [shlex.split(line) for line in lines if line.strip().startswith("TF_CONFIG=")]
 
 
-def as_run_here(command: list[str], program: Path, addresses: dict[str, str]) -> tuple[Any, ...]:
-    """``command`` (``TF_CONFIG=... python THIS_FILE.py ORIGINAL.keras DATA.npz``) as this test
-    runs it: its TF_CONFIG with the placeholder addresses edited to ``addresses``, and the argv
-    with this interpreter, the program's path and the files' names."""
+def as_run_here(command: list[str], program: Path) -> tuple[Any, ...]:
+    """``command`` (``TF_CONFIG=... python THIS_FILE.py ORIGINAL.keras DATA.npz``) as written,
+    with this interpreter for ``python`` and the paths of the files its words name."""
     assignment, *argv = command
-    config = json.loads(assignment.removeprefix("TF_CONFIG="))
-    config["cluster"] = {
-        job: [addresses[a] for a in tasks] for job, tasks in config["cluster"].items()
-    }
     names = {
         "python": sys.executable,
         "THIS_FILE.py": str(program),
         "ORIGINAL.keras": "original.keras",
         "DATA.npz": "data.npz",
     }
-    return json.dumps(config), [names.get(word, word) for word in argv]
+    return assignment.removeprefix("TF_CONFIG="), [names.get(word, word) for word in argv]
 
 
 def run_workers(commands: list[tuple[Any, ...]], cwd: Path) -> list[str]:
@@ -99,8 +95,10 @@ def run_workers(commands: list[tuple[Any, ...]], cwd: Path) -> list[str]:
 
 def test_the_emitted_program_on_two_loopback_workers_trains_as_one_device(tmp_path: Path) -> None:
     model = mlp()
-    plan = cluster_plan(model, {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]})
-    source = emit_plan_module(model, plan)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    plan = cluster_plan(model, cluster)
+    source = emit_plan_module(model, plan, cluster_addresses=cluster)  # as the CLI does
+    assert "(the cluster it was planned for)" in source
     assert "tf.distribute.MultiWorkerMirroredStrategy()" in source
     program = write_placed_module(tmp_path / "program.py", source)
     model.save(tmp_path / "original.keras")
@@ -109,9 +107,8 @@ def test_the_emitted_program_on_two_loopback_workers_trains_as_one_device(tmp_pa
 
     commands = launch_commands(source)
     assert len(commands) == 2
-    placeholders = json.loads(commands[0][0].removeprefix("TF_CONFIG="))["cluster"]["worker"]
-    addresses = {a: f"127.0.0.1:{p}" for a, p in zip(placeholders, free_ports(2))}
-    outputs = run_workers([as_run_here(c, program, addresses) for c in commands], tmp_path)
+    assert json.loads(commands[0][0].removeprefix("TF_CONFIG="))["cluster"] == cluster
+    outputs = run_workers([as_run_here(c, program) for c in commands], tmp_path)
 
     assert "trained weights saved to original.trained.keras" in outputs[0]
     assert "trained weights saved" not in outputs[1]  # only the chief writes
