@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cost_models.devices import fits
 from partitioner.cli.worker import MIN_INTER_OP_THREADS
 from partitioner.core.ir import AllReduceFit
 
@@ -97,34 +97,11 @@ class CollectiveFit:
 
 
 def fit_latency_bandwidth(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """Least squares of the **relative** errors, ``seconds = latency + bytes / bandwidth``: each
-    point weighs ``1 / seconds**2``, so every size's error counts as a fraction of its time,
-    as the predictions are judged. (Ordinary least squares let the 64 MB point set the line
-    and over-predicted the 16 MB all-reduce by 42-55% on this machine, where the benchmark's
-    models all-reduce 15-42 MB.) A negative intercept is refitted through the origin. Raises
-    ``ValueError`` for fewer than two sizes or a slope <= 0."""
-    xs = [float(b) for b, _ in points]
-    ts = [float(t) for _, t in points]
-    if len(set(xs)) < 2:
-        raise ValueError(f"need two or more sizes, got {list(points)}")
-    if min(ts) <= 0:
-        raise ValueError(f"all-reduce times must be > 0 s: {list(points)}")
-    ws = [1.0 / (t * t) for t in ts]
-    total = math.fsum(ws)
-    mx = math.fsum(w * x for w, x in zip(ws, xs)) / total
-    mt = math.fsum(w * t for w, t in zip(ws, ts)) / total
-    slope = math.fsum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts)) / math.fsum(
-        w * (x - mx) ** 2 for w, x in zip(ws, xs)
-    )
-    latency = mt - slope * mx
-    if latency < 0:
-        latency = 0.0
-        slope = math.fsum(w * x * t for w, x, t in zip(ws, xs, ts)) / math.fsum(
-            w * x * x for w, x in zip(ws, xs)
-        )
-    if slope <= 0:
-        raise ValueError(f"all-reduce times do not grow with size: {list(points)}")
-    return latency, 1.0 / slope
+    """``(latency_s, bandwidth_bytes_per_s)`` of the product's fit
+    (:func:`cost_models.devices.fits.fit_latency_bandwidth`: least squares of the relative
+    errors, the one ``partition calibrate`` uses)."""
+    fit = fits.fit_latency_bandwidth(points, "the all-reduce fit")
+    return fit.latency_s, fit.bandwidth_bytes_per_s
 
 
 # -- the worker process ----------------------------------------------------------------------

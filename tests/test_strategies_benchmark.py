@@ -17,6 +17,7 @@ import pytest
 from benchmarks import collective_fit as cf
 from benchmarks import strategies as st
 from cost_models.estimate.collectives import all_reduce_s
+from partitioner.core.errors import CatalogError
 from partitioner.core.ir import AllReduceFit, EventKind, Schedule, TimelineEvent
 from partitioner.core.strategy import Family, Strategy
 
@@ -296,7 +297,7 @@ def test_the_collective_fit_recovers_a_line_and_round_trips() -> None:
     assert (latency, bandwidth) == pytest.approx((2e-3, 2e8))
     through_origin = cf.fit_latency_bandwidth([(1000, 1e-3), (2000, 4e-3)])
     assert through_origin[0] == 0.0 and through_origin[1] > 0  # a negative intercept is refitted
-    with pytest.raises(ValueError, match="two or more sizes"):
+    with pytest.raises(CatalogError, match="2 or more sizes"):
         cf.fit_latency_bandwidth([(1000, 1e-3), (1000, 2e-3)])
     # a curve bending up at the largest size (as measured here): the relative fit keeps the
     # worst relative error below ordinary least squares', which the largest point drives
