@@ -7,6 +7,14 @@ the baselines, write advice, and put the layers that emit no ops beside a neighb
 the plan applies before returning it (:func:`partition_prepared`). The options travel as three groups
 (:mod:`partitioner.core.options`): what to plan for, how to search, how to measure. Nothing
 imports this module but the package's lazy ``__init__`` and the CLI.
+
+**More devices than layers.** The layers bound the stages only. The strategy search uses the
+other devices for replicas, and chooses a strategy on fewer devices when it is faster (the advice
+names the idle devices and what the fastest strategy on all of them would cost). A solver's own
+split (a named ``solver``, ``pipeline=True``, ``compare_strategies=False``) puts each layer on one
+device, so it uses as many devices as layers, the first in host order
+(:func:`placement_devices`), and its advice says which devices it leaves idle. The plan lists
+every device either way (:attr:`~partitioner.plan.model.Plan.idle_devices`).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cost_models.devices.catalog import DeviceKind, get_device_type
-from cost_models.devices.topology import load_topology, topology_summary
+from cost_models.devices.topology import links_note, load_topology, topology_summary
 from cost_models.estimate.analytic import calibration_note
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, parse_optimizer
@@ -54,12 +62,14 @@ from partitioner.plan.model import (
     plan_from_solution,
 )
 from partitioner.plan.strategic import plan_from_candidate, strategy_of_split
-from partitioner.planner.explain import FamilyRow, family_rows
+from partitioner.planner.explain import FamilyRow, devices_text, family_rows, idle_advice
 from partitioner.planner.explain import advice as strategy_advice
 from partitioner.planner.search import (
     StrategyCandidate,
     StrategyOptions,
+    device_layouts,
     search_strategies,
+    sub_problem,
 )
 from partitioner.simulation.evaluate import (
     DeviceLoad,
@@ -229,6 +239,7 @@ def partition(
     Returns a :class:`~partitioner.plan.model.Plan`; ``plan.apply(model)`` gives the placed model.
     Raises a :class:`~partitioner.core.errors.PartitionError` subclass with a one-line message for
     every bad option, before any slow work is done.
+    ``gpus`` may exceed the model's layers (the module docstring: more devices than layers).
     """
     target = _options(
         TargetOptions, target, "target", gpus=gpus, device_type=device_type, topology=topology,
@@ -349,6 +360,8 @@ def _split_plan(
     pipeline = solved.pipeline
     strategy = solved.strategy
     advice = _advice(costed, solved.evaluation, common["baselines"], pipeline)
+    if solved.idle_advice:
+        advice = (solved.idle_advice, *advice)
     rows = compared.rows if compared is not None else ()
     if rows:
         advice = (strategy_advice(rows, strategy.family), *advice)
@@ -387,7 +400,8 @@ def _strategy_plan(
     for line in warnings:
         logger.warning("%s", line)
     over = [d for d in chosen.simulation.replica.per_device if not d.fits]
-    advice = (strategy_advice(compared.rows, strategy.family), *_over_memory(over))
+    idle = (compared.idle_advice,) if compared.idle_advice else ()
+    advice = (strategy_advice(compared.rows, strategy.family), *idle, *_over_memory(over))
     return plan_from_candidate(
         costed,
         chosen,
@@ -423,6 +437,9 @@ class _Compared:
     applied: StrategyCandidate | None
     notes: tuple[str, ...]
     search_time_s: float
+    idle_advice: str = ""
+    """Which devices the applied strategy leaves idle and what using them all costs
+    (:func:`~partitioner.planner.explain.idle_advice`), when it leaves some."""
 
 
 class _CostedAt:
@@ -505,6 +522,7 @@ def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Comp
         applied=applied,
         notes=search.notes,
         search_time_s=time.perf_counter() - t0,
+        idle_advice=idle_advice(search),
     )
 
 
@@ -553,7 +571,8 @@ def _cost(
             costed, op_notes = _profile_ops(traced, costed, say=say)
         notes = (*notes, *op_notes) if measure.profile else op_notes
     origin = "the model's dtype policy" if given is None else f"precision={given!r}"
-    return costed, (*notes, f"priced at precision {policy.value} ({origin})")
+    links = links_note(prepared.topology)
+    return costed, (*notes, f"priced at precision {policy.value} ({origin})", links)
 
 
 @dataclass(frozen=True)
@@ -567,6 +586,8 @@ class _Solved:
     plain_step_time_s: float | None = None
     """With pipelining, the step time of the same placement without it."""
     warnings: tuple[str, ...] = ()
+    idle_advice: str = ""
+    """Which devices the placement leaves idle, when the model has fewer layers than devices."""
 
     @property
     def strategy(self) -> Strategy:
@@ -581,6 +602,83 @@ class _Solved:
 
 
 def _solve(
+    costed: CostedGraph,
+    prepared: Prepared,
+    inexact: _Inexact = (),
+    pipelined: CostedGraph | None = None,
+) -> _Solved:
+    """The solver's placement (:func:`_solve_on`); on a topology of more devices than the model
+    has layers, placed on as many devices as layers (:func:`placement_devices`) and simulated on
+    the whole topology, the other devices idle (the strategy search uses them for replicas)."""
+    devices = placement_devices(costed, prepared.solver.name)
+    if devices is None:
+        return _solve_on(costed, prepared, inexact, pipelined)
+    sub = _on_devices(costed, devices)
+    sub_pipelined = None if pipelined is None else _on_devices(pipelined, devices)
+    solved = _solve_on(sub, prepared, inexact, sub_pipelined)
+    return _lifted(solved, devices, costed, pipelined, prepared.solver.name)
+
+
+def placement_devices(costed: CostedGraph, solver: str) -> tuple[int, ...] | None:
+    """The devices a placement of ``costed`` by ``solver`` is solved on when the topology has more
+    devices than the model has layers: as many as layers, the first in host order (a placement
+    puts each layer on one device and leaves none of its devices empty, so it cannot use more).
+    ``None`` when it can use every device, and for ``single`` (one device whatever the count)."""
+    problem = costed.problem()
+    if solver == "single" or problem.num_devices <= problem.num_layers:
+        return None
+    return device_layouts(costed.topology, 1, problem.num_layers)[0][0]
+
+
+def _on_devices(costed: CostedGraph, devices: tuple[int, ...]) -> CostedGraph:
+    """``costed`` on ``devices`` only, renumbered ``0..len(devices)-1`` in that order."""
+    return replace(
+        costed,
+        topology=sub_problem(costed.problem(), devices).topology,
+        op_compute_time_s=tuple(costed.op_compute_time_s[d] for d in devices),
+    )
+
+
+def _lifted(
+    solved: _Solved,
+    devices: tuple[int, ...],
+    costed: CostedGraph,
+    pipelined: CostedGraph | None,
+    solver: str,
+) -> _Solved:
+    """``solved`` (placed on ``devices``, renumbered) on the whole topology: its assignment in the
+    topology's indices, simulated again there so that every device has its row (the idle ones
+    empty), and a line saying which devices it leaves idle."""
+    assignment = tuple(devices[d] for d in solved.result.assignment)
+    n, used = costed.topology.num_devices, set(assignment)
+    idle = tuple(d for d in range(n) if d not in used)
+    line = (
+        f"A placement puts each layer on one device and the model has "
+        f"{costed.problem().num_layers} layers: this {solver} plan uses {len(used)} of the {n} "
+        f"devices, {devices_text(idle)} idle (strategy='auto' or strategy='data_parallel' can use "
+        "them all for data-parallel replicas)"
+    )
+    result = replace(solved.result, assignment=assignment, notes=(*solved.result.notes, line))
+    solved = replace(solved, result=result, idle_advice=line + ".")
+    if solved.pipeline is None:
+        timeline = simulate_step(costed, assignment, timeline=True).timeline
+        return replace(solved, evaluation=evaluate(costed, assignment), timeline=timeline)
+    info = solved.pipeline
+    evaluation = evaluate_pipeline(
+        pipelined or costed,
+        assignment,
+        schedule=info.schedule,
+        num_microbatches=info.num_microbatches,
+    )
+    sim = evaluation.pipeline
+    if sim is not None:
+        info = replace(info, stage_devices=sim.stage_devices, bubble_fraction=sim.bubble_fraction)
+    return replace(
+        solved, evaluation=evaluation, pipeline=info, timeline=sim.timeline if sim else ()
+    )
+
+
+def _solve_on(
     costed: CostedGraph,
     prepared: Prepared,
     inexact: _Inexact = (),
@@ -907,7 +1005,8 @@ def _baselines(
     costed: CostedGraph, prepared: Prepared, pipelined: CostedGraph | None = None
 ) -> tuple[BaselineResult, ...]:
     """``single`` (one device, no pipeline) and ``even`` (pipelined like the plan when it is, on
-    ``pipelined``)."""
+    ``pipelined``; on as many devices as layers when there are more devices,
+    :func:`placement_devices`)."""
     search, schedule = prepared.search, prepared.schedule
     out = []
     for name in BASELINES:
@@ -918,6 +1017,9 @@ def _baselines(
             target = _fastest_alone(costed)
         else:
             target = pipelined if schedule is not None and pipelined is not None else costed
+        devices = placement_devices(target, name)
+        if devices is not None:  # more devices than layers: one layer on each of the first
+            target = _on_devices(target, devices)
         try:
             result, ev = solve(target, baseline)
             if schedule is not None and name != "single":
@@ -928,8 +1030,10 @@ def _baselines(
         except PartitionError as exc:
             out.append(BaselineResult(solver=name, step_time_s=None, note=str(exc)))
             continue
-        note = "" if ev.fits else "over the memory limit"
-        out.append(BaselineResult(solver=name, step_time_s=ev.step_time_s, note=note))
+        n = costed.topology.num_devices
+        notes = [] if devices is None else [f"on {len(devices)} of the {n} devices"]
+        notes += [] if ev.fits else ["over the memory limit"]
+        out.append(BaselineResult(solver=name, step_time_s=ev.step_time_s, note="; ".join(notes)))
     return tuple(out)
 
 
@@ -953,7 +1057,8 @@ def _advice(
             f"The model fits one {costed.topology.devices[0].device_type} "
             f"({format_bytes(total)} of {format_bytes(limit)})"
         )
-        advice.append(_split_advice(fits, evaluation, single_s, n))
+        used = sum(1 for d in evaluation.per_device if d.layers)
+        advice.append(_split_advice(fits, evaluation, single_s, used))
     elif n > 1:
         advice.append(
             f"The model needs {format_bytes(total)}, more than one "

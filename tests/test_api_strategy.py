@@ -15,7 +15,7 @@ import pytest
 
 import partitioner
 from partitioner.api import STRATEGY_SOLVERS
-from partitioner.core.errors import PlanError, UsageError
+from partitioner.core.errors import UsageError
 from partitioner.core.ir import Schedule
 from partitioner.core.strategy import Family
 from partitioner.plan.model import Plan
@@ -133,7 +133,103 @@ def test_pipeline_flag_plan_records_its_schedule(model: keras.Model) -> None:
     assert plan.strategy.device_groups == (plan.pipeline.stage_devices,)
 
 
-def test_replicated_plan_refuses_a_cluster_with_the_next_step(model: keras.Model) -> None:
+def test_replicated_plan_on_a_down_cluster_names_the_task(model: keras.Model) -> None:
+    """Replicas run on a cluster from the client (tests/passes/test_cluster_replicas.py); a
+    cluster that is down fails within the timeout, naming the task, before anything runs."""
+    from passes.cluster.runtime import ClusterError
+
     plan = partitioner.partition(model, gpus=2, batch_size=BATCH, strategy="data_parallel")
-    with pytest.raises(PlanError, match=r"MultiWorkerMirroredStrategy.*--emit"):
+    with pytest.raises(ClusterError, match=r"worker task 0 \(127\.0\.0\.1:1\) is down"):
         plan.apply(model, cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, timeout_s=0.5)
+
+
+# -- more devices than layers ---------------------------------------------------------------------
+
+
+def mnist_like() -> keras.Model:
+    """examples/mnist_mlp.py's model: 5 layers (Dense, Dropout, Dense, Dropout, Dense)."""
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((784,)),
+            keras.layers.Dense(512, activation="relu", name="dense_in"),
+            keras.layers.Dropout(0.2, name="dropout_in"),
+            keras.layers.Dense(512, activation="relu", name="dense_hidden"),
+            keras.layers.Dropout(0.2, name="dropout_hidden"),
+            keras.layers.Dense(10, activation="softmax", name="dense_out"),
+        ],
+        name="mnist_like",
+    )
+
+
+def three_layer_mlp() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((32,), name="x")
+    h = keras.layers.Dense(64, activation="relu", name="fc0")(inputs)
+    h = keras.layers.Dense(64, activation="relu", name="fc1")(h)
+    return keras.Model(inputs, keras.layers.Dense(4, name="head")(h), name="mlp3")
+
+
+def _idle_is_stated(plan: Plan) -> None:
+    """Every device is in the plan; the idle ones are those outside the strategy, and the advice
+    names them; the plan survives its JSON file."""
+    assert plan.strategy is not None
+    assert set(plan.idle_devices) == set(range(plan.num_devices)) - set(plan.strategy.devices)
+    if plan.idle_devices:
+        assert any(
+            "idle" in line and f"of the {plan.num_devices} devices" in line for line in plan.advice
+        )
+    assert partitioner.Plan.from_json_dict(plan.to_json_dict()) == plan
+
+
+def test_more_devices_than_layers_plans() -> None:
+    """README row 21: `partition examples/mnist_mlp.py --gpus 8` (5 layers) plans under auto and
+    data parallelism: the layers bound the stages, not the devices."""
+    model = mnist_like()
+    auto = partitioner.partition(model, gpus=8, batch_size=32)
+    assert auto.num_devices == 8 and auto.strategy is not None
+    assert auto.strategy.stages <= 5
+    assert auto.step_time_s <= min(r.step_time_s for r in auto.strategies if r.fits) * (1 + 1e-9)
+    _idle_is_stated(auto)
+    data_parallel = partitioner.partition(model, gpus=8, batch_size=32, strategy="data_parallel")
+    strategy = data_parallel.strategy
+    assert strategy is not None and strategy.family is Family.DATA_PARALLEL
+    assert strategy.replicas in (2, 4, 8)
+    _idle_is_stated(data_parallel)
+    if strategy.replicas < 8:  # fewer replicas won: the advice says what all 8 would cost
+        assert any(
+            "the fastest strategy on all 8, 8 data-parallel replicas" in a
+            for a in data_parallel.advice
+        )
+
+
+@pytest.mark.parametrize("strategy", [None, "data_parallel"])
+def test_a_three_layer_mlp_plans_on_four_devices_and_applies(strategy: str | None) -> None:
+    """Whatever devices the plan leaves idle, it applies on the four devices and trains one step
+    as the model does on one."""
+    model = three_layer_mlp()
+    plan = partitioner.partition(model, gpus=4, batch_size=BATCH, strategy=strategy)
+    assert plan.num_devices == 4
+    _idle_is_stated(plan)
+    _same_step_as_one_device(model, plan.apply(model, devices=CPU))
+
+
+def test_a_named_solver_places_on_as_many_devices_as_layers_and_says_so() -> None:
+    """A placement puts each layer on one device: with more devices than layers it uses as many
+    as there are layers, the rest idle, and the plan says so (and still applies)."""
+    model = three_layer_mlp()
+    plan = partitioner.partition(
+        model, gpus=4, batch_size=BATCH, solver="ilp", compare_strategies=False
+    )
+    assert plan.solver.name == "ilp"
+    assert sorted(set(plan.device_of_layer)) == [0, 1, 2] and plan.idle_devices == (3,)
+    line = (
+        "A placement puts each layer on one device and the model has 3 layers: this ilp plan uses "
+        "3 of the 4 devices, device 3 idle (strategy='auto' or strategy='data_parallel' can use them "
+        "all for data-parallel replicas)."
+    )
+    assert line in plan.advice
+    assert plan.per_device[3].layers == () and plan.per_device[3].compute_s == 0
+    even = next(b for b in plan.baselines if b.solver == "even")
+    assert even.step_time_s is not None and even.note == "on 3 of the 4 devices"
+    _same_step_as_one_device(model, plan.apply(model, devices=CPU))

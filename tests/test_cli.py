@@ -288,9 +288,12 @@ BAD_CASES: dict[str, tuple[list[str], list[str]]] = {
         ["{d}/import_raises.py", "--gpus", "2", "--out", "{d}/plan.json"],
         ["boom at import"],
     ),
-    "gpus-more-than-layers": (
-        ["{d}/tiny.py", "--gpus", "3", "--out", "{d}/plan.json"],
-        ["--gpus", "3"],
+    # More devices than layers plans (replicas, idle devices named: tests/test_api_strategy.py);
+    # only stages are bounded by the layers.
+    "strategy-pipeline-one-layer": (
+        ["{d}/unknown_dim.py", "--input-shape", "5,8", "--gpus", "3", "--strategy", "pipeline",
+         "--out", "{d}/plan.json"],
+        ["--strategy pipeline", "1 layer", "--strategy data_parallel"],
     ),
     "layer-name-not-a-tf-scope": (
         ["{d}/badname.py", "--gpus", "2", "--out", "{d}/plan.json"],

@@ -527,10 +527,26 @@ def parse_topology(
     )
     if "calibration" in top:
         _check_calibration(where, top, topology.num_devices)
+        topology = replace(topology, **_measured_extras(where, top["calibration"], topology))
     if "all_reduce" not in top:
         return topology
     fit = _all_reduce_fit(where, top["all_reduce"], topology.num_devices)
     return replace(topology, all_reduce=fit)
+
+
+def _measured_extras(where: _Where, cal: Mapping[str, Any], topology: Topology) -> dict[str, Any]:
+    """The calibration's per-device compute speed and cluster addresses for the topology."""
+    flops = tuple(float(f) for f in cal.get("matmul_flops_per_s", ()))
+    if flops and len(flops) != topology.num_devices:
+        raise where.fail(
+            "calibration.matmul_flops_per_s",
+            f"gives {len(flops)} speeds for {topology.num_devices} devices; run partition "
+            "calibrate again",
+        )
+    return {
+        "device_flops_per_s": flops,
+        "cluster_addresses": tuple(str(a) for a in cal.get("cluster", ())),
+    }
 
 
 def _same_figures(table: Mapping[str, Any], fit: LatencyBandwidthFit) -> bool:

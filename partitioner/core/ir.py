@@ -559,6 +559,12 @@ class Topology:
 
     ``all_reduce`` is an optional measured all-reduce (:class:`AllReduceFit`) that replaces the
     estimate from the links when present.
+
+    A topology measured by ``partition calibrate`` also carries ``device_flops_per_s`` (each
+    device's float32 matrix-product FLOP/s, in device order; empty when not measured), which
+    scales op times profiled on the planning machine to each device, and
+    ``cluster_addresses`` (the measured cluster's task addresses, in task order), which a plan
+    records so that applying it to another cluster is refused.
     """
 
     devices: tuple[Device, ...]
@@ -566,6 +572,8 @@ class Topology:
     inter_host_link: Link | None = None
     links: tuple[tuple[int, int, Link], ...] = ()
     all_reduce: AllReduceFit | None = None
+    device_flops_per_s: tuple[float, ...] = ()
+    cluster_addresses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -584,6 +592,13 @@ class Topology:
         if self.num_hosts > 1 and self.inter_host_link is None:
             raise InvalidGraphError(
                 f"devices sit on {self.num_hosts} hosts but the topology has no inter_host_link"
+            )
+        if self.device_flops_per_s and (
+            len(self.device_flops_per_s) != n or not all(f > 0 for f in self.device_flops_per_s)
+        ):
+            raise InvalidGraphError(
+                f"device_flops_per_s={list(self.device_flops_per_s)} must give {n} speeds > 0 "
+                "(one per device) or none"
             )
 
     @property

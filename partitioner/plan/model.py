@@ -5,6 +5,10 @@ step time and per-device loads, the solver's status and objective, the baselines
 with, and the advice for the user. It saves to and loads from a versioned JSON file (data only:
 never pickled, never evaluated) and applies itself to a Keras model with
 :func:`passes.rewrite.device_placement.place_model`.
+
+The devices are all of the topology planned for, used or not: a device that runs nothing
+(:attr:`Plan.idle_devices`: no layer, in no replica) keeps its row, with zero loads, so indices
+mean the same in the plan, its file and ``Plan.apply(devices=...)``.
 """
 
 from __future__ import annotations
@@ -195,6 +199,15 @@ class Plan:
     @property
     def device_type(self) -> str:
         return self.devices[0].device_type
+
+    @property
+    def idle_devices(self) -> tuple[int, ...]:
+        """The plan's devices that run nothing: in no replica of its strategy (without one: with
+        no layer). A plan keeps every device of its topology, so its indices and ``devices=`` of
+        :meth:`apply` stay those of the topology; a strategy leaves devices idle when fewer are
+        faster, and a placement of fewer layers than devices cannot use them all."""
+        used = set(self.strategy.devices if self.strategy is not None else self.device_of_layer)
+        return tuple(d for d in range(len(self.devices)) if d not in used)
 
     # -- applying ---------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ but the winner, the reason it lost, taken from its own simulation:
 * otherwise plainly: slower by a factor.
 
 :func:`advice` turns the table into the plan's advice, so the advice follows the numbers rather
-than a fixed sentence. Pure Python.
+than a fixed sentence. :func:`idle_advice` says which devices the chosen strategy leaves idle and
+what the fastest strategy that uses them all costs (fewer devices win when an all-reduce over
+more replicas, or more transfers, cost more than they save). Pure Python.
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ from dataclasses import dataclass
 
 from partitioner.core.strategy import Family
 from partitioner.core.units import format_bytes, format_seconds
-from partitioner.planner.search import StrategyCandidate, StrategySearch, uneven_share_reason
+from partitioner.planner.search import (
+    StrategyCandidate,
+    StrategySearch,
+    uneven_share_reason,
+    uses_every_device,
+)
 from partitioner.simulation.strategy import StrategySimulation
 
-__all__ = ["FamilyRow", "advice", "family_rows"]
+__all__ = ["FamilyRow", "advice", "devices_text", "family_rows", "idle_advice"]
 
 
 @dataclass(frozen=True)
@@ -182,3 +189,60 @@ def _how_to_run(chosen: Family, applied: Family) -> str:
         f"This plan applies a {applied.label}; passes.rewrite.replicate.realise_strategy runs "
         f"the {chosen.label} strategy."
     )
+
+
+# -- devices left idle ---------------------------------------------------------------------------
+
+
+def devices_text(devices: tuple[int, ...] | list[int]) -> str:
+    """``device 3``, ``devices 2-7``, ``devices 1, 3 and 5-7``: indices, runs joined."""
+    runs: list[list[int]] = []
+    for d in sorted(set(devices)):
+        if runs and d == runs[-1][-1] + 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    parts = [str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs]
+    if len(parts) == 1 and len(runs[0]) == 1:
+        return f"device {parts[0]}"
+    head = ", ".join(parts[:-1])
+    return f"devices {head} and {parts[-1]}" if head else f"devices {parts[-1]}"
+
+
+def idle_advice(search: StrategySearch) -> str:
+    """Which devices the chosen strategy leaves idle, and what the fastest strategy scored that
+    uses every device costs (or why none does); ``""`` when the choice uses them all."""
+    best = search.best
+    n = len(best.simulation.memory_limit_bytes)
+    used = set(best.strategy.devices)
+    idle = [d for d in range(n) if d not in used]
+    if not idle:
+        return ""
+    head = (
+        f"The chosen strategy ({best.strategy.describe()}) uses {len(used)} of the {n} devices, "
+        f"{devices_text(idle)} idle"
+    )
+    every = uses_every_device(search.candidates)
+    if every is None:
+        return f"{head}: none of the strategies scored uses all {n} (see the notes)."
+    what = f"the fastest strategy on all {n}, {every.strategy.describe()},"
+    if not every.simulation.fits:
+        device, need, limit = max(every.simulation.over_memory, key=lambda o: o[1] - o[2])
+        return (
+            f"{head}: {what} does not fit (device {device} needs {format_bytes(need)} of "
+            f"{format_bytes(limit)})."
+        )
+    ratio = every.step_time_s / best.step_time_s if best.step_time_s > 0 else 1.0
+    if ratio <= 1.0 + 1e-9:
+        return f"{head}: {what} is predicted no faster ({format_seconds(every.step_time_s)})."
+    reasons = [_all_reduce_reason(every.simulation)]
+    bubble = _bubble(every.simulation)
+    if bubble >= 0.2:
+        reasons.append(f"its stages idle up to {bubble:.0%} of the step (pipeline bubble)")
+    return "; ".join(
+        [
+            f"{head}: {what} is predicted at {format_seconds(every.step_time_s)} per step, "
+            f"{ratio:.2f}x slower",
+            *filter(None, reasons),
+        ]
+    ) + "."

@@ -1,8 +1,11 @@
 """The strategy planner: every family, scored by the simulated step of what would run.
 
 For ``N`` devices and a global batch ``B`` the planner enumerates strategies of ``R`` replicas x
-``S`` stages with ``R * S <= N`` and ``R`` dividing ``B`` (replicas take equal shares, as
-``tf.distribute`` splits a batch):
+``S`` stages with ``R * S <= N``, ``R`` dividing ``B`` (replicas take equal shares, as
+``tf.distribute`` splits a batch) and ``S`` at most the model's layers (a stage holds one or more
+layers). Shapes with ``R * S < N`` leave devices idle, and win when fewer devices are faster (an
+all-reduce over fewer replicas, fewer transfers); a model of fewer layers than devices uses them
+all only through replicas:
 
 * **device groups**: replica ``r``'s stage ``s`` on a device chosen from the topology, in two
   layouts: stages next to each other on a host (replicas across hosts), or replicas next to each
@@ -31,8 +34,10 @@ when its bound already says so): exact, the choice and every family's best are t
 simulating everything (``StrategyOptions.prune=False`` does). Past the time limit a shape is
 placed by the first solver only, and a shape whose families all have a candidate that fits is
 not scored at all: :attr:`StrategySearch.notes` names those shapes and the least step any of
-them could reach, against the choice. The best pipeline or split is then refined by
-:func:`~partitioner.planner.refine.refine_strategy`, scored the same way. The planner never
+them could reach, against the choice. When the choice leaves devices idle and no candidate on
+all of them was simulated, data parallelism over every device is (so the plan can say what using
+them all costs: :func:`~partitioner.planner.explain.idle_advice`). The best pipeline or split is
+then refined by :func:`~partitioner.planner.refine.refine_strategy`, scored the same way. The planner never
 returns a strategy slower than a candidate it evaluated, ``single`` included.
 
 Bad input gets one line, never a silent skip: families forced by ``options.families`` (the API's
@@ -52,7 +57,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from cost_models.devices.catalog import get_device_type
@@ -83,6 +88,7 @@ __all__ = [
     "search_strategies",
     "sub_problem",
     "uneven_share_reason",
+    "uses_every_device",
 ]
 
 logger = logging.getLogger(__name__)
@@ -225,12 +231,18 @@ def microbatch_choices(batch_per_replica: int, stages: int, most_per_stage: int)
 
 
 def search_batches(
-    num_devices: int, batch_size: int, options: StrategyOptions | None = None
+    num_devices: int,
+    batch_size: int,
+    options: StrategyOptions | None = None,
+    num_layers: int | None = None,
 ) -> tuple[int, ...]:
     """Every batch :func:`search_strategies` costs the model at on ``num_devices`` devices
-    (descending): ``batch_size`` itself, each replica count's share, each micro-batch."""
+    (descending): ``batch_size`` itself, each replica count's share, each micro-batch.
+    ``num_layers`` (the model's placement units) bounds the stages; ``None``: one per device,
+    a superset of the batches priced."""
     options = options or StrategyOptions()
-    shapes = list(_shapes(num_devices, batch_size, options.families))
+    max_stages = num_devices if num_layers is None else num_layers
+    shapes = list(_shapes(num_devices, batch_size, options.families, max_stages))
     batches = {batch_size} | {
         batch_size // (r * m) for r, m in _priced_keys(batch_size, shapes, options)
     }
@@ -293,17 +305,22 @@ def _stage_placements(
             yield name, stages
 
 
-def _shapes(num_devices: int, batch_size: int, families: tuple[Family, ...]) -> Iterator[tuple[int, int]]:
+def _shapes(
+    num_devices: int, batch_size: int, families: tuple[Family, ...], max_stages: int
+) -> Iterator[tuple[int, int]]:
     """``(R, S)`` pairs worth scoring for the families asked for: ``R`` divides the batch."""
-    for replicas, stages in _all_shapes(num_devices, families):
+    for replicas, stages in _all_shapes(num_devices, families, max_stages):
         if batch_size % replicas == 0:
             yield replicas, stages
 
 
-def _all_shapes(num_devices: int, families: tuple[Family, ...]) -> Iterator[tuple[int, int]]:
-    """``(R, S)`` pairs of the families asked for with ``R * S <= num_devices``, any batch."""
+def _all_shapes(
+    num_devices: int, families: tuple[Family, ...], max_stages: int
+) -> Iterator[tuple[int, int]]:
+    """``(R, S)`` pairs of the families asked for with ``R * S <= num_devices`` and
+    ``S <= max_stages`` (the model's layers: each stage holds one or more), any batch."""
     for replicas in range(1, num_devices + 1):
-        for stages in range(1, num_devices // replicas + 1):
+        for stages in range(1, min(num_devices // replicas, max_stages) + 1):
             kinds = _families_of(replicas, stages)
             if any(f in families for f in kinds):
                 yield replicas, stages
@@ -566,8 +583,9 @@ def search_strategies(
     options = options or StrategyOptions()
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be >= 1")
-    num_devices = costed_at(batch_size).topology.num_devices
-    shapes = _checked_shapes(num_devices, batch_size, options)
+    first = costed_at(batch_size)
+    num_devices, num_layers = first.topology.num_devices, first.problem().num_layers
+    shapes = _checked_shapes(num_devices, batch_size, options, num_layers)
     scorer = _Scorer(costed_at, batch_size, deadline=0.0, prune=options.prune)
     _cost_first(scorer, shapes, options)
     items = _items(scorer, shapes, options)
@@ -585,10 +603,12 @@ def search_strategies(
         why = "; ".join(f"{what}: {reason}" for what, reason in scorer.rejected[:4])
         raise PlanError(f"no strategy of the families asked for could be scored ({why})")
     best = min(scorer.candidates, key=StrategyCandidate.rank)
+    if _score_all_devices(scorer, best, num_devices, options):
+        best = min(scorer.candidates, key=StrategyCandidate.rank)
     if not best.simulation.fits and set(options.families) != set(Family):
         raise InfeasibleError(_forced_family_message(costed_at, batch_size, options, best))
     best, refined = _refined(scorer, best, options)
-    skipped = _skipped_note(num_devices, batch_size, options.families)
+    skipped = _skipped_note(num_devices, batch_size, options.families, num_layers)
     return StrategySearch(
         best=best,
         candidates=tuple(scorer.candidates),
@@ -600,6 +620,33 @@ def search_strategies(
             *_uneven_notes(scorer.candidates),
         ),
     )
+
+
+def _score_all_devices(
+    scorer: _Scorer, best: StrategyCandidate, num_devices: int, options: StrategyOptions
+) -> bool:
+    """When ``best`` leaves devices idle and no candidate simulated so far uses them all,
+    simulate data parallelism over every device (when asked for and the batch splits over them):
+    the plan then says what using them all costs (:func:`uses_every_device`). Whether it did."""
+    if len(best.strategy.devices) == num_devices or uses_every_device(scorer.candidates):
+        return False
+    if Family.DATA_PARALLEL not in options.families or scorer.batch_size % num_devices:
+        return False
+    costed = scorer.costed(num_devices)
+    groups = device_layouts(costed.topology, num_devices, 1)[0]
+    for items in (scorer.unplaced, scorer.cut):  # its shape is scored now: no note says it is not
+        items[:] = [i for i in items if (i.replicas, i.stages) != (num_devices, 1)]
+    strategy = Strategy(device_groups=groups, stage_of_layer=(0,) * len(costed.layer_memory))
+    return scorer.score(strategy, "-", prune=False) is not None
+
+
+def uses_every_device(candidates: Iterable[StrategyCandidate]) -> StrategyCandidate | None:
+    """The best of ``candidates`` (fitting first, then the step) that uses every device of the
+    topology; ``None`` when none does."""
+    every = [
+        c for c in candidates if len(c.strategy.devices) == len(c.simulation.memory_limit_bytes)
+    ]
+    return min(every, key=StrategyCandidate.rank, default=None)
 
 
 def _scored(scorer: _Scorer) -> set[Strategy]:
@@ -733,18 +780,26 @@ def _forced(options: StrategyOptions) -> str:
 
 
 def _checked_shapes(
-    num_devices: int, batch_size: int, options: StrategyOptions
+    num_devices: int, batch_size: int, options: StrategyOptions, num_layers: int
 ) -> list[tuple[int, int]]:
     """The shapes to score; a one-line error when the families asked for leave none."""
-    shapes = list(_shapes(num_devices, batch_size, options.families))
+    shapes = list(_shapes(num_devices, batch_size, options.families, num_layers))
     if shapes:
         return shapes
-    counts = sorted({r for r, _ in _all_shapes(num_devices, options.families)})
+    counts = sorted({r for r, _ in _all_shapes(num_devices, options.families, num_layers)})
     if counts:
         raise UsageError(_divisibility_message(batch_size, counts, num_devices, options))
-    fewest = next((n for n in range(1, 5) if any(_all_shapes(n, options.families))), None)
-    if fewest is None:
+    if not options.families:
         raise UsageError("StrategyOptions(families=()) asks for no strategy: name one or more")
+    fewest = next(
+        (n for n in range(1, 5) if any(_all_shapes(n, options.families, num_layers))), None
+    )
+    if fewest is None:
+        raise InfeasibleError(
+            f"strategy={_forced(options)!r} splits the model into 2 or more stages and it has "
+            f"{num_layers} layer{'s' if num_layers != 1 else ''}: use strategy='data_parallel' "
+            "or strategy='auto'"
+        )
     raise InfeasibleError(
         f"strategy={_forced(options)!r} needs {fewest} or more devices and the topology has "
         f"{num_devices}: use {fewest} or more devices or strategy='auto'"
@@ -791,10 +846,10 @@ def _microbatch_message(batch_size: int, num_devices: int, options: StrategyOpti
 
 
 def _skipped_note(
-    num_devices: int, batch_size: int, families: tuple[Family, ...]
+    num_devices: int, batch_size: int, families: tuple[Family, ...], num_layers: int
 ) -> tuple[str, ...]:
     """Which replica counts the batch ruled out, when some were scored."""
-    wanted = sorted({r for r, _ in _all_shapes(num_devices, families)})
+    wanted = sorted({r for r, _ in _all_shapes(num_devices, families, num_layers)})
     skipped = [r for r in wanted if batch_size % r]
     if not skipped:
         return ()

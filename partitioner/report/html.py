@@ -12,7 +12,9 @@
 A plan that applies a strategy leads its summary with it in words, its predicted step and its
 speed-up over one device, and shows the families table. The graph and the timeline show replica
 0 (the plan's assignment); the devices of the other replicas are labelled as copies of replica
-0's (in the legend, the time and memory charts and the device table), never as idle devices.
+0's (in the legend, the time and memory charts and the device table), never as idle devices; a
+device the plan leaves idle (:attr:`~partitioner.plan.model.Plan.idle_devices`) is named so in the
+summary, the charts and the device table.
 
 Charts are drawn by plotly.js (the copy shipped with the ``plotly`` Python package, inlined in
 the page: no CDN, no network). The layer graph's layout is computed here: layers are placed in
@@ -54,6 +56,7 @@ from partitioner.report.tables import (
     Table,
     comparison_table,
     device_table,
+    idle_text,
     memory_text,
     replica_roles,
     resource_sort_key,
@@ -114,9 +117,12 @@ def _device_label(plan: Plan, d: int) -> str:
 
 
 def _resource_name(plan: Plan, d: int) -> str:
-    """``device 2``, or ``device 2 (replica 1, as device 0)`` for a device of another replica."""
+    """``device 2``, ``device 2 (replica 1, as device 0)`` for a device of another replica, or
+    ``device 7 (idle)`` for a device the plan leaves idle."""
     role = replica_roles(plan).get(d)
-    return f"device {d}" if role is None else f"device {d} (replica {role[0]}, as device {role[2]})"
+    if role is not None:
+        return f"device {d} (replica {role[0]}, as device {role[2]})"
+    return f"device {d} (idle)" if d in plan.idle_devices else f"device {d}"
 
 
 def _replicas_note(plan: Plan) -> str:
@@ -573,6 +579,7 @@ def _summary(plan: Plan) -> list[tuple[str, str]]:
     summary += [
         ("model", plan.model_name),
         ("devices", f"{plan.num_devices} x {plan.device_type} ({plan.link})"),
+        *([("idle devices", idle_text(plan))] if plan.idle_devices else []),
         ("batch size", str(plan.batch_size)),
         ("layers", str(len(plan.layer_order))),
         ("solver", f"{plan.solver.name} ({plan.solver.status})"),

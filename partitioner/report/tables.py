@@ -27,7 +27,7 @@ from partitioner.core.ir import EventKind
 from partitioner.core.strategy import Family
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import BaselineResult, DevicePrediction, Plan
-from partitioner.planner.explain import FamilyRow
+from partitioner.planner.explain import FamilyRow, devices_text
 
 __all__ = [
     "Align",
@@ -44,6 +44,7 @@ __all__ = [
     "cell",
     "comparison_table",
     "device_table",
+    "idle_text",
     "layers_text",
     "memory_text",
     "replica_roles",
@@ -223,15 +224,25 @@ def _speedup_over_single(plan: Plan) -> float | None:
 
 def strategy_headline(plan: Plan) -> str | None:
     """``2 data-parallel replicas, predicted step 41.200 ms, 1.80x one device``: the strategy
-    the plan applies in words with its step (and its speed-up when one device was scored);
-    None for a plan without a strategy."""
+    the plan applies in words with its step (and its speed-up when one device was scored), and
+    the devices it leaves idle (:func:`idle_text`); None for a plan without a strategy."""
     if plan.strategy is None:
         return None
     text = f"{plan.strategy.describe()}, predicted step {format_seconds(plan.step_time_s)}"
     speedup = _speedup_over_single(plan)
     if speedup is not None and plan.strategy.family is not Family.SINGLE:
         text += f", {speedup:.2f}x one device"
-    return text
+    idle = idle_text(plan)
+    return f"{text}; {idle}" if idle else text
+
+
+def idle_text(plan: Plan) -> str:
+    """``uses 2 of the 8 devices, devices 2-7 idle``, or ``""`` when the plan uses them all."""
+    idle = plan.idle_devices
+    if not idle:
+        return ""
+    used = plan.num_devices - len(idle)
+    return f"uses {used} of the {plan.num_devices} devices, {devices_text(idle)} idle"
 
 
 def replica_roles(plan: Plan) -> dict[int, tuple[int, int, int]]:
@@ -264,6 +275,9 @@ def _replica_text(plan: Plan, role: tuple[int, int, int]) -> str:
 
 _DeviceColumn = tuple[Column, Callable[[DevicePrediction], Cell]]
 
+IDLE_DEVICE = "idle (runs nothing)"
+"""The layers cell of a device the plan leaves idle."""
+
 
 def _device_columns(plan: Plan, medium: Medium) -> tuple[_DeviceColumn, ...]:
     """The device table's columns, each with how it fills a device's cell."""
@@ -285,10 +299,13 @@ def _device_columns(plan: Plan, medium: Medium) -> tuple[_DeviceColumn, ...]:
             (Column("TF device"), lambda d: cell(plan.devices[d.device].name or "(local)"))
         )
     roles = replica_roles(plan)
+    idle = set(plan.idle_devices)
 
     def layers(d: DevicePrediction) -> Cell:
         if d.device in roles and not d.layers:
             return cell(_replica_text(plan, roles[d.device]))
+        if d.device in idle:
+            return cell(IDLE_DEVICE)
         return cell(layers_text(d.layers, limit))
 
     columns += [

@@ -17,7 +17,7 @@ Shared vocabulary:
 
 Helpers:
 
-* :func:`validate_problem_for` rejects more devices than layers;
+* :func:`validate_problem_for` rejects more devices than layers (a placement cannot use them);
 * :func:`fill_empty_devices` gives every empty device one layer, greedily choosing the move that
   most reduces (least increases) the max load;
 * :func:`repair_memory` moves layers off over-full devices until the assignment fits, or raises
@@ -219,12 +219,17 @@ def link_classes(
 
 
 def validate_problem_for(problem: PartitionProblem) -> None:
-    """Reject a problem with more devices than layers (a device would have nothing to run)."""
+    """Reject a problem with more devices than layers: a placement puts each layer on one device
+    and leaves none of its devices empty, so it cannot use more devices than layers. Callers
+    that plan for more place on a subset (``partitioner.api.placement_devices``,
+    ``partitioner.planner.search.sub_problem``) and use the rest for replicas."""
     n_dev, n_layers = problem.num_devices, problem.num_layers
     if n_dev > n_layers:
         raise InfeasibleError(
             f"gpus={n_dev} is more than the {n_layers} layers of the model; "
-            f"use at most {n_layers} devices"
+            f"use at most {n_layers} devices for a placement (one layer or more on each), or "
+            f"plan with partitioner.partition(), which places on {n_layers} of them and can run "
+            "data-parallel replicas on all"
         )
 
 

@@ -303,15 +303,19 @@ def _points(points: Sequence[tuple[int, float]]) -> list[list[float]]:
 
 
 def _provenance(cal: Calibration) -> dict[str, Any]:
-    import partitioner
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        ours = version("partitioner")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        ours = "unknown"
     return {
         "tool": CALIBRATION_TOOL,
         "when": cal.when,
         "where": cal.where,
         "machine": socket.gethostname(),
         "tensorflow": tf.__version__,
-        "partitioner": partitioner.__version__,
+        "partitioner": ours,
         "cluster": list(cal.cluster_addresses),
         "measured_devices": list(cal.devices),
         "links": [{"devices": [a, b], "points": _points(f.points)} for a, b, f in cal.links],
