@@ -944,7 +944,28 @@ def _profile_ops(
     estimated = [d.index for d in topo.devices if d.index not in rows]
     if estimated:
         notes += (f"devices {estimated} are not cpus: their op times stay estimated",)
-    return profiled, notes
+    profiled, speed_notes = _at_device_speeds(profiled, rows)
+    return profiled, (*notes, *speed_notes)
+
+
+def _at_device_speeds(costed: CostedGraph, rows: list[int]) -> tuple[CostedGraph, tuple[str, ...]]:
+    """Op times profiled here, scaled to each device's speed measured by ``partition calibrate``
+    (the same matrix-product benchmark timed in this process)."""
+    if not costed.topology.device_flops_per_s:
+        return costed, ()
+    from cost_models.estimate.costs import scale_to_device_speeds
+    from cost_models.measure.transfers import matmul_flops_per_s
+
+    here = matmul_flops_per_s("/device:CPU:0")
+    scaled, factors = scale_to_device_speeds(costed, rows, here)
+    speeds = costed.topology.device_flops_per_s
+    each = ", ".join(
+        f"device {d} x{f:.2f} ({speeds[d] / 1e9:.0f} GFLOP/s)" for d, f in factors.items()
+    )
+    return scaled, (
+        f"op times scaled to each device's measured speed against this process's "
+        f"{here / 1e9:.0f} GFLOP/s (float32 matrix products): {each}",
+    )
 
 
 def _microbatch_warnings(

@@ -118,14 +118,40 @@ def _device_strings(
     return tuple(default_device_strings(plan.num_devices))
 
 
-def _connected(cluster: Any, timeout_s: float) -> Any:
+def _connected(plan: Plan, cluster: Any, timeout_s: float) -> Any:
     """The :class:`~passes.cluster.runtime.ClusterHandle` of ``cluster`` (connecting to it
-    unless it is one), or None without a cluster."""
+    unless it is one), or None without a cluster; refused first when the plan was measured on
+    another cluster."""
     if cluster is None:
         return None
-    from passes.cluster.runtime import ClusterHandle, connect
+    from passes.cluster.runtime import ClusterHandle, WorkerCluster, connect, load_cluster
 
-    return cluster if isinstance(cluster, ClusterHandle) else connect(cluster, timeout_s=timeout_s)
+    if isinstance(cluster, ClusterHandle):
+        _check_same_cluster(plan, cluster.cluster)
+        return cluster
+    spec = cluster if isinstance(cluster, WorkerCluster) else load_cluster(cluster)
+    _check_same_cluster(plan, spec)
+    return connect(spec, timeout_s=timeout_s)
+
+
+def _check_same_cluster(plan: Plan, spec: Any) -> None:
+    """PlanError naming the tasks whose address differs from the cluster the plan's topology
+    was measured on (``partition calibrate``); nothing to check for a plan not measured so."""
+    measured = plan.cluster_addresses
+    given = tuple(spec.addresses)
+    if not measured or measured == given:
+        return
+    differ = [
+        f"task {t}: {measured[t] if t < len(measured) else 'none'} in the plan, "
+        f"{given[t] if t < len(given) else 'none'} here"
+        for t in range(max(len(measured), len(given)))
+        if t >= len(measured) or t >= len(given) or measured[t] != given[t]
+    ]
+    raise PlanError(
+        f"the plan was measured on another cluster than {spec.source} ({'; '.join(differ)}); "
+        "calibrate this cluster (partition calibrate) and plan again, or apply the plan to the "
+        "cluster it was measured on"
+    )
 
 
 def apply_plan(
@@ -139,7 +165,7 @@ def apply_plan(
 ) -> Any:
     """A copy of ``model`` placed by ``plan`` (see :meth:`partitioner.plan.model.Plan.apply`)."""
     strategy = _replicas(plan)
-    handle = _connected(cluster, timeout_s)
+    handle = _connected(plan, cluster, timeout_s)
     if strategy is not None and handle is not None:
         _check_cluster_holds(strategy, handle)
     used = strategy.devices if strategy is not None else None

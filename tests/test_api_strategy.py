@@ -9,13 +9,15 @@ tests/conftest.py trains one step exactly like the original model on one device.
 
 from __future__ import annotations
 
+import json
+
 import keras
 import numpy as np
 import pytest
 
 import partitioner
 from partitioner.api import STRATEGY_SOLVERS
-from partitioner.core.errors import UsageError
+from partitioner.core.errors import PartitionError, UsageError
 from partitioner.core.ir import Schedule
 from partitioner.core.strategy import Family
 from partitioner.plan.model import Plan
@@ -233,3 +235,22 @@ def test_a_named_solver_places_on_as_many_devices_as_layers_and_says_so() -> Non
     even = next(b for b in plan.baselines if b.solver == "even")
     assert even.step_time_s is not None and even.note == "on 3 of the 4 devices"
     _same_step_as_one_device(model, plan.apply(model, devices=CPU))
+
+
+def test_a_plan_measured_on_one_cluster_refuses_another(model: keras.Model) -> None:
+    """A plan keeps the addresses of the cluster its topology was calibrated on; applied to
+    another cluster it names the differing tasks before connecting."""
+    import dataclasses
+
+    from partitioner.plan.model import Plan
+
+    plan = partitioner.partition(model, gpus=2, batch_size=BATCH, strategy="data_parallel")
+    measured = dataclasses.replace(plan, cluster_addresses=("127.0.0.1:1", "127.0.0.1:2"))
+    assert Plan.from_json_dict(json.loads(measured.to_json())).cluster_addresses == (
+        "127.0.0.1:1",
+        "127.0.0.1:2",
+    )
+    with pytest.raises(
+        PartitionError, match=r"task 1: 127\.0\.0\.1:2 in the plan, 127\.0\.0\.1:3 here"
+    ):
+        measured.apply(model, cluster={"worker": ["127.0.0.1:1", "127.0.0.1:3"]}, timeout_s=0.5)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from cost_models.devices.catalog import get_device_type
 from cost_models.devices.communication import resolve_link
@@ -26,7 +27,7 @@ from cost_models.estimate.precision import PrecisionPolicy, parse_precision
 from partitioner.core.errors import CatalogError
 from partitioner.core.ir import CostedGraph, Device, Graph, Topology
 
-__all__ = ["cost_graph"]
+__all__ = ["cost_graph", "scale_to_device_speeds"]
 
 logger = logging.getLogger(__name__)
 
@@ -170,3 +171,20 @@ def _op_time_rows(
                 chosen = calibrated_roofline(dtype.name)
             rows[d.device_type] = estimate_op_times_s(graph, dtype, chosen, policy)
     return rows
+
+
+def scale_to_device_speeds(
+    costed: CostedGraph, rows: Sequence[int], measured_here_flops_per_s: float
+) -> tuple[CostedGraph, dict[int, float]]:
+    """Op times measured on this machine, moved to each device of ``rows`` by its measured
+    speed: row ``d`` times ``measured_here_flops_per_s / topology.device_flops_per_s[d]`` (both
+    the same float32 matrix-product benchmark, :mod:`cost_models.measure.transfers`); the factor
+    of each scaled device. Unchanged when the topology measured no speeds."""
+    speeds = costed.topology.device_flops_per_s
+    if not speeds or not measured_here_flops_per_s > 0:
+        return costed, {}
+    factors = {d: measured_here_flops_per_s / speeds[d] for d in rows}
+    table = list(costed.op_compute_time_s)
+    for d, factor in factors.items():
+        table[d] = tuple(t * factor for t in table[d])
+    return replace(costed, op_compute_time_s=tuple(table)), factors

@@ -144,6 +144,10 @@ class Plan:
     ``None`` for a plan that applies its assignment alone. When set, ``device_of_layer`` is its
     replica 0's layer devices and ``step_time_s`` is its predicted step (the all-reduce of the
     replicas included)."""
+    cluster_addresses: tuple[str, ...] = ()
+    """The task addresses of the cluster the plan's topology was measured on (``partition
+    calibrate``), in task order; empty when it was not. :meth:`apply` on a cluster refuses
+    another one."""
     schema_version: int = SCHEMA_VERSION
     _assignment: Mapping[str, int] = field(init=False, repr=False, compare=False)
 
@@ -287,6 +291,7 @@ class Plan:
             },
             "measured_layers": list(self.measured_layers),
             "cost_notes": list(self.cost_notes),
+            "cluster_addresses": list(self.cluster_addresses),
             "strategies": [_strategy_json(r) for r in self.strategies],
             "strategy": None if self.strategy is None else _chosen_json(self.strategy),
             "layer_edges": [list(e) for e in self.layer_edges],
@@ -345,6 +350,7 @@ class Plan:
             ),
             measured_layers=tuple(data.get("measured_layers", [])),
             cost_notes=tuple(data.get("cost_notes", [])),
+            cluster_addresses=tuple(data.get("cluster_addresses", [])),
             strategies=tuple(_strategy_row(r) for r in data.get("strategies", [])),
             strategy=_chosen(data.get("strategy"), origin),
         )
@@ -400,6 +406,7 @@ def plan_from_solution(
         layer_compute_s=tuple(
             problem.compute_time_s[d][k] for k, d in enumerate(result.assignment)
         ),
+        cluster_addresses=costed.topology.cluster_addresses,
         **extra,
     )
 

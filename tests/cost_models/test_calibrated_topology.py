@@ -53,6 +53,7 @@ def _calibrated() -> dict[str, Any]:
             "cluster": ["127.0.0.1:1", "127.0.0.1:2"],
             "links": [{"devices": [0, 1], "points": link_points}],
             "all_reduce": {"points": reduce_points},
+            "matmul_flops_per_s": [2e11, 1e11],
         },
     }
 
@@ -87,6 +88,26 @@ def test_a_calibrated_file_plans_with_its_measured_figures(tmp_path: Path) -> No
     fit = topo.all_reduce
     assert fit is not None and fit.algorithm == "reduce_to_one" and fit.members == 2
     assert fit.bandwidth_bytes_per_s == pytest.approx(8e8)
+    assert topo.device_flops_per_s == (2e11, 1e11)
+    assert topo.cluster_addresses == ("127.0.0.1:1", "127.0.0.1:2")
+
+
+def test_profiled_op_times_move_to_each_devices_measured_speed() -> None:
+    from cost_models.estimate.costs import cost_graph, scale_to_device_speeds
+    from cost_model_graphs import mlp
+
+    topo = parse_topology(_calibrated(), origin="t")
+    costed = cost_graph(mlp(), topology=topo)
+    scaled, factors = scale_to_device_speeds(costed, [0, 1], 3e11)
+    assert factors == {0: pytest.approx(1.5), 1: pytest.approx(3.0)}
+    for d, factor in factors.items():
+        assert scaled.op_compute_time_s[d] == pytest.approx(
+            [t * factor for t in costed.op_compute_time_s[d]]
+        )
+    plain = cost_graph(mlp(), topology=parse_topology(
+        {"devices": [{"type": "cpu", "count": 2}]}, origin="t"
+    ))  # fmt: skip
+    assert scale_to_device_speeds(plain, [0, 1], 3e11) == (plain, {})
 
 
 def _edit(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
