@@ -93,8 +93,9 @@ def test_a_calibrated_file_plans_with_its_measured_figures(tmp_path: Path) -> No
 
 
 def test_profiled_op_times_move_to_each_devices_measured_speed() -> None:
-    from cost_models.estimate.costs import cost_graph, scale_to_device_speeds
     from cost_model_graphs import mlp
+
+    from cost_models.estimate.costs import cost_graph, scale_to_device_speeds
 
     topo = parse_topology(_calibrated(), origin="t")
     costed = cost_graph(mlp(), topology=topo)
