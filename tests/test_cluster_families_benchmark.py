@@ -1,0 +1,169 @@
+"""benchmarks.cluster_families: rows, winners, the table and the records from given numbers, and
+the plan-file reader and planning command on a written plan (no workers, no TensorFlow); and one
+end-to-end --quick run on two loopback workers (slow, about 40 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cluster_families as cf
+
+
+def plan(
+    family: str, predicted_s: float | None, chosen: str | None = None, error: str | None = None
+) -> cf.PlanOutcome:
+    return cf.PlanOutcome(
+        family=family,
+        path=None if error else f"/tmp/{family}.json",
+        wall_s=1.0,
+        error=error,
+        predicted_step_s=predicted_s,
+        chosen_family=chosen or (None if family == cf.AUTO else family),
+        description=f"{family} plan",
+        table_step_s={"single": 0.100, "data-parallel": 0.060} if family == cf.AUTO else None,
+    )
+
+
+PLANS = {
+    "single": plan("single", 0.100),
+    "data-parallel": plan("data-parallel", 0.060),
+    "placed": plan("placed", 0.110),
+    "pipeline": plan("pipeline", 0.080),
+    "auto": plan("auto", 0.060, chosen="data-parallel"),
+}
+SAMPLES = {
+    "single": [0.100, 0.102, 0.098],
+    "data-parallel": [0.070, 0.071, 0.069],
+    "placed": [0.120, 0.119, 0.121],
+    "pipeline": [0.075, 0.074, 0.200],
+    "auto": [0.072, 0.070, 0.071],
+}
+
+
+def rows() -> list[cf.Row]:
+    return cf.make_rows("m", PLANS, SAMPLES, {})
+
+
+def test_rows_take_the_median_and_mark_autos_choice() -> None:
+    by = {r.strategy: r for r in rows()}
+    assert list(by) == [*cf.FAMILIES, cf.AUTO]
+    assert by["pipeline"].measured_step_s == pytest.approx(0.075)
+    assert by["data-parallel"].chosen and by["auto"].chosen and not by["single"].chosen
+    assert by["data-parallel"].error_pct == pytest.approx(100 * (0.060 - 0.070) / 0.070)
+    assert by["single"].auto_table_step_s == pytest.approx(0.100)
+    assert by["placed"].auto_table_step_s is None
+    assert all(r.auto_chose == "data-parallel" for r in by.values())
+
+
+def test_verdict_compares_the_predicted_winner_with_the_measured_one() -> None:
+    v = cf.verdict(rows())
+    assert (v.auto_family, v.predicted_winner, v.measured_winner) == (
+        "data-parallel",
+        "data-parallel",
+        "data-parallel",
+    )
+    assert v.predicted_is_measured and v.auto_is_measured
+    assert v.auto_measured_over_best == pytest.approx(0.071 / 0.070)
+
+
+def test_a_wrong_prediction_says_no_and_a_failed_family_is_a_row() -> None:
+    plans = {**PLANS, "pipeline": plan("pipeline", None, error="partition exit 2: refused")}
+    samples = {**SAMPLES, "single": [0.050]}
+    got = cf.make_rows("m", plans, samples, {"placed": "apply: ValueError: bad"})
+    v = cf.verdict(got)
+    assert v.measured_winner == "single" and v.predicted_is_measured is False
+    text = cf.format_table(got, "m")
+    assert "pipeline: FAILED: partition exit 2: refused" in text
+    assert "placed: FAILED: apply: ValueError: bad" in text
+    assert "predicted = measured NO" in text and "auto = measured NO" in text
+
+
+def test_table_and_summary_and_records() -> None:
+    text = cf.format_table(rows(), "m: a model")
+    lines = text.splitlines()
+    assert lines[0] == "m: a model" and lines[1].split()[0] == "family"
+    dp = next(line for line in lines if line.startswith("data-parallel"))
+    assert "60.0" in dp and "70.0" in dp and "-14.3%" in dp and "chosen" in dp
+    assert "auto measured / best measured 1.01x" in lines[-1]
+    assert "predicted winner = measured winner on 1" in cf.summary(rows())
+    recs = json.loads(json.dumps(cf.records(rows())))
+    assert {r["strategy"] for r in recs} == {*cf.FAMILIES, cf.AUTO}
+    first = recs[0]
+    for key in ("model", "strategy", "predicted_step_s", "measured_step_s", "chosen", "error_pct"):
+        assert key in first
+    assert first["samples_s"] == SAMPLES["single"]
+
+
+def test_no_measurement_gives_no_winner() -> None:
+    got = cf.make_rows("m", PLANS, {}, {})
+    v = cf.verdict(got)
+    assert v.measured_winner is None and v.predicted_is_measured is None
+    assert v.auto_measured_over_best is None
+    assert "auto measured / best measured -" in cf.format_table(got)
+
+
+def test_read_plan_and_the_planning_command(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    strategies = [
+        {"family": "data_parallel", "step_time_s": 0.5},
+        {"family": "single", "step_time_s": 0.9},
+    ]
+    path.write_text(
+        json.dumps(
+            {
+                "predicted": {"step_time_s": 0.5},
+                "strategy": {"family": "data_parallel", "description": "2 replicas"},
+                "strategies": strategies,
+            }
+        )
+    )
+    got = cf.read_plan("auto", path, 3.0)
+    assert got.predicted_step_s == 0.5 and got.chosen_family == "data-parallel"
+    assert got.table_step_s == {"data-parallel": 0.5, "single": 0.9}
+    cmd = cf.plan_command(Path("m.py"), Path("t.json"), 64, "pipeline", Path("o.json"))
+    tail = cmd[cmd.index("m.py") :]
+    assert tail == [
+        "m.py", "--topology", "t.json", "--profile-ops", "--batch-size", "64",
+        "--optimizer", "sgd", "--strategy", "pipeline", "--out", "o.json",
+    ]  # fmt: skip
+
+
+def test_every_model_source_has_build_model_and_the_options_parse() -> None:
+    for spec in cf.SPECS.values():
+        assert "def build_model():" in spec.source
+        compile(spec.source, spec.name, "exec")
+    args = cf.parse_args(["--quick"])
+    assert [s.name for s in args.specs] == list(cf.QUICK_MODELS) and args.rounds == 5
+    args = cf.parse_args(["--models", "conv_net,wide_mlp", "--rounds", "3"])
+    assert [s.name for s in args.specs] == ["conv_net", "wide_mlp"] and args.rounds == 3
+    with pytest.raises(SystemExit):
+        cf.parse_args(["--models", "nope"])
+
+
+@pytest.mark.slow
+def test_end_to_end_quick(tmp_path: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    out = tmp_path / "cf.json"
+    cmd = [
+        sys.executable, "-m", "benchmarks.cluster_families", "--quick", "--rounds", "1",
+        "--warmup", "1", "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=cf.REPO_ROOT, env=cf.child_env(), capture_output=True, text=True, timeout=400
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["topology"]["calibration"]["tool"] == "partition calibrate"
+    recs = doc["records"]
+    assert [r["strategy"] for r in recs] == [*cf.FAMILIES, cf.AUTO]
+    assert all(r["error"] is None for r in recs), recs
+    assert all(r["measured_step_s"] > 0 and r["predicted_step_s"] > 0 for r in recs)
+    assert sum(r["chosen"] for r in recs) == 2  # auto's row and the family it chose
+    assert "auto measured / best measured" in done.stdout
