@@ -543,10 +543,19 @@ def _measured_extras(where: _Where, cal: Mapping[str, Any], topology: Topology) 
             f"gives {len(flops)} speeds for {topology.num_devices} devices; run partition "
             "calibrate again",
         )
-    return {
+    extras: dict[str, Any] = {
         "device_flops_per_s": flops,
         "cluster_addresses": tuple(str(a) for a in cal.get("cluster", ())),
     }
+    client = cal.get("client")
+    if client is not None:
+        points = [(int(b), float(t)) for b, t in client["link_points"]]
+        fit = fit_latency_bandwidth(points, f"{where.origin}: calibration.client.link_points")
+        extras["client_step_s"] = float(client["step_s"])
+        extras["client_link"] = Link(
+            "measured client->device 0", fit.latency_s, fit.bandwidth_bytes_per_s
+        )
+    return extras
 
 
 def _same_figures(table: Mapping[str, Any], fit: LatencyBandwidthFit) -> bool:

@@ -131,6 +131,11 @@ def _summary(data: dict[str, object], out: str, seconds: float) -> str:
         f"all-reduce among {fit['members']}: latency {format_seconds(fit['latency_s'])}, "  # type: ignore[index]
         f"{format_bytes(fit['bandwidth_bytes_per_s'])}/s"  # type: ignore[index]
     )
+    client = data["calibration"].get("client")  # type: ignore[attr-defined]
+    if client is not None:
+        lines.append(
+            f"client: {format_seconds(client['step_s'])} per training step besides its ops"
+        )
     lines.append(
         f"Topology written to {out} in {seconds:.0f} s; plan with: partition MODEL.py "
         f"--topology {out} --profile-ops"

@@ -560,7 +560,8 @@ class Topology:
     ``all_reduce`` is an optional measured all-reduce (:class:`AllReduceFit`) that replaces the
     estimate from the links when present.
 
-    A topology measured by ``partition calibrate`` also carries ``device_flops_per_s`` (each
+    A topology measured by ``partition calibrate`` also carries the client's cost of a step
+    (``client_step_s``, ``client_link``: every simulated step pays them) and ``device_flops_per_s`` (each
     device's float32 matrix-product FLOP/s, in device order; empty when not measured), which
     scales op times profiled on the planning machine to each device, and
     ``cluster_addresses`` (the measured cluster's task addresses, in task order), which a plan
@@ -574,6 +575,11 @@ class Topology:
     all_reduce: AllReduceFit | None = None
     device_flops_per_s: tuple[float, ...] = ()
     cluster_addresses: tuple[str, ...] = ()
+    client_step_s: float = 0.0
+    """The fixed cost of one training step driven from a cluster's client (Keras's call, the
+    remote function's dispatch), measured by ``partition calibrate``; 0 when not measured."""
+    client_link: Link | None = None
+    """The link the client feeds each step's input batch over (measured), or None."""
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -593,6 +599,8 @@ class Topology:
             raise InvalidGraphError(
                 f"devices sit on {self.num_hosts} hosts but the topology has no inter_host_link"
             )
+        if not 0.0 <= self.client_step_s < math.inf:
+            raise InvalidGraphError(f"client_step_s={self.client_step_s} must be >= 0 seconds")
         if self.device_flops_per_s and (
             len(self.device_flops_per_s) != n or not all(f > 0 for f in self.device_flops_per_s)
         ):

@@ -15,6 +15,11 @@ of the micro-batches the schedule keeps alive), and the bound is the larger of t
 largest-layer bounds and the critical path of one micro-batch (``critical_path_s / M``: the
 step's ops scale linearly with the micro-batch, the simulator's assumption).
 
+Both add the **client's cost of a step** when the topology was measured on a cluster
+(``partition calibrate``): ``topology.client_step_s`` (Keras's call and the remote dispatch, a
+no-op step timed from the client) plus the batch's inputs fed over ``topology.client_link``
+(:func:`client_s`). On devices of this process both are 0.
+
 ``solve`` runs a solver on ``costed.problem()``, timing it into ``SolverResult.solve_time_s``,
 and evaluates its answer.
 """
@@ -33,6 +38,7 @@ from partitioner.simulation.step import StepSimulation, resolve_layer_devices, s
 __all__ = [
     "DeviceLoad",
     "PlanEvaluation",
+    "client_s",
     "evaluate",
     "evaluate_pipeline",
     "lower_bound_s",
@@ -84,6 +90,20 @@ def lower_bound_s(costed: CostedGraph) -> float:
     return costed_lower_bounds(costed).best_s
 
 
+def input_bytes(costed: CostedGraph) -> int:
+    """Bytes of the step's batch inputs (the placeholders no layer owns)."""
+    return sum(
+        op.output_bytes for op in costed.graph.ops if op.op_type == "Placeholder" and op.layer is None
+    )
+
+
+def client_s(costed: CostedGraph) -> float:
+    """The client's cost of one step on a measured cluster (module docstring); 0 otherwise."""
+    topology = costed.topology
+    feed = topology.client_link.transfer_time_s(input_bytes(costed)) if topology.client_link else 0.0
+    return topology.client_step_s + feed
+
+
 def evaluate(
     costed: CostedGraph, assignment: Sequence[int], *, bounds: LowerBounds | None = None
 ) -> PlanEvaluation:
@@ -108,7 +128,7 @@ def evaluate(
             )
         )
     return PlanEvaluation(
-        step_time_s=sim.step_time_s,
+        step_time_s=sim.step_time_s + client_s(costed),
         per_device=tuple(per_device),
         lower_bound_s=(bounds or costed_lower_bounds(costed)).best_s,
         cross_device_bytes=sum(sim.bytes_sent),
@@ -151,7 +171,7 @@ def evaluate_pipeline(
     )
     bounds = bounds or costed_lower_bounds(costed)
     return PlanEvaluation(
-        step_time_s=sim.step_time_s,
+        step_time_s=sim.step_time_s + client_s(costed),
         per_device=per_device,
         lower_bound_s=max(bounds.throughput_s, bounds.critical_path_s / num_microbatches),
         cross_device_bytes=sum(sent),

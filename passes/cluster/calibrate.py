@@ -120,6 +120,10 @@ class Calibration:
     when: str
     job: str | None = None
     cluster_addresses: tuple[str, ...] = ()
+    client_step_s: float | None = None
+    """A no-op Keras training step on the first device, from this process (cluster only)."""
+    client_link_points: tuple[tuple[int, float], ...] = ()
+    """Copies of a tensor from this process to the first device (cluster only)."""
 
     def topology_data(self) -> dict[str, Any]:
         """The topology file (JSON-able), its ``calibration`` provenance included."""
@@ -190,6 +194,42 @@ def _measure(
     }
 
 
+def _measure_client(
+    device: str, options: CalibrationOptions, watch: _Watch, say: Progress
+) -> dict[str, Any]:
+    """The client's cost of a step: feeding a tensor to ``device`` and a no-op Keras step."""
+    here = "/job:localhost/replica:0/task:0/device:CPU:0"
+    say(f"client -> {device}: {len(options.sizes_bytes)} sizes, and a no-op training step")
+    points = watch(
+        f"the link from this process to {device}",
+        functools.partial(
+            transfers.transfer_points, here, device, options.sizes_bytes,
+            rounds=options.rounds, warmup=options.warmup,
+        ),
+    )  # fmt: skip
+    step_s = watch("a no-op training step", functools.partial(_no_op_step_s, device, options))
+    return {"client_step_s": step_s, "client_link_points": points}
+
+
+def _no_op_step_s(device: str, options: CalibrationOptions) -> float:
+    """The median ``train_on_batch`` of a one-unit Dense model placed on ``device`` (what
+    every step driven from the client pays besides its ops: Keras's call, the dispatch)."""
+    import statistics
+
+    import keras
+    import numpy as np
+
+    from passes.rewrite.device_placement import place_model
+
+    inputs = keras.Input((4,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(1, name="unit")(inputs), name="no_op")
+    x, y = np.ones((8, 4), np.float32), np.ones((8, 1), np.float32)
+    placed = place_model(model, {"unit": device}, [x[:1]])
+    placed.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    steps = {"step": lambda: placed.train_on_batch(x, y)}
+    return statistics.median(transfers.time_interleaved(steps, options.rounds, 2)["step"])
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -245,7 +285,9 @@ def calibrate_cluster(
         )
     devices, hosts = _task_devices(handle)
     say(f"connected to {handle.cluster.num_tasks} tasks: {', '.join(handle.cluster.addresses)}")
-    figures = _measure(devices, options, _Watch(handle, options.step_timeout_s), say)
+    watch = _Watch(handle, options.step_timeout_s)
+    figures = _measure(devices, options, watch, say)
+    figures.update(_measure_client(devices[0], options, watch, say))
     return Calibration(
         devices=devices, hosts=hosts, device_type=_device_type(devices, options.device_type),
         where=f"{handle.cluster.num_tasks} tasks of {handle.cluster.source}", when=_now(),
@@ -323,6 +365,16 @@ def _provenance(cal: Calibration) -> dict[str, Any]:
         "matmul_flops_per_s": list(cal.matmul_flops_per_s),
         "client_matmul_flops_per_s": cal.client_matmul_flops_per_s,
         "dispatch_s": cal.dispatch_s,
+        **(
+            {}
+            if cal.client_step_s is None
+            else {
+                "client": {
+                    "step_s": cal.client_step_s,
+                    "link_points": _points(cal.client_link_points),
+                }
+            }
+        ),
     }
 
 

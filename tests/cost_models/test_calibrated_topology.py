@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ def _calibrated() -> dict[str, Any]:
             "links": [{"devices": [0, 1], "points": link_points}],
             "all_reduce": {"points": reduce_points},
             "matmul_flops_per_s": [2e11, 1e11],
+            "client": {"step_s": 4e-3, "link_points": _line(2e-3, 2e9)},
         },
     }
 
@@ -90,6 +92,35 @@ def test_a_calibrated_file_plans_with_its_measured_figures(tmp_path: Path) -> No
     assert fit.bandwidth_bytes_per_s == pytest.approx(8e8)
     assert topo.device_flops_per_s == (2e11, 1e11)
     assert topo.cluster_addresses == ("127.0.0.1:1", "127.0.0.1:2")
+    assert topo.client_step_s == 4e-3 and topo.client_link is not None
+    assert topo.client_link.bandwidth_bytes_per_s == pytest.approx(2e9)
+
+
+def test_every_step_on_a_measured_cluster_pays_the_clients_cost() -> None:
+    from cost_model_graphs import mlp
+
+    from cost_models.estimate.costs import cost_graph
+    from partitioner.core.ir import Schedule
+    from partitioner.simulation.evaluate import client_s, evaluate, evaluate_pipeline, input_bytes
+
+    measured = cost_graph(mlp(), topology=parse_topology(_calibrated(), origin="t"))
+    bare = replace(
+        measured, topology=replace(measured.topology, client_step_s=0.0, client_link=None)
+    )
+    fed = input_bytes(measured)
+    assert fed > 0
+    assert client_s(measured) == pytest.approx(4e-3 + 2e-3 + fed / 2e9)
+    assert client_s(bare) == 0.0
+    split = [0] * (len(measured.layer_memory) // 2) + [1] * (
+        len(measured.layer_memory) - len(measured.layer_memory) // 2
+    )
+    for evaluated in (
+        lambda c: evaluate(c, split),
+        lambda c: evaluate_pipeline(c, split, schedule=Schedule.GPIPE, num_microbatches=2),
+    ):
+        assert evaluated(measured).step_time_s == pytest.approx(
+            evaluated(bare).step_time_s + client_s(measured)
+        )
 
 
 def test_profiled_op_times_move_to_each_devices_measured_speed() -> None:

@@ -57,6 +57,7 @@ def test_calibrate_two_workers_then_plan_with_the_file(tmp_path: Path) -> None:
     assert cal["cluster"] == list(workers.addresses)
     assert cal["tensorflow"] and cal["when"] and len(cal["links"][0]["points"]) == 5
     assert data["all_reduce"]["algorithm"] == "reduce_to_one" and data["all_reduce"]["members"] == 2
+    assert cal["client"]["step_s"] > 0 and len(cal["client"]["link_points"]) == 5
     link = data["links"][0]["link"]
     # loopback gRPC: far slower than the catalog's shared-memory 'host' copy (10 GB/s, 2 us)
     assert link["latency_s"] > 2e-5 and link["bandwidth_bytes_per_s"] < 1e10
@@ -74,6 +75,8 @@ def test_calibrate_two_workers_then_plan_with_the_file(tmp_path: Path) -> None:
     notes = " ".join(saved["cost_notes"])
     assert "links from the topology file (measured 0<->1)" in notes
     assert "all-reduce measured: partition calibrate" in notes
+    # every candidate pays the client's measured cost of a step, so one device's plan is at least it
+    assert saved["predicted"]["step_time_s"] > cal["client"]["step_s"]
 
 
 def test_calibrate_without_a_cluster_on_a_host_without_gpus_says_what_to_do(
