@@ -568,7 +568,9 @@ def _cost(
             )
     if measure.profile_ops:
         with _timed(phases, "profile ops"):
-            costed, op_notes = _profile_ops(traced, costed, say=say)
+            costed, op_notes = _profile_ops(
+                model, traced, costed, optimizer=prepared.optimizer, say=say
+            )
         notes = (*notes, *op_notes) if measure.profile else op_notes
     origin = "the model's dtype policy" if given is None else f"precision={given!r}"
     links = links_note(prepared.topology)
@@ -914,7 +916,7 @@ def _cpu_rows(topo: Topology) -> list[int]:
 
 
 def _profile_ops(
-    traced: TraceResult, costed: CostedGraph, *, say: Progress
+    model: Any, traced: TraceResult, costed: CostedGraph, *, optimizer: Optimizer, say: Progress
 ) -> tuple[CostedGraph, tuple[str, ...]]:
     """Time every op inside the traced step on this machine's CPU; merge into the cpu rows,
     scaled so that one device's step is the whole step measured without the profiler."""
@@ -944,8 +946,44 @@ def _profile_ops(
     estimated = [d.index for d in topo.devices if d.index not in rows]
     if estimated:
         notes += (f"devices {estimated} are not cpus: their op times stay estimated",)
+    profiled, update_notes = _with_update(model, traced, profiled, rows, optimizer)
     profiled, speed_notes = _at_device_speeds(profiled, rows)
-    return profiled, (*notes, *speed_notes)
+    return profiled, (*notes, *update_notes, *speed_notes)
+
+
+def _with_update(
+    model: Any, traced: TraceResult, costed: CostedGraph, rows: list[int], optimizer: Optimizer
+) -> tuple[CostedGraph, tuple[str, ...]]:
+    """The optimizer's update of the step, timed here, given to each layer's backward ops."""
+    import tensorflow as tf
+
+    from cost_models.estimate.costs import with_update_time
+    from cost_models.measure.op_profile import step_inputs
+    from cost_models.measure.update import update_time_s
+
+    with tf.device("/device:CPU:0"):
+        update_s = update_time_s(
+            model, traced.step_function, step_inputs(traced), lambda: _keras_optimizer(optimizer)
+        )
+    if update_s is None:
+        return costed, (
+            "the optimizer's update not timed (Keras cannot clone the model, or its outputs "
+            "have no static shape): the step is priced without it",
+        )
+    return with_update_time(costed, rows, update_s), (
+        f"the {optimizer.value} update of every variable timed here ({format_seconds(update_s)}: "
+        "train_on_batch of a clone less the traced step and Keras's fixed cost) and given to "
+        "the layers by their weights and slots",
+    )
+
+
+def _keras_optimizer(optimizer: Optimizer) -> Any:
+    """A new Keras optimizer of ``optimizer``'s kind (``momentum``: SGD with momentum 0.9)."""
+    import keras
+
+    if optimizer is Optimizer.MOMENTUM:
+        return keras.optimizers.SGD(momentum=0.9)
+    return keras.optimizers.get(optimizer.value)
 
 
 def _at_device_speeds(costed: CostedGraph, rows: list[int]) -> tuple[CostedGraph, tuple[str, ...]]:

@@ -25,9 +25,9 @@ from cost_models.estimate.analytic import RooflineModel, calibrated_roofline, es
 from cost_models.estimate.memory import Optimizer, layer_memory, parse_optimizer
 from cost_models.estimate.precision import PrecisionPolicy, parse_precision
 from partitioner.core.errors import CatalogError
-from partitioner.core.ir import CostedGraph, Device, Graph, Topology
+from partitioner.core.ir import CostedGraph, Device, Graph, Phase, Topology
 
-__all__ = ["cost_graph", "scale_to_device_speeds"]
+__all__ = ["cost_graph", "scale_to_device_speeds", "with_update_time"]
 
 logger = logging.getLogger(__name__)
 
@@ -188,3 +188,42 @@ def scale_to_device_speeds(
     for d, factor in factors.items():
         table[d] = tuple(t * factor for t in table[d])
     return replace(costed, op_compute_time_s=tuple(table)), factors
+
+
+def with_update_time(costed: CostedGraph, rows: Sequence[int], update_s: float) -> CostedGraph:
+    """``costed`` with the optimizer's update of a step (``update_s`` seconds, timed for the
+    whole model) on devices ``rows``: each layer's share, in proportion to its parameter bytes
+    plus optimizer slots (what an update reads and writes), is added to its backward ops in
+    proportion to their times (an update runs as soon as its gradient is ready, inside the
+    layer's backward as far as the simulated device is concerned)."""
+    weights = [m.param_bytes + m.optimizer_bytes for m in costed.layer_memory]
+    total = sum(weights)
+    if update_s <= 0 or total <= 0 or not rows:
+        return costed
+    layer_index = {m.layer: k for k, m in enumerate(costed.layer_memory)}
+    owners = [
+        layer_index.get(op.layer) if op.layer is not None and op.phase is Phase.BACKWARD else None
+        for op in costed.graph.ops
+    ]
+    table = list(costed.op_compute_time_s)
+    for d in rows:
+        row = table[d]
+        backward_s = [0.0] * len(weights)
+        for k, t in zip(owners, row):
+            if k is not None:
+                backward_s[k] += t
+        table[d] = tuple(
+            t + update_s * weights[k] / total * _share(t, backward_s[k], owners, k)
+            if k is not None
+            else t
+            for k, t in zip(owners, row)
+        )
+    return replace(costed, op_compute_time_s=tuple(table))
+
+
+def _share(t: float, layer_backward_s: float, owners: Sequence[int | None], k: int) -> float:
+    """An op's part of its layer's update: its part of the layer's backward time (an even part
+    when the backward took no time)."""
+    if layer_backward_s > 0:
+        return t / layer_backward_s
+    return 1.0 / sum(1 for o in owners if o == k)
