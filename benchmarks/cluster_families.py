@@ -1,7 +1,8 @@
 """Every strategy family on two loopback workers, planned and run only through the product.
 
-    python -m benchmarks.cluster_families [--quick] [--models conv_net,recommender,wide_mlp]
+    python -m benchmarks.cluster_families [--quick] [--models lstm_nmt,multi_tower,...]
                                           [--rounds 10] [--warmup 2] [--json PATH]
+    python -m benchmarks.cluster_families --readme benchmarks/results/cluster_families.json
 
 What a user with two ``partition worker`` processes does, and nothing else (issue 33, item 4):
 
@@ -13,27 +14,27 @@ What a user with two ``partition worker`` processes does, and nothing else (issu
    is copied whole into the JSON output (``topology``), so every record carries the calibrated
    topology it was predicted with.
 3. **Plan.** For each model (a file ``MODEL.py`` with ``build_model()`` written to the work
-   directory) and each family in ``single, data-parallel, placed, pipeline`` and ``auto``:
-   ``partition MODEL.py --topology calibrated.json --profile-ops --batch-size B --optimizer sgd
-   --strategy FAMILY --out plan.json``, pinned to core 0 with ``taskset -c 0``. Why pinned: with
-   ``--profile-ops`` the planner times every op of the training step on this process's CPU,
-   and the workers run those ops on one core each with one intra-op thread; TensorFlow sizes
-   its intra-op pool from the cores a process may use, so the pinned planner times the kernels
-   as a worker runs them (the workers are idle while it plans). The prediction is the plan's
-   ``predicted.step_time_s`` (for a plan with a strategy, its predicted step with the
-   all-reduce); ``auto``'s plan also has every family's figure in its ``strategies`` table
+   directory; see *Models* below) and each family in ``single, data-parallel, placed, pipeline``
+   and ``auto``: ``partition MODEL.py --topology calibrated.json --profile-ops --batch-size B
+   --optimizer sgd --strategy FAMILY --out plan.json``, pinned to core 0 with ``taskset -c 0``. Why
+   pinned: with ``--profile-ops`` the planner times every op of the training step on this process's
+   CPU, and the workers run those ops on one core each with one intra-op thread; TensorFlow sizes
+   its intra-op pool from the cores a process may use, so the pinned planner times the kernels as a
+   worker runs them (the workers are idle while it plans). The prediction is the plan's
+   ``predicted.step_time_s`` (for a plan with a strategy, its predicted step with the all-reduce);
+   ``auto``'s plan also has every family's figure in its ``strategies`` table
    (``auto_table_step_s``: all from one profile, where the per-family plans each profiled anew).
-   ``partition`` is run as ``python -m partitioner`` (the same entry point as the console
-   script) so the interpreter running this benchmark runs it.
+   ``partition`` is run as ``python -m partitioner`` (the same entry point as the console script)
+   so the interpreter running this benchmark runs it.
 4. **Measure.** This process (unpinned) connects to the workers once
    (:func:`passes.cluster.runtime.connect`), and for each model builds it with ``build_model()``,
    loads each plan with :func:`partitioner.load_plan`, applies it with
    ``plan.apply(model, cluster=handle)``, compiles the copy with SGD (learning rate 0.01) and MSE,
    and times ``train_on_batch(x, y)`` (wall time of the call, which returns the loss to the
-   client) on one fixed batch of random data (numpy, seed 0: floats in [0, 1), or ids below the
-   embedding's vocabulary; targets standard normal). The families are timed in **interleaved
-   rounds**: one step of each per round, the order rotated each round, ``--warmup`` rounds
-   dropped, then the median over ``--rounds`` rounds, so the machine's drift falls on all alike.
+   client) on one fixed batch of random data (numpy, seed 0; see *Models*). The families are
+   timed in **interleaved rounds**: one step of each per round, the order rotated each round,
+   ``--warmup`` rounds dropped, then the median over ``--rounds`` rounds, so the machine's
+   drift falls on all alike.
    ``single``'s plan puts the whole model on one worker: the one-process baseline.
 
 No measured figure is scaled by any reference timing, per row or per run. Per model it prints
@@ -44,8 +45,34 @@ the best measured. A step that fails (a plan the CLI refuses, an apply or a step
 is a row with its one-line error, not a crash. The ``auto`` row is a second applied copy of the
 family it chose, timed in the same rounds: its gap to that family's row shows the run's noise.
 The machine's cores may be shared: the numbers are as noisy as the machine was (run it alone for
-figures to keep). A full run (three models) took 5.6 minutes on the two-core machine while
-others ran tests there (planning about 4 of them); ``--quick`` about 40 s.
+figures to keep).
+
+Wall time. The default run (seven models, 2 + 10 rounds) takes about 20 minutes on the two-core
+machine: an estimate from its parts, measured on 2026-11-26 while others ran tests there.
+``--models lstm_nmt,multi_tower --rounds 3 --warmup 1`` took 4.0 min: workers and ``partition
+calibrate`` 23 s, planning lstm_nmt's five plans 125 s and multi_tower's 58 s, applying and timing
+both about 25 s. One ``--strategy auto`` plan of gpt_tiny took 29 s, of mlp (batch 4096, about
+1.8 s a step on one core) 84 s; the three models of this benchmark's own took 5.6 min in all
+(planning about 4 of them). Planning, five profiled plans per model, is about three quarters of
+the run (mlp's alone 5-7 min), so fewer ``--rounds`` would not bring it under 15 minutes.
+``--quick`` takes about 40 s.
+
+Models (``--models``; default all seven below; ``--quick``: ``small_mlp`` only).
+
+* The four of :data:`benchmarks.strategies.DEFAULT_MODELS`, the same architectures and batch
+  sizes as there (:data:`benchmarks.strategies.SPECS`): ``mlp`` (8 x Dense(1024), batch 4096),
+  ``multi_tower``, ``gpt_tiny`` (a GPT-style ``transformer_lm``) and ``lstm_nmt``. Their
+  ``MODEL.py`` is two lines, ``from benchmarks.strategies import SPECS`` and ``build_model()``
+  returning ``SPECS[key].build()`` (the planner's subprocess has the repository on
+  ``PYTHONPATH``: :func:`child_env`). Their data is :func:`benchmarks.cluster_zoo.make_data`'s
+  (the old benchmark's): one array per model input, floats standard normal, integer inputs
+  (token ids, positions) below the sequence length; targets standard normal, shaped like the
+  model's output (``lstm_nmt``'s and ``gpt_tiny``'s are per token, vocabulary-wide).
+  ``mlp_tiny`` (strategies' smoke model) may be named too.
+* Three of this benchmark's own, each a whole ``MODEL.py`` (:data:`SPECS`): ``conv_net``,
+  ``recommender`` (an embedding table), ``wide_mlp``; and ``small_mlp`` for ``--quick``. Their
+  data: floats in [0, 1), or ids below the embedding's vocabulary; targets standard normal,
+  ``(batch, outputs)``.
 
 Sizes. ``wide_mlp`` is 1024 -> 4 x Dense(2048) at batch 1024: 59 MB of gradients, which the
 calibrated all-reduce of that run priced at about 60-80 ms against about 250 ms of one replica's
@@ -72,6 +99,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import strategies
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 __all__ = [
@@ -84,7 +113,9 @@ __all__ = [
     "format_table",
     "main",
     "make_rows",
+    "readme_row",
     "records",
+    "row_of_record",
     "verdict",
 ]
 
@@ -108,9 +139,25 @@ class ModelSpec:
     description: str
     batch_size: int
     source: str
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...] | None = None
+    """The one input's shape after the batch; ``None``: the model's own inputs, made by
+    :func:`benchmarks.cluster_zoo.make_data` (the zoo models)."""
     id_vocabulary: int | None = None
     """Integer ids below this (an embedding's input), else float inputs."""
+
+
+def zoo_source(key: str) -> str:
+    """The ``MODEL.py`` of :data:`benchmarks.strategies.SPECS` ``[key]``."""
+    return (
+        "from benchmarks.strategies import SPECS\n\n\n"
+        f"def build_model():\n    return SPECS[{key!r}].build()\n"
+    )
+
+
+def zoo_spec(key: str) -> ModelSpec:
+    """The strategies benchmark's model ``key`` at its architecture and batch size."""
+    zoo = strategies.SPECS[key]
+    return ModelSpec(key, zoo.label, zoo.batch_size, zoo_source(key))
 
 
 _CONV = """import keras
@@ -162,22 +209,27 @@ def build_model():
 """
 
 SPECS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (
-        ModelSpec("conv_net", "5 Conv2D + head, 32x32x3", 256, _CONV, (32, 32, 3)),
-        ModelSpec(
-            "recommender",
-            "Embedding(200k x 64) of 16 ids + MLP 1024-512-256",
-            1024,
-            _RECOMMENDER,
-            (16,),
-            id_vocabulary=200_000,
-        ),
-        ModelSpec("wide_mlp", "1024 -> 4 x Dense(2048) -> 10", 1024, _WIDE, (1024,)),
-        ModelSpec("small_mlp", "256 -> 3 x Dense(512) -> 10", 256, _SMALL, (256,)),
-    )
+    **{key: zoo_spec(key) for key in strategies.SPECS},
+    **{
+        spec.name: spec
+        for spec in (
+            ModelSpec("conv_net", "5 Conv2D + head, 32x32x3", 256, _CONV, (32, 32, 3)),
+            ModelSpec(
+                "recommender",
+                "Embedding(200k x 64) of 16 ids + MLP 1024-512-256",
+                1024,
+                _RECOMMENDER,
+                (16,),
+                id_vocabulary=200_000,
+            ),
+            ModelSpec("wide_mlp", "1024 -> 4 x Dense(2048) -> 10", 1024, _WIDE, (1024,)),
+            ModelSpec("small_mlp", "256 -> 3 x Dense(512) -> 10", 256, _SMALL, (256,)),
+        )
+    },
 }
-DEFAULT_MODELS = ("conv_net", "recommender", "wide_mlp")
+"""Every model ``--models`` may name: :data:`benchmarks.strategies.SPECS`' (by their keys) and
+this benchmark's own."""
+DEFAULT_MODELS = (*strategies.DEFAULT_MODELS, "conv_net", "recommender", "wide_mlp")
 QUICK_MODELS = ("small_mlp",)
 
 
@@ -351,6 +403,12 @@ def format_table(rows: Sequence[Row], title: str = "") -> str:
     return "\n".join(lines)
 
 
+ERROR_TARGET_PCT = 15.0
+"""A family row's prediction is close when within this many percent of its measurement."""
+AUTO_TARGET = 1.05
+"""``auto``'s measured step is on target when within this factor of the best measured family."""
+
+
 def summary(rows: Sequence[Row]) -> str:
     """Across models: winners matched, rows within 15%, auto's worst ratio."""
     models = list(dict.fromkeys(r.model for r in rows))
@@ -358,7 +416,7 @@ def summary(rows: Sequence[Row]) -> str:
     matched = sum(1 for v in verdicts if v.predicted_is_measured)
     auto_matched = sum(1 for v in verdicts if v.auto_is_measured)
     errors = [abs(r.error_pct) for r in rows if r.error_pct is not None and r.strategy != AUTO]
-    within = sum(1 for e in errors if e <= 15.0)
+    within = sum(1 for e in errors if e <= ERROR_TARGET_PCT)
     ratios = [v.auto_measured_over_best for v in verdicts if v.auto_measured_over_best]
     worst = f"{max(ratios):.2f}x" if ratios else "-"
     return (
@@ -377,6 +435,63 @@ def records(rows: Sequence[Row]) -> list[dict[str, Any]]:
         rec["error_pct"] = r.error_pct
         out.append(rec)
     return out
+
+
+def row_of_record(rec: Mapping[str, Any]) -> Row:
+    """A row back from its JSON record (:func:`records`)."""
+    return Row(
+        model=str(rec["model"]), strategy=str(rec["strategy"]),
+        description=str(rec.get("description", "")), predicted_step_s=rec["predicted_step_s"],
+        measured_step_s=rec["measured_step_s"], samples_s=tuple(rec.get("samples_s") or ()),
+        chosen=bool(rec.get("chosen")), auto_chose=rec.get("auto_chose"),
+        auto_table_step_s=rec.get("auto_table_step_s"), plan_wall_s=rec.get("plan_wall_s"),
+        error=rec.get("error"),
+    )  # fmt: skip
+
+
+README_ROW_START = "| every strategy family planned and run only through the product"
+README_ROW_WHAT = (
+    "every strategy family planned and run only through the product on two single-core "
+    "loopback `partition worker`s (issue 33): `partition calibrate`, then `partition MODEL.py "
+    "--profile-ops --strategy F` for single, data-parallel, placed, pipeline and `auto`, then "
+    "`plan.apply(model, cluster=...)` and `train_on_batch`, the families timed in interleaved "
+    "rounds, nothing scaled"
+)
+README_COMMAND = (
+    "`python -m benchmarks.cluster_families --json benchmarks/results/cluster_families.json`"
+)
+
+
+def readme_row(doc: Mapping[str, Any]) -> str:
+    """The README's "Measured" row of this benchmark, from its JSON (``--json``): the models, on
+    how many the predicted winner and ``auto``'s choice were the measured winner, ``auto``'s
+    measured step within :data:`AUTO_TARGET` of the best, the family rows predicted within
+    :data:`ERROR_TARGET_PCT`, and the worst error."""
+    rows = [row_of_record(rec) for rec in doc["records"]]
+    models = list(dict.fromkeys(r.model for r in rows))
+    verdicts = [verdict([r for r in rows if r.model == m]) for m in models]
+    agree = [v.model for v in verdicts if v.predicted_is_measured]
+    auto_agree = sum(1 for v in verdicts if v.auto_is_measured)
+    ratios = [v for v in verdicts if v.auto_measured_over_best is not None]
+    auto_ok = sum(1 for v in ratios if (v.auto_measured_over_best or 0.0) <= AUTO_TARGET)
+    errors = [(e, r) for r in rows if (e := r.error_pct) is not None and r.strategy != AUTO]
+    within = sum(1 for e, _ in errors if abs(e) <= ERROR_TARGET_PCT)
+    failed = [f"{r.model} {r.strategy}" for r in rows if r.error]
+    worst = "no family row measured"
+    if errors:
+        worst_pct, worst_row = max(errors, key=lambda pair: abs(pair[0]))
+        worst = f"worst error {worst_pct:+.0f}% ({worst_row.model} {worst_row.strategy})"
+    wall = doc.get("wall_time_s")
+    command = README_COMMAND + (f" ({float(wall) / 60:.1f} min)" if wall else "")
+    result = (
+        f"{len(models)} models ({', '.join(models)}): predicted winner = measured winner on "
+        f"{len(agree)} of {len(verdicts)}{' (' + ', '.join(agree) + ')' if agree else ''}, "
+        f"`auto`'s choice on {auto_agree} of {len(verdicts)}; `auto`'s measured step within "
+        f"{AUTO_TARGET}x of the best measured family on {auto_ok} of {len(ratios)}; "
+        f"{within} of {len(errors)} family rows predicted within {ERROR_TARGET_PCT:.0f}%, "
+        f"{worst}" + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
+    return f"| {README_ROW_WHAT} | {command} | {result} |"
 
 
 # -- the product's commands (subprocesses) ----------------------------------------------------
@@ -489,10 +604,15 @@ def build(spec: ModelSpec, work: Path) -> Any:
     return module.build_model()
 
 
-def batch(spec: ModelSpec, outputs: int) -> tuple[Any, Any]:
-    """One fixed batch of random inputs and targets (seed :data:`SEED`)."""
+def batch(spec: ModelSpec, model: Any) -> tuple[Any, Any]:
+    """One fixed batch of random inputs and targets (seed :data:`SEED`; module doc, *Models*)."""
     import numpy as np
 
+    if spec.input_shape is None:
+        from benchmarks.cluster_zoo import make_data
+
+        return make_data(model, spec.batch_size, seed=SEED)
+    outputs = int(model.output_shape[-1])
     rng = np.random.default_rng(SEED)
     shape = (spec.batch_size, *spec.input_shape)
     x: Any = (
@@ -561,8 +681,7 @@ def measure_model(
 ) -> list[Row]:
     """Apply every plan of one model on the cluster and time the families interleaved."""
     applied, errors = applied_models(spec, plans, handle, work)
-    outputs = int(build(spec, work).output_shape[-1])
-    x, y = batch(spec, outputs)
+    x, y = batch(spec, build(spec, work))
     _say(f"{spec.name}: timing {', '.join(applied)} ({args.warmup} + {args.rounds} rounds)")
     samples, step_errors = interleaved(applied, x, y, args.warmup, args.rounds)
     errors.update(step_errors)
@@ -584,6 +703,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None, help="rounds dropped (2; quick 1)")
     parser.add_argument("--json", default=None, help="write the records here")
     parser.add_argument("--workdir", default=None, help="keep models, plans, logs here")
+    parser.add_argument(
+        "--readme", default=None, metavar="JSON",
+        help="print the README row of a run's --json file (readme_row) and exit; runs nothing",
+    )  # fmt: skip
     args = parser.parse_args(list(argv) if argv is not None else None)
     names = (
         args.models.split(",") if args.models else (QUICK_MODELS if args.quick else DEFAULT_MODELS)
@@ -641,8 +764,18 @@ def document(
         "rounds": args.rounds,
         "warmup": args.warmup,
         "models": {
-            s.name: {"description": s.description, "batch_size": s.batch_size} for s in args.specs
+            s.name: {
+                "description": s.description,
+                "batch_size": s.batch_size,
+                "source": (
+                    f"benchmarks.strategies.SPECS[{s.name!r}]"
+                    if s.input_shape is None
+                    else "benchmarks.cluster_families.SPECS"
+                ),
+            }
+            for s in args.specs
         },
+        "wall_time_s": result.get("wall_time_s"),
         "calibrate_wall_s": result["calibrate_wall_s"],
         "topology": result["topology"],
         "verdicts": [
@@ -661,10 +794,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run, print a table per model and the summary, write ``--json``; exit status 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.readme:
+        doc = json.loads(Path(args.readme).read_text(encoding="utf-8"))
+        sys.stdout.write(readme_row(doc) + "\n")
+        return 0
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cluster_families_") as tmp:
         work = Path(args.workdir) if args.workdir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         result = run(args, work)
+    result = {**result, "wall_time_s": time.monotonic() - started}
     rows: list[Row] = result["rows"]
     out = [f"partition calibrate: {result['calibrate_wall_s']:.1f} s"]
     for spec in args.specs:

@@ -1,6 +1,7 @@
-"""benchmarks.cluster_families: rows, winners, the table and the records from given numbers, and
-the plan-file reader and planning command on a written plan (no workers, no TensorFlow); and one
-end-to-end --quick run on two loopback workers (slow, about 40 s)."""
+"""benchmarks.cluster_families: rows, winners, the table, the records and the README row from
+given numbers, the model set, the plan-file reader and planning command on a written plan (no
+workers, no TensorFlow); and one end-to-end --quick run on two loopback workers (slow, about
+40 s)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from benchmarks import cluster_families as cf
+from benchmarks import readme, strategies
 
 
 def plan(
@@ -140,6 +143,8 @@ def test_every_model_source_has_build_model_and_the_options_parse() -> None:
         compile(spec.source, spec.name, "exec")
     args = cf.parse_args(["--quick"])
     assert [s.name for s in args.specs] == list(cf.QUICK_MODELS) and args.rounds == 5
+    args = cf.parse_args([])
+    assert [s.name for s in args.specs] == list(cf.DEFAULT_MODELS) and args.rounds == 10
     args = cf.parse_args(["--models", "conv_net,wide_mlp", "--rounds", "3"])
     assert [s.name for s in args.specs] == ["conv_net", "wide_mlp"] and args.rounds == 3
     with pytest.raises(SystemExit):
@@ -167,3 +172,96 @@ def test_end_to_end_quick(tmp_path: Path) -> None:
     assert all(r["measured_step_s"] > 0 and r["predicted_step_s"] > 0 for r in recs)
     assert sum(r["chosen"] for r in recs) == 2  # auto's row and the family it chose
     assert "auto measured / best measured" in done.stdout
+
+
+def test_the_default_set_is_the_strategies_four_and_three_more() -> None:
+    assert cf.DEFAULT_MODELS[:4] == strategies.DEFAULT_MODELS
+    assert set(cf.DEFAULT_MODELS[4:]) == {"conv_net", "recommender", "wide_mlp"}
+    assert len(set(cf.DEFAULT_MODELS)) == 7
+    for key in strategies.DEFAULT_MODELS:
+        spec, zoo = cf.SPECS[key], strategies.SPECS[key]
+        assert (spec.batch_size, spec.description, spec.input_shape) == (
+            zoo.batch_size,
+            zoo.label,
+            None,
+        )
+        # the model file builds the strategies benchmark's model (not called: no TensorFlow)
+        namespace: dict[str, object] = {}
+        exec(compile(spec.source, f"{key}.py", "exec"), namespace)
+        build_model = namespace["build_model"]
+        assert callable(build_model)
+        assert build_model.__globals__["SPECS"] is strategies.SPECS  # type: ignore[attr-defined]
+        assert f"SPECS[{key!r}].build()" in spec.source
+    assert cf.QUICK_MODELS == ("small_mlp",)
+
+
+def test_own_models_get_their_batch_from_the_spec() -> None:
+    class Model:
+        output_shape = (None, 10)
+
+    x, y = cf.batch(cf.SPECS["recommender"], Model())
+    assert x.shape == (1024, 16) and x.dtype.name == "int32" and x.max() < 200_000
+    assert y.shape == (1024, 10)
+    x, _ = cf.batch(cf.SPECS["small_mlp"], Model())
+    assert x.shape == (256, 256) and x.dtype.name == "float32" and 0 <= x.min() and x.max() < 1
+
+
+def doc() -> dict[str, Any]:
+    second = {**SAMPLES, "single": [0.050], "auto": [0.080]}
+    recs = cf.records(rows()) + cf.records(cf.make_rows("n", PLANS, second, {}))
+    out: dict[str, Any] = json.loads(json.dumps({"records": recs, "wall_time_s": 600.0}))
+    return out
+
+
+def test_records_read_back_into_rows() -> None:
+    got = [cf.row_of_record(rec) for rec in doc()["records"]]
+    assert got[: len(rows())] == rows()
+
+
+def test_readme_row_counts_models_winners_auto_and_errors() -> None:
+    row = cf.readme_row(doc())
+    assert row.startswith(cf.README_ROW_START) and row.endswith(" |")
+    assert row.count(" | ") == 2
+    assert "(10.0 min)" in row
+    result = row.split(" | ")[-1]
+    assert "2 models (m, n)" in result
+    # m: data-parallel predicted and measured; n: single measured fastest, not predicted
+    assert "predicted winner = measured winner on 1 of 2 (m)" in result
+    assert "`auto`'s choice on 1 of 2" in result
+    # auto over best: m 1.01x, n 0.080 / 0.050 = 1.6x
+    assert "within 1.05x of the best measured family on 1 of 2" in result
+    # m: single 0%, data-parallel -14%, placed -8%, pipeline +7%; n: single +100%, rest as m
+    assert "7 of 8 family rows predicted within 15%" in result
+    assert "worst error +100% (n single)" in result and "failed" not in result
+    broken = doc()
+    broken["records"][1]["error"] = "partition exit 1: refused"
+    assert cf.readme_row(broken).endswith("; failed: m data-parallel |")
+
+
+def test_readme_option_prints_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "cf.json"
+    path.write_text(json.dumps(doc()))
+    assert cf.main(["--readme", str(path)]) == 0
+    assert capsys.readouterr().out == cf.readme_row(doc()) + "\n"
+
+
+def test_the_readme_gets_the_row_only_when_the_json_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = "\n".join(
+        [
+            "| what | command | result |",
+            "|---|---|---|",
+            strategies.README_ROW_START + " x |",
+            "| other |",
+        ]
+    )
+    monkeypatch.setattr(readme, "CLUSTER_FAMILIES_JSON", tmp_path / "missing.json")
+    assert readme.with_cluster_families_row(text) == text
+    path = tmp_path / "cf.json"
+    path.write_text(json.dumps(doc()))
+    monkeypatch.setattr(readme, "CLUSTER_FAMILIES_JSON", path)
+    once = readme.with_cluster_families_row(text)
+    lines = once.split("\n")
+    assert lines[3] == cf.readme_row(doc()) and lines[2].startswith(strategies.README_ROW_START)
+    assert readme.with_cluster_families_row(once) == once
