@@ -65,6 +65,11 @@ def test_fit_recovers_a_line_and_refuses_what_is_no_line() -> None:
     assert fit.latency_s == pytest.approx(1e-3, rel=1e-9)
     assert fit.bandwidth_bytes_per_s == pytest.approx(2e9, rel=1e-9)
     assert fit.predict_s(1 << 20) == pytest.approx(1e-3 + (1 << 20) / 2e9)
+    # a busy machine's outlier (a 16 MiB copy timed below the 4 MiB one) is raised to it
+    noisy = [(1 << 18, 1.05e-3), (1 << 20, 1.12e-3), (1 << 22, 7.8e-3), (1 << 24, 1.2e-4),
+             (1 << 26, 4.6e-2)]  # fmt: skip
+    assert fit_latency_bandwidth(noisy, "x").bandwidth_bytes_per_s > 0
+    assert fit_latency_bandwidth(noisy, "x").points == tuple(noisy)  # the raw points kept
     with pytest.raises(CatalogError, match="needs points at 2 or more sizes"):
         fit_latency_bandwidth([(1024, 1e-3)], "x")
     with pytest.raises(CatalogError, match="do not grow with the size"):
