@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from partitioner.cli.quiet import import_quietly
 from partitioner.core.errors import PartitionError, UsageError
 
 __all__ = ["build_parser", "main"]
@@ -62,19 +63,11 @@ def _check_out(path: str, cluster: str | None) -> None:
 
 
 def _import_quietly() -> None:
-    """Import TensorFlow with its native start-up lines (written straight to file descriptor 2)
-    kept off the terminal, and its Python warnings (a function traced per size) quiet."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            import tensorflow as tf
+    """TensorFlow imported without its start-up lines, and its Python warnings (a function
+    traced per size) quiet."""
+    import_quietly("tensorflow", "passes.cluster.calibrate")
+    import tensorflow as tf
 
-            import passes.cluster.calibrate  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
     tf.get_logger().setLevel("ERROR")
 
 

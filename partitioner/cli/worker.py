@@ -73,6 +73,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from partitioner.cli.quiet import import_quietly
 from partitioner.core.errors import PartitionError, UsageError
 
 if TYPE_CHECKING:
@@ -360,17 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, serve, return the exit status; errors print one line."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # TensorFlow's native start-up lines go straight to file descriptor 2; keep them off the
-    # terminal so a bad command line still answers with one line.
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            import passes.cluster.runtime  # noqa: F401  (imports TensorFlow)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    import_quietly("passes.cluster.runtime")  # TensorFlow's start-up lines off the terminal
 
     if not is_loopback(args.bind):
         sys.stderr.write(
