@@ -56,7 +56,7 @@ from partitioner.plan.model import (
 )
 from partitioner.simulation.bounds import costed_lower_bounds
 from partitioner.simulation.evaluate import evaluate
-from partitioner.simulation.pipeline import Stage, simulate_pipeline
+from partitioner.simulation.pipeline import Stage, fed_ops, simulate_pipeline
 from partitioner.simulation.step import channel_resource, device_resource, simulate_step
 from partitioner.solvers import get_solver, solve, solver_names
 from partitioner.solvers.base import colocation_roots, device_memory_bytes
@@ -440,7 +440,17 @@ def test_pipelined_step_is_a_valid_schedule(
     chain = _microbatch_critical_path_s(stages, costed.topology, m)
     assert _close_or_above(sim.step_time_s, chain), f"step {sim.step_time_s} < chain {chain}"
     bounds = costed_lower_bounds(costed)
-    assert _close_or_above(sim.step_time_s, bounds.critical_path_s / m)
+    # Fed ops (inputs and layer-less glue computed from them alone) order no stages by design
+    # (partitioner.simulation.pipeline: every stage reads them where it runs), while the op
+    # graph's critical path chains them before their consumers: a fed op with a time lets a
+    # later stage start before that chain ends (a 2 ms glue op feeding layers on two stages:
+    # step 2 ms, path 4 ms; so since fa3c51b and before). The bound holds without such ops.
+    fed = fed_ops(costed.graph)
+    timed_fed = any(
+        fed[i] and any(row[i] > 0 for row in costed.op_compute_time_s) for i in range(len(fed))
+    )
+    if not timed_fed:
+        assert _close_or_above(sim.step_time_s, bounds.critical_path_s / m)
     assert _close_or_above(sim.step_time_s, bounds.throughput_s)
 
 
