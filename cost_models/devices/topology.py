@@ -898,18 +898,29 @@ def topology_summary(topology: Topology) -> str:
     return f"{body}, {'/'.join(intra)} within hosts, {inter} between"
 
 
+def _link_kinds_used(topology: Topology) -> set[str]:
+    """The kinds of link some pair of devices uses (:meth:`Topology.link_between`: a pair's
+    override, else the inter-host link between hosts, else the intra-host link), counted from
+    the pairs each rule covers, not pair by pair (a 512-device topology has 130k pairs)."""
+    host = [d.host for d in topology.devices]
+    n = len(host)
+    same = sum(c * (c - 1) // 2 for c in Counter(host).values())
+    same_overridden = sum(1 for a, b, _ in topology.links if host[a] == host[b])
+    kinds = {link.kind for _, _, link in topology.links}
+    if same > same_overridden:
+        kinds.add(topology.link.kind)
+    cross_left = (n * (n - 1) // 2 - same) - (len(topology.links) - same_overridden)
+    if cross_left > 0 and topology.inter_host_link is not None:
+        kinds.add(topology.inter_host_link.kind)
+    return kinds
+
+
 def links_note(topology: Topology) -> str:
     """Which transfer figures were measured and which come from the catalog, for the plan's
     cost notes: ``links measured (measured 0<->1); all-reduce measured (...)``."""
     if topology.num_devices < 2:
         return "no links (one device)"
-    kinds: dict[str, Link] = {}
-    n = topology.num_devices
-    for a in range(n):
-        for b in range(a + 1, n):
-            link = topology.link_between(a, b)
-            if link is not None:
-                kinds.setdefault(link.kind, link)
+    kinds = _link_kinds_used(topology)
     known = catalog().links
     measured = sorted(k for k in kinds if k not in known)
     listed = sorted(k for k in kinds if k in known)

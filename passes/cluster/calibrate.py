@@ -40,9 +40,8 @@ from __future__ import annotations
 import datetime
 import functools
 import itertools
-import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -405,12 +404,3 @@ def _topology_data(cal: Calibration) -> dict[str, Any]:
     }
     data["calibration"] = _provenance(cal)
     return data
-
-
-def check_not_inputs(out: str | os.PathLike[str], inputs: Mapping[str, str]) -> None:
-    """UsageError when ``out`` is one of ``inputs`` (``{what: path}``)."""
-    from partitioner.core.files import same_file
-
-    for what, path in inputs.items():
-        if path and os.path.exists(path) and same_file(out, path):
-            raise UsageError(f"out={os.fspath(out)!r} is {what}; write the topology elsewhere")
