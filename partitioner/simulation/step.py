@@ -36,6 +36,7 @@ from types import MappingProxyType
 from partitioner.core.errors import PlanError
 from partitioner.core.ir import CostedGraph, EventKind, Link, Phase, TimelineEvent, Topology
 from partitioner.simulation.opview import op_view
+from partitioner.simulation.shared import SHARED, SharedRun, op_orders
 
 __all__ = [
     "StepSimulation",
@@ -119,7 +120,11 @@ def simulate_step(
 
     ``timeline=True`` also records the coarse timeline (see the module docstring).
     """
-    run = _StepRun(costed, resolve_layer_devices(costed, layer_device), timeline)
+    per_layer = resolve_layer_devices(costed, layer_device)
+    orders = op_orders(costed.topology)
+    if any(orders[d] is SHARED for d in set(per_layer)):
+        return _shared_step(costed, per_layer, orders, timeline)
+    run = _StepRun(costed, per_layer, timeline)
     for i in range(len(costed.graph.ops)):
         end = run.compute(i)
         run.send_outputs(i, end)
@@ -246,6 +251,69 @@ class _StepRun:
             op_device=self.op_device,
             timeline=tuple(events),
         )
+
+
+def _shared_step(
+    costed: CostedGraph, per_layer: Sequence[int], orders: Sequence[bool], timeline: bool
+) -> StepSimulation:
+    """:func:`simulate_step` when a used device runs its ready ops side by side
+    (:mod:`partitioner.simulation.shared`)."""
+    view = op_view(costed.graph)
+    op_device = tuple([per_layer[k] for k in view.op_layer])
+    run = SharedRun(costed, op_device, view.inputs, view.outputs, orders)
+    run.run()
+    step = run.finish
+    events = _shared_timeline(costed, run, view.op_layer) if timeline else ()
+    return StepSimulation(
+        step_time_s=step,
+        device_busy_s=tuple(run.device_busy),
+        device_idle_s=tuple(max(0.0, step - b) for b in run.device_busy),
+        link_busy_s=tuple(sorted(run.link_busy.items())),
+        bytes_sent=tuple(run.bytes_sent),
+        bytes_received=tuple(run.bytes_received),
+        op_start_s=tuple(run.start_s),
+        op_end_s=tuple(run.end_s),
+        op_device=op_device,
+        timeline=events,
+    )
+
+
+def _shared_timeline(
+    costed: CostedGraph, run: SharedRun, op_layer: Sequence[int]
+) -> tuple[TimelineEvent, ...]:
+    """The coarse timeline of a shared-time step: per device, ops of one layer and phase whose
+    spans touch or overlap merged into one event (events of a device may overlap: its ops ran
+    side by side); one event per transfer of a non-empty tensor."""
+    graph, topo = costed.graph, costed.topology
+    events: list[TimelineEvent] = []
+    order = sorted(range(len(graph.ops)), key=lambda i: (run.op_device[i], run.start_s[i], i))
+    open_run: tuple[int, int, Phase, float, float] | None = None
+    for i in order:
+        key = (run.op_device[i], op_layer[i], graph.ops[i].phase)
+        if open_run is not None and open_run[:3] == key and run.start_s[i] <= open_run[4]:
+            open_run = (*key, open_run[3], max(open_run[4], run.end_s[i]))
+            continue
+        if open_run is not None:
+            events.append(_open_event(costed, open_run))
+        open_run = (*key, run.start_s[i], run.end_s[i])
+    if open_run is not None:
+        events.append(_open_event(costed, open_run))
+    for i, out_index, src, dst, nbytes, t0, t1 in run.transfers:
+        if nbytes > 0:
+            what = f"{graph.ops[i].id}:{out_index}"
+            resource = channel_resource(topo, src, dst)
+            events.append(TimelineEvent(resource, EventKind.TRANSFER, what, t0, t1))
+    events.sort(key=lambda ev: (ev.start_s, ev.resource, ev.end_s))
+    return tuple(events)
+
+
+def _open_event(
+    costed: CostedGraph, open_run: tuple[int, int, Phase, float, float]
+) -> TimelineEvent:
+    device, layer, phase, start, end = open_run
+    return _run_event(
+        costed.graph.layer_graph.nodes[layer].name, device, (layer, phase, start, end)
+    )
 
 
 def _run_event(layer: str, device: int, run: tuple[int, Phase, float, float]) -> TimelineEvent:
