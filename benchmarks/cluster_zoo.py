@@ -56,7 +56,7 @@ things); the ``CPU share`` columns say whether each worker had its core. Exit st
 
 Threads. The calibration process keeps **one** inter-op thread: this module sums the
 profiler's kernel times as they are (no whole-step calibration, unlike
-:mod:`benchmarks.strategies`), and with more threads on one core kernels overlap in time, so
+``partition --profile-ops``), and with more threads on one core kernels overlap in time, so
 their durations add up past the step. Calibrated with the workers' four instead (b5fcda4,
 reverted), its one-process and placed rows came out 19-170% above their measurements
 (multi_tower's one-process step: 953 ms predicted, 353 measured). That was before kernels run
@@ -433,7 +433,7 @@ README_ROW_WHAT = (
     "`partition --profile-ops` on one core (every op timed inside the step, at the batch and the "
     "micro-batch size), predicted stage by stage from the profile as measured (no whole-step "
     "calibration); the rows are timed one after another, neither interleaved nor scaled to the "
-    "machine's drift (`benchmarks.strategies`, the next row, does both)"
+    "machine's drift (`benchmarks.strategies`, the next row, interleaves its rows)"
 )
 README_COMMAND = (
     "`python -m benchmarks.cluster_zoo --models lstm_nmt,multi_tower,gpt_tiny "

@@ -1,376 +1,282 @@
-"""benchmarks.strategies: the predicted terms, the records, the winners and auto's place on given
-numbers (no TensorFlow workers), the calibration's JSON, and one tiny end-to-end run (slow)."""
+"""benchmarks.strategies: rows, winners, the table, the records and the README row from
+given numbers, the model set, the plan-file reader and planning command on a written plan (no
+workers, no TensorFlow); and one end-to-end --quick run on two loopback workers (slow, about
+40 s)."""
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from benchmarks import collective_fit as cf
+from benchmarks import cluster_zoo as cz
+from benchmarks import readme
 from benchmarks import strategies as st
-from cost_models.estimate.collectives import all_reduce_s
-from partitioner.core.errors import CatalogError
-from partitioner.core.ir import AllReduceFit, EventKind, Schedule, TimelineEvent
-from partitioner.core.strategy import Family, Strategy
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = {f.value for f in Family}
-TERMS = st.StepTerms(
-    all_update_s=0.010,
-    device_update_s={0: 0.004, 1: 0.006},
-    client_s=0.003,
-)
 
 
-def row(
-    key: str, strategy: str, predicted_s: float, measured_s: float | None, chosen: bool = False
-) -> st.StrategyRow:
-    return st.StrategyRow(
-        model="m", key=key, strategy=strategy, label=key,
-        predicted=st.Prediction(predicted_s, 0.0, 0.0, 0.0),
-        measured_step_s=measured_s, chosen=chosen,
-    )  # fmt: skip
+def plan(
+    family: str, predicted_s: float | None, chosen: str | None = None, error: str | None = None
+) -> st.PlanOutcome:
+    return st.PlanOutcome(
+        family=family,
+        path=None if error else f"/tmp/{family}.json",
+        wall_s=1.0,
+        error=error,
+        predicted_step_s=predicted_s,
+        chosen_family=chosen or (None if family == st.AUTO else family),
+        description=f"{family} plan",
+        table_step_s={"single": 0.100, "data-parallel": 0.060} if family == st.AUTO else None,
+    )
 
 
-def four_rows(auto: str = "data_parallel") -> list[st.StrategyRow]:
-    rows = [
-        row("single", "single", 1.00, 1.02),
-        row("data_parallel", "data_parallel", 0.60, 0.62),
-        row("placed", "placed", 1.05, 1.10),
-        row("1f1b", "pipeline", 0.70, 0.66),
-    ]
-    return [r if r.key != auto else st.StrategyRow(**{**r.__dict__, "chosen": True}) for r in rows]
+PLANS = {
+    "single": plan("single", 0.100),
+    "data-parallel": plan("data-parallel", 0.060),
+    "placed": plan("placed", 0.110),
+    "pipeline": plan("pipeline", 0.080),
+    "auto": plan("auto", 0.060, chosen="data-parallel"),
+}
+SAMPLES = {
+    "single": [0.100, 0.102, 0.098],
+    "data-parallel": [0.070, 0.071, 0.069],
+    "placed": [0.120, 0.119, 0.121],
+    "pipeline": [0.075, 0.074, 0.200],
+    "auto": [0.072, 0.070, 0.071],
+}
 
 
-def test_prediction_is_the_sum_of_its_terms() -> None:
-    p = st.Prediction(0.1, 0.02, 0.003, 0.005, linear_s=0.2)
-    assert p.step_s == pytest.approx(0.128)
+def rows() -> list[st.Row]:
+    return st.make_rows("m", PLANS, SAMPLES, {})
 
 
-def test_one_stage_rows_update_everything_and_have_no_client() -> None:
-    single = Strategy(((0,),), (0, 0, 0))
-    dp = Strategy(((0,), (1,)), (0, 0, 0))
-    assert st.predict_terms(single, 0.2, 0.0, TERMS) == st.Prediction(0.2, 0.0, 0.010, 0.0)
-    assert st.predict_terms(dp, 0.1, 0.03, TERMS) == st.Prediction(0.1, 0.03, 0.010, 0.0)
+def test_rows_take_the_median_and_mark_autos_choice() -> None:
+    by = {r.strategy: r for r in rows()}
+    assert list(by) == [*st.FAMILIES, st.AUTO]
+    assert by["pipeline"].measured_step_s == pytest.approx(0.075)
+    assert by["data-parallel"].chosen and by["auto"].chosen and not by["single"].chosen
+    assert by["data-parallel"].error_pct == pytest.approx(100 * (0.060 - 0.070) / 0.070)
+    assert by["single"].auto_table_step_s == pytest.approx(0.100)
+    assert by["placed"].auto_table_step_s is None
+    assert all(r.auto_chose == "data-parallel" for r in by.values())
 
 
-def test_stage_rows_wait_for_the_slower_worker_and_the_client() -> None:
-    placed = Strategy(((0, 1),), (0, 1, 1))
-    pipe = Strategy(((0, 1),), (0, 1, 1), 4, Schedule.ONE_F_ONE_B)
-    assert st.predict_terms(placed, 0.2, 0.0, TERMS) == st.Prediction(0.2, 0.0, 0.006, 0.003)
-    p = st.predict_terms(pipe, 0.15, 0.0, TERMS)
-    assert (p.replica_s, p.update_s, p.client_s) == pytest.approx((0.15, 0.006, 0.003))
+def test_verdict_compares_the_predicted_winner_with_the_measured_one() -> None:
+    v = st.verdict(rows())
+    assert (v.auto_family, v.predicted_winner, v.measured_winner) == (
+        "data-parallel",
+        "data-parallel",
+        "data-parallel",
+    )
+    assert v.predicted_is_measured and v.auto_is_measured
+    assert v.auto_measured_over_best == pytest.approx(0.071 / 0.070)
 
 
-def test_the_worker_scale_scales_the_core_terms_and_keeps_the_client_s() -> None:
-    p = st.Prediction(0.2, 0.0, 0.01, 0.005, linear_s=0.3)
-    scaled = p.on_workers(1.1)
-    assert scaled.step_s == pytest.approx(1.1 * 0.21 + 0.005)
-    assert scaled.linear_s == pytest.approx(1.1 * (0.3 - 0.005) + 0.005)
-    assert scaled.on_workers(1.0) == st.Prediction(0.2, 0.0, 0.01, 0.005, linear_s=0.3)
+def test_a_wrong_prediction_says_no_and_a_failed_family_is_a_row() -> None:
+    plans = {**PLANS, "pipeline": plan("pipeline", None, error="partition exit 2: refused")}
+    samples = {**SAMPLES, "single": [0.050]}
+    got = st.make_rows("m", plans, samples, {"placed": "apply: ValueError: bad"})
+    v = st.verdict(got)
+    assert v.measured_winner == "single" and v.predicted_is_measured is False
+    text = st.format_table(got, "m")
+    assert "pipeline: FAILED: partition exit 2: refused" in text
+    assert "placed: FAILED: apply: ValueError: bad" in text
+    assert "predicted = measured NO" in text and "auto = measured NO" in text
 
 
-def test_contention_slows_the_time_both_devices_compute() -> None:
-    p = st.Prediction(0.2, 0.0, 0.01, 0.005, linear_s=0.3, both_busy_s=0.08)
-    assert p.step_s == pytest.approx(0.215)  # no contention measured: the plain sum
-    scaled = p.on_workers(1.1, 0.05)
-    assert scaled.step_s == pytest.approx(1.1 * (0.21 + 0.05 * 0.08) + 0.005)
-    assert scaled.linear_s == pytest.approx(1.1 * (0.3 - 0.005 + 0.05 * 0.08) + 0.005)
-    assert scaled.on_workers(1.0, 0.0) == p
-
-
-def test_contention_is_the_workers_together_over_the_slower_alone() -> None:
-    rows: dict[str, st.Measured] = {}
-    assert st.contention(st.ClusterMeasurement(rows, (0.40, 0.44), 0.462)) == pytest.approx(0.05)
-    assert st.contention(st.ClusterMeasurement(rows, (0.40, 0.44), 0.43)) == 0.0
-    assert st.contention(st.ClusterMeasurement(rows, (0.40, 0.44))) == 0.0
-
-
-def test_both_busy_counts_compute_on_two_devices_at_once() -> None:
-    fwd, bwd, send = EventKind.FORWARD, EventKind.BACKWARD, EventKind.TRANSFER
-    timeline = [
-        TimelineEvent("device 0", fwd, "a", 0.0, 4.0),
-        TimelineEvent("device 0", bwd, "a", 1.0, 2.0),  # inside device 0's busy time
-        TimelineEvent("link 0->1", send, "t", 1.0, 3.0),  # a link is no device
-        TimelineEvent("device 1", fwd, "b", 2.0, 6.0),
-        TimelineEvent("device 0", bwd, "a", 5.0, 5.5),
-    ]
-    assert st.both_busy_s(timeline) == pytest.approx(2.5)
-    assert st.both_busy_s(timeline[:3]) == 0.0
-
-
-def test_a_simulated_pipeline_has_both_stages_computing_at_once() -> None:
-    from partitioner.core import ir
-    from partitioner.simulation.strategy import simulate_strategy
-
-    f, b = ir.Phase.FORWARD, ir.Phase.BACKWARD
-    ops = (ir.Op("a/f", "X", "a", f), ir.Op("c/f", "X", "c", f), ir.Op("c/b", "X", "c", b))
-    ops += (ir.Op("a/b", "X", "a", b),)
-    edges = (ir.Edge("a/f", "c/f", 8), ir.Edge("c/f", "c/b", 8), ir.Edge("c/b", "a/b", 8))
-    layers = (ir.LayerInfo("a", "Dense"), ir.LayerInfo("c", "Dense"))
-    devices = tuple(ir.Device(d, "cpu", 1 << 30) for d in (0, 1))
-    topo = ir.Topology(devices, ir.Link("free", 0.0, 1e15))
-    memory = tuple(ir.LayerMemory(x, 0, 0, 0, 0) for x in "ac")
-    costed = ir.CostedGraph(ir.Graph("two", ops, edges, layers, 8), topo, ((1.0,) * 4,) * 2, memory)
-    pipe = simulate_strategy(costed, Strategy(((0, 1),), (0, 1), 4, Schedule.ONE_F_ONE_B))
-    busy = st.both_busy_s(st._timeline(pipe, costed))
-    assert 0 < busy < max(pipe.replica_step_s)
-    plain = simulate_strategy(costed, Strategy(((0, 1),), (0, 1)))
-    assert st.both_busy_s(st._timeline(plain, costed)) == 0.0  # a chain: one stage at a time
-
-
-def test_the_worker_scale_is_the_references_over_the_single_prediction() -> None:
-    single = st.Prediction(0.40, 0.0, 0.02, 0.0)
-    # the whole model alone on the workers took 0.47 and 0.49 s, 0.01 s of it the client's
-    assert st.worker_scale(single, 0.01, (0.47, 0.49)) == pytest.approx(0.47 / 0.42)
-    assert st.worker_scale(single, 0.01, ()) == 1.0
-
-
-def test_assembled_rows_scale_the_workers_rows_and_the_data_parallel_row_apart() -> None:
-    pred = st.Prediction(0.4, 0.0, 0.02, 0.0)
-    dp = st.Prediction(0.2, 0.1, 0.02, 0.0)
-    pipe = st.Prediction(0.25, 0.0, 0.01, 0.01)
-    scal = st.StrategyCalibration(
-        zoo_json="{}",
-        rows=(
-            st.PlannedRow("single", "single", "1", 1, "none", (("a", 0),), pred),
-            st.PlannedRow("data_parallel", "data_parallel", "dp", 1, "none", (("a", 0),), dp),
-            st.PlannedRow("1f1b", "pipeline", "p", 4, "1f1b", (("a", 1),), pipe),
-        ),
-        auto_key="1f1b", auto_words="x", search_step_s=0.2,
-    )  # fmt: skip
-    measured = {k: st.Measured(0.5, (0.5,), (1.0,)) for k in ("single", "1f1b")}
-    # one replica's step alone in the data-parallel processes: 0.33 s against 0.22 predicted
-    measured["data_parallel"] = st.Measured(0.5, (0.5,), (1.0,), reference_s=(0.33,))
-    cluster = st.ClusterMeasurement({"1f1b": measured["1f1b"]}, (0.43, 0.45), 0.45)
-    rows = st.assemble_rows(st.SPECS["mlp_tiny"], scal, measured, cluster)
-    scale = (0.44 - 0.01) / 0.42
-    assert [r.predicted.worker_scale for r in rows] == pytest.approx([1.0, 1.5, scale])
-    assert [r.predicted.contention for r in rows] == [0.0, 0.0, 0.0]  # together = the slower
-    assert rows[1].predicted_step_s == pytest.approx(1.5 * 0.32)
-    assert rows[2].predicted_step_s == pytest.approx(scale * 0.26 + 0.01)
-    assert [r.worker_reference_s for r in rows] == [(), (0.33,), (0.43, 0.45)]
-    assert st.records(rows)[2]["predicted_terms_s"]["worker_scale"] == pytest.approx(scale)
-    table = st.format_table(rows)
-    assert "in their rounds: 330.0 ms; that row scales its core terms by 1.500" in table
-    assert "alone on each worker, timed in the workers' rounds: 430.0 and 450.0 ms" in table
-
-
-def test_the_data_parallel_scale_leaves_the_all_reduce_out_of_the_reference() -> None:
-    dp = st.Prediction(0.2, 0.1, 0.02, 0.0)
-    assert st.dp_scale(dp, (0.242,)) == pytest.approx(1.1)
-    assert st.dp_scale(dp, ()) == 1.0
-
-
-def test_interleaved_timing_runs_every_step_once_a_round() -> None:
-    calls: list[str] = []
-    steps = {k: (lambda k=k: calls.append(k)) for k in ("a", "b")}
-    timed = st.time_interleaved(steps, rounds=3, warmup=1, pids=[os.getpid()])
-    assert calls == ["a", "b"] * 4
-    assert [len(m.samples_s) for m in timed.values()] == [3, 3]
-    assert all(m.step_s >= 0 and len(m.cpu_share) == 1 for m in timed.values())
-
-
-def test_interleaved_timing_settles_untimed_before_every_step() -> None:
-    calls: list[str] = []
-    steps = {k: (lambda k=k: calls.append(k)) for k in ("a", "b")}
-
-    def settle() -> None:
-        calls.append("|")
-        time.sleep(0.05)
-
-    timed = st.time_interleaved(steps, rounds=2, warmup=1, pids=[os.getpid()], before_each=settle)
-    assert calls == ["|", "a", "|", "b"] * 3
-    assert all(t < 0.05 for m in timed.values() for t in m.samples_s)
-
-
-def test_winners_agree_and_auto_is_measured_against_the_best() -> None:
-    v = st.verdict(four_rows())
-    assert (v.predicted_winner, v.measured_winner, v.winners_agree) == (
-        "data_parallel", "data_parallel", True,
-    )  # fmt: skip
-    assert v.auto_label == "data_parallel" and v.auto_over_best == pytest.approx(1.0)
-    assert v.worst_error == pytest.approx(abs(0.70 - 0.66) / 0.66)
-
-
-def test_winners_disagree_and_auto_can_be_slower() -> None:
-    rows = four_rows(auto="1f1b")
-    rows[1] = row("data_parallel", "data_parallel", 0.80, 0.50)
-    v = st.verdict(rows)
-    assert (v.predicted_winner, v.measured_winner, v.winners_agree) == (
-        "1f1b", "data_parallel", False,
-    )  # fmt: skip
-    assert v.auto_over_best == pytest.approx(0.66 / 0.50)
-    text = st.format_table(rows, ["model: m"])
-    assert "the same: NO" in text and "OUTSIDE the 1.05x target" in text
-
-
-def test_unmeasured_rows_do_not_win_and_two_chosen_rows_are_refused() -> None:
-    rows = [row("single", "single", 1.0, 1.0), row("auto", "pipeline", 0.5, None, chosen=True)]
-    v = st.verdict(rows)
-    assert v.measured_winner == "single" and v.auto_over_best is None
-    assert v.winners_agree is False
-    assert st.verdict([row("single", "single", 1.0, None)]).winners_agree is None
-    with pytest.raises(ValueError, match="2 rows are marked chosen"):
-        st.verdict([row("a", "single", 1, 1, True), row("b", "placed", 1, 1, True)])
-
-
-def test_records_have_the_issue_keys_and_are_json() -> None:
-    recs = st.records(four_rows())
-    assert len(recs) == 4
-    for rec in recs:
-        assert {"model", "strategy", "predicted_step_s", "measured_step_s", "chosen"} <= set(rec)
-        assert rec["strategy"] in FAMILIES
-    assert [r["chosen"] for r in recs] == [False, True, False, False]
-    assert recs[3]["error"] == pytest.approx((0.70 - 0.66) / 0.66)
-    assert json.loads(json.dumps(recs)) == recs
-
-
-def test_table_lists_every_row_with_speed_up_and_auto_mark() -> None:
-    text = st.format_table(four_rows(), ["model: m"])
+def test_table_and_summary_and_records() -> None:
+    text = st.format_table(rows(), "m: a model")
     lines = text.splitlines()
-    assert lines[0] == "model: m"
-    dp = next(line for line in lines if line.startswith("data_parallel"))
-    assert "600.0" in dp and "620.0" in dp and "-3.2%" in dp and "1.65x" in dp
-    assert dp.rstrip().endswith("auto")
-    assert "the same: yes" in text and "within the 1.05x target" in text
+    assert lines[0] == "m: a model" and lines[1].split()[0] == "family"
+    dp = next(line for line in lines if line.startswith("data-parallel"))
+    assert "60.0" in dp and "70.0" in dp and "-14.3%" in dp and "chosen" in dp
+    assert "auto measured / best measured 1.01x" in lines[-1]
+    assert "predicted winner = measured winner on 1" in st.summary(rows())
+    recs = json.loads(json.dumps(st.records(rows())))
+    assert {r["strategy"] for r in recs} == {*st.FAMILIES, st.AUTO}
+    first = recs[0]
+    for key in ("model", "strategy", "predicted_step_s", "measured_step_s", "chosen", "error_pct"):
+        assert key in first
+    assert first["samples_s"] == SAMPLES["single"]
 
 
-def test_calibration_json_round_trip() -> None:
-    pred = st.Prediction(0.1, 0.0, 0.01, 0.003, linear_s=0.12)
-    cal = st.StrategyCalibration(
-        zoo_json="{}",
-        rows=(st.PlannedRow("1f1b", "pipeline", "x", 4, "1f1b", (("a", 0), ("b", 1)), pred),),
-        auto_key="1f1b", auto_words="2 stages, 1F1B, 4 micro-batches", search_step_s=0.09,
-        family_best=(("pipeline", 0.09, "2 stages"),),
-        step_calibration=((4096, 1.12, 0.5), (512, 1.3, 0.07)),
-    )  # fmt: skip
-    assert st.StrategyCalibration.from_json(cal.to_json()) == cal
+def test_no_measurement_gives_no_winner() -> None:
+    got = st.make_rows("m", PLANS, {}, {})
+    v = st.verdict(got)
+    assert v.measured_winner is None and v.predicted_is_measured is None
+    assert v.auto_measured_over_best is None
+    assert "auto measured / best measured -" in st.format_table(got)
 
 
-def test_auto_matches_a_row_by_how_it_runs() -> None:
-    pipe = Strategy(((0, 1),), (0, 1), 4, Schedule.ONE_F_ONE_B)
-    assert st.same_realisation(pipe, Strategy(((0, 1),), (0, 1), 4, Schedule.ONE_F_ONE_B))
-    assert not st.same_realisation(pipe, Strategy(((0, 1),), (0, 1), 2, Schedule.ONE_F_ONE_B))
-    assert not st.same_realisation(pipe, Strategy(((0, 1),), (0, 1), 4, Schedule.GPIPE))
-    assert not st.same_realisation(pipe, Strategy(((0, 1),), (0, 0), 4, Schedule.ONE_F_ONE_B))
-    assert st.same_realisation(Strategy(((0,),), (0, 0)), Strategy(((1,),), (0, 0)))
-    assert not st.same_realisation(Strategy(((0,),), (0, 0)), Strategy(((0,), (1,)), (0, 0)))
-
-
-def test_fixed_rows_from_a_two_device_plan() -> None:
-    spec = st.SPECS["mlp_tiny"]
-    plan = SimpleNamespace(pipeline=object(), num_devices=2, assignment={"a": 0, "b": 1})
-    rows = st.row_strategies(spec, plan, ["a", "b"])
-    assert [k for k, _, _ in rows] == ["single", "data_parallel", "placed", "gpipe", "1f1b"]
-    assert [s.family for _, _, s in rows] == [
-        Family.SINGLE, Family.DATA_PARALLEL, Family.PLACED, Family.PIPELINE, Family.PIPELINE,
+def test_read_plan_and_the_planning_command(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    strategies = [
+        {"family": "data_parallel", "step_time_s": 0.5},
+        {"family": "single", "step_time_s": 0.9},
+    ]
+    path.write_text(
+        json.dumps(
+            {
+                "predicted": {"step_time_s": 0.5},
+                "strategy": {"family": "data_parallel", "description": "2 replicas"},
+                "strategies": strategies,
+            }
+        )
+    )
+    got = st.read_plan("auto", path, 3.0)
+    assert got.predicted_step_s == 0.5 and got.chosen_family == "data-parallel"
+    assert got.table_step_s == {"data-parallel": 0.5, "single": 0.9}
+    cmd = st.plan_command(Path("m.py"), Path("t.json"), 64, "pipeline", Path("o.json"))
+    tail = cmd[cmd.index("m.py") :]
+    assert tail == [
+        "m.py", "--topology", "t.json", "--profile-ops", "--batch-size", "64",
+        "--optimizer", "sgd", "--strategy", "pipeline", "--out", "o.json",
     ]  # fmt: skip
-    assert rows[4][2].num_microbatches == spec.num_microbatches
-    assert rows[4][2].layer_devices(0) == (0, 1)
-    unpiped = SimpleNamespace(pipeline=None, num_devices=2, assignment={"a": 0, "b": 1})
-    assert [k for k, _, _ in st.row_strategies(spec, unpiped, ["a", "b"])] == [
-        "single", "data_parallel",
-    ]  # fmt: skip
 
 
-def test_specs_cover_the_issue_models() -> None:
-    assert set(st.DEFAULT_MODELS) <= set(st.SPECS)
-    mlp = st.SPECS["mlp"]
-    assert (mlp.batch_size, dict(mlp.kwargs)["depth"], dict(mlp.kwargs)["width"]) == (
-        4096, 8, 1024,
-    )  # fmt: skip
-    assert all(s.batch_size % 2 == 0 for s in st.SPECS.values())  # two replicas split it
-
-
-def test_the_collective_fit_recovers_a_line_and_round_trips() -> None:
-    points = [(b, 2e-3 + b / 2e8) for b in cf.SIZES_BYTES]
-    latency, bandwidth = cf.fit_latency_bandwidth(points)
-    assert (latency, bandwidth) == pytest.approx((2e-3, 2e8))
-    through_origin = cf.fit_latency_bandwidth([(1000, 1e-3), (2000, 4e-3)])
-    assert through_origin[0] == 0.0 and through_origin[1] > 0  # a negative intercept is refitted
-    with pytest.raises(CatalogError, match="2 or more sizes"):
-        cf.fit_latency_bandwidth([(1000, 1e-3), (1000, 2e-3)])
-    # a curve bending up at the largest size (as measured here): the relative fit keeps the
-    # worst relative error below ordinary least squares', which the largest point drives
-    bent = [(10**5, 4e-3), (10**6, 5.5e-3), (4 * 10**6, 18e-3), (16 * 10**6, 50e-3),
-            (32 * 10**6, 115e-3), (64 * 10**6, 310e-3)]  # fmt: skip
-    ols = statistics.linear_regression([b for b, _ in bent], [t for _, t in bent])
-    lat, bw = cf.fit_latency_bandwidth(bent)
-
-    def worst(a: float, per_byte: float) -> float:
-        return max(abs((a + b * per_byte) / t - 1) for b, t in bent)
-
-    assert worst(lat, 1 / bw) < worst(max(ols.intercept, 0.0), ols.slope)
-    fit = cf.CollectiveFit(latency, bandwidth, tuple(points), ((1.0, 2.0),) * 6, "measured")
-    assert cf.CollectiveFit.from_json_dict(json.loads(json.dumps(fit.to_json_dict()))) == fit
-    assert fit.to_ir() == AllReduceFit(latency, bandwidth, 2, "measured")
-
-
-def test_the_strategy_topology_carries_the_fit_into_the_all_reduce() -> None:
-    link = st.LinkFit(1e-5, 1e10, 1e-4, ())
-    fit = AllReduceFit(3e-3, 1e8, 2, "measured")
-    assert st.strategy_topology(link, None).all_reduce is None
-    topology = st.strategy_topology(link, fit)
-    assert all_reduce_s(topology, (0, 1), 10**7) == pytest.approx(3e-3 + 0.1)
-    assert all_reduce_s(st.strategy_topology(link, None), (0, 1), 10**7) < 0.01
+def test_every_model_source_has_build_model_and_the_options_parse() -> None:
+    for spec in st.SPECS.values():
+        assert "def build_model():" in spec.source
+        compile(spec.source, spec.name, "exec")
+    args = st.parse_args(["--quick"])
+    assert [s.name for s in args.specs] == list(st.QUICK_MODELS) and args.rounds == 5
+    args = st.parse_args([])
+    assert [s.name for s in args.specs] == list(st.DEFAULT_MODELS) and args.rounds == 10
+    args = st.parse_args(["--models", "conv_net,wide_mlp", "--rounds", "3"])
+    assert [s.name for s in args.specs] == ["conv_net", "wide_mlp"] and args.rounds == 3
+    with pytest.raises(SystemExit):
+        st.parse_args(["--models", "nope"])
 
 
 @pytest.mark.slow
-def test_end_to_end_tiny_mlp(tmp_path: Path) -> None:
+def test_end_to_end_quick(tmp_path: Path) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores")
-    out = tmp_path / "strategies.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    out = tmp_path / "st.json"
     cmd = [
-        sys.executable, "-m", "benchmarks.strategies", "--models", "mlp_tiny", "--steps", "2",
+        sys.executable, "-m", "benchmarks.strategies", "--quick", "--rounds", "1",
         "--warmup", "1", "--json", str(out),
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    done = subprocess.run(
+        cmd, cwd=st.REPO_ROOT, env=st.child_env(), capture_output=True, text=True, timeout=400
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(out.read_text())
+    assert doc["topology"]["calibration"]["tool"] == "partition calibrate"
     recs = doc["records"]
-    fit = doc["all_reduce_fit"]
-    assert fit["latency_s"] >= 0 and fit["bandwidth_bytes_per_s"] > 0
-    assert [b for b, _ in fit["points"]] == list(cf.SIZES_BYTES)
-    keys = [r["key"] for r in recs]
-    # the plan's rows exist when partition() made a two-device pipeline of the tiny model
-    # (noisy profiles on a busy machine can put it on one device)
-    fixed = ["single", "data_parallel", "placed", "gpipe", "1f1b"]
-    assert keys[:5] == fixed or (keys[:2] == fixed[:2] and "1f1b" not in keys), done.stdout
-    assert sum(r["chosen"] for r in recs) == 1
-    assert all(r["strategy"] in FAMILIES for r in recs)
+    assert [r["strategy"] for r in recs] == [*st.FAMILIES, st.AUTO]
+    assert all(r["error"] is None for r in recs), recs
     assert all(r["measured_step_s"] > 0 and r["predicted_step_s"] > 0 for r in recs)
-    # the data-parallel processes timed a replica's step alone beside their own
-    dp = recs[1]
-    assert len(dp["worker_reference_s"]) == 1 and dp["worker_reference_s"][0] > 0
-    assert dp["predicted_terms_s"]["worker_scale"] == pytest.approx(
-        st.dp_scale(st.Prediction(**dp["predicted_terms_s"]), dp["worker_reference_s"])
+    assert sum(r["chosen"] for r in recs) == 2  # auto's row and the family it chose
+    assert "auto measured / best measured" in done.stdout
+
+
+def test_the_default_set_is_the_four_zoo_models_and_three_more() -> None:
+    assert st.DEFAULT_MODELS[:4] == st.ZOO_DEFAULT_MODELS == (
+        "mlp", "multi_tower", "gpt_tiny", "lstm_nmt",
+    )  # fmt: skip
+    assert set(st.DEFAULT_MODELS[4:]) == {"conv_net", "recommender", "wide_mlp"}
+    assert len(set(st.DEFAULT_MODELS)) == 7
+    # the zoo models at their sizes: cluster_zoo's as they are, and the issue's MLP
+    assert {k: v for k, v in st.ZOO_SPECS.items() if k != "mlp"} == dict(cz.SPECS)
+    assert "mlp_tiny" in st.ZOO_SPECS and "mlp_tiny" in st.SPECS
+    mlp = st.ZOO_SPECS["mlp"]
+    assert mlp.builder is cz.ZooBuilder.MLP and (mlp.batch_size, mlp.num_microbatches) == (4096, 8)
+    assert dict(mlp.kwargs) == {"width": 1024, "depth": 8, "features": 1024}
+    for key in st.ZOO_DEFAULT_MODELS:
+        spec, zoo = st.SPECS[key], st.ZOO_SPECS[key]
+        assert (spec.batch_size, spec.description, spec.input_shape) == (
+            zoo.batch_size,
+            zoo.label,
+            None,
+        )
+        # the model file builds the zoo model (not called: no TensorFlow)
+        namespace: dict[str, object] = {}
+        exec(compile(spec.source, f"{key}.py", "exec"), namespace)
+        build_model = namespace["build_model"]
+        assert callable(build_model)
+        assert build_model.__globals__["ZOO_SPECS"] is st.ZOO_SPECS  # type: ignore[attr-defined]
+        assert f"ZOO_SPECS[{key!r}].build()" in spec.source
+    assert st.QUICK_MODELS == ("small_mlp",)
+
+
+def test_own_models_get_their_batch_from_the_spec() -> None:
+    class Model:
+        output_shape = (None, 10)
+
+    x, y = st.batch(st.SPECS["recommender"], Model())
+    assert x.shape == (1024, 16) and x.dtype.name == "int32" and x.max() < 200_000
+    assert y.shape == (1024, 10)
+    x, _ = st.batch(st.SPECS["small_mlp"], Model())
+    assert x.shape == (256, 256) and x.dtype.name == "float32" and 0 <= x.min() and x.max() < 1
+
+
+def doc() -> dict[str, Any]:
+    second = {**SAMPLES, "single": [0.050], "auto": [0.080]}
+    recs = st.records(rows()) + st.records(st.make_rows("n", PLANS, second, {}))
+    out: dict[str, Any] = json.loads(json.dumps({"records": recs, "wall_time_s": 600.0}))
+    return out
+
+
+def test_records_read_back_into_rows() -> None:
+    got = [st.row_of_record(rec) for rec in doc()["records"]]
+    assert got[: len(rows())] == rows()
+
+
+def test_readme_row_counts_models_winners_auto_and_errors() -> None:
+    row = st.readme_row(doc())
+    assert row.startswith(st.README_ROW_START) and row.endswith(" |")
+    assert row.count(" | ") == 2
+    assert "(10.0 min)" in row
+    result = row.split(" | ")[-1]
+    assert "2 models (m, n)" in result
+    # m: data-parallel predicted and measured; n: single measured fastest, not predicted
+    assert "predicted winner = measured winner on 1 of 2 (m)" in result
+    assert "`auto`'s choice on 1 of 2" in result
+    # auto over best: m 1.01x, n 0.080 / 0.050 = 1.6x
+    assert "within 1.05x of the best measured family on 1 of 2" in result
+    # m: single 0%, data-parallel -14%, placed -8%, pipeline +7%; n: single +100%, rest as m
+    assert "7 of 8 family rows predicted within 15%" in result
+    assert "worst error +100% (n single)" in result and "failed" not in result
+    broken = doc()
+    broken["records"][1]["error"] = "partition exit 1: refused"
+    assert st.readme_row(broken).endswith("; failed: m data-parallel |")
+
+
+def test_readme_option_prints_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "st.json"
+    path.write_text(json.dumps(doc()))
+    assert st.main(["--readme", str(path)]) == 0
+    assert capsys.readouterr().out == st.readme_row(doc()) + "\n"
+
+
+def test_the_readme_gets_the_row_from_the_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = "\n".join(
+        [
+            "| what | command | result |",
+            "|---|---|---|",
+            st.README_ROW_START + " x |",
+            "| other |",
+        ]
     )
-    for r in recs:  # (the tiny model's stages may never compute at once: the link dominates)
-        terms = r["predicted_terms_s"]
-        assert 0 <= terms["both_busy_s"] <= terms["replica_s"] and terms["contention"] >= 0
-    assert "predicted winner:" in done.stdout
+    path = tmp_path / "strategies.json"
+    path.write_text(json.dumps(doc()))
+    monkeypatch.setattr(readme, "STRATEGIES_JSON", path)
+    once = readme.with_strategies_row(text)
+    lines = once.split("\n")
+    assert lines[2] == st.readme_row(doc()) and lines[3] == "| other |"
+    assert readme.with_strategies_row(once) == once
+    with pytest.raises(ValueError, match="0 rows"):
+        readme.with_strategies_row("| other |")
 
 
-def test_the_readme_row_is_the_json_s_verdicts() -> None:
-    rows = four_rows(auto="1f1b")
-    doc = {"records": st.records(rows), "wall_time_s": 90.0}
-    assert [st.row_of_record(r) for r in doc["records"]] == [
-        st.StrategyRow(**{**r.__dict__, "samples_s": (), "cpu_share": ()}) for r in rows
-    ]
-    line = st.readme_row(doc)
-    assert line.startswith(st.README_ROW_START) and "(1.5 min)" in line
-    # data parallel wins by prediction (0.60) and by measurement (0.62)
-    assert "predicted winner = measured winner on 1 of 1 (m)" in line
-    assert "within 1.05x of the best measured row on 0 of 1: m 1.06x (1f1b)" in line
-    assert "data parallel -3.2%; placed -4.5%; pipeline +6.1%; 4 of 4 rows within 15%" in line
+def test_the_readme_row_is_the_recorded_runs() -> None:
+    """README.md's row is the one ``benchmarks/results/strategies.json`` gives."""
+    text = (st.REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.with_strategies_row(text) == text

@@ -127,3 +127,50 @@ def test_calibrate_bad_input_writes_nothing(tmp_path: Path) -> None:
     for run in (one, down, same):
         assert len(_error_lines(run.stderr)) == 1 and "Traceback" not in run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "solo.json"]
+
+
+def test_a_port_held_by_something_else_ends_calibrate_in_one_line(tmp_path: Path) -> None:
+    """A cluster file whose task 1 names a port in use by a program that is not a TensorFlow
+    worker (it accepts connections and never answers): one line naming the task, nothing
+    written, within the fault bound."""
+    import socket
+    import threading
+
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_and_stay_silent() -> None:
+        squatter.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(squatter.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept_and_stay_silent, daemon=True)
+    thread.start()
+    workers = start_workers(1, tmp_path / "one")
+    cluster = tmp_path / "cluster.json"
+    port = squatter.getsockname()[1]
+    cluster.write_text(json.dumps({"worker": [workers.addresses[0], f"127.0.0.1:{port}"]}))
+    out = tmp_path / "calibrated.json"
+    try:
+        started = time.monotonic()
+        run = _partition("calibrate", "--cluster", str(cluster), "--timeout", "10", "--out",
+                         str(out))  # fmt: skip
+        took = time.monotonic() - started
+    finally:
+        workers.stop()
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        squatter.close()
+    assert run.returncode != 0
+    lines = _error_lines(run.stderr)
+    assert len(lines) == 1 and "worker task 1" in lines[0], run.stderr
+    assert took < FAULT_BOUND_S + 15.0
+    assert not out.exists() and "Traceback" not in run.stderr

@@ -3,7 +3,6 @@ hand-computed schedules, the plain split it no longer rewards, and schedule inva
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from partitioner.core.ir import CostedGraph, Device, EventKind, Link
 from partitioner.simulation.shared import IN_ORDER, SHARED, op_orders
 from partitioner.simulation.step import simulate_step
-from tests.test_simulate import SLOW_LINK, costed
+from tests.test_simulate import costed
 
 FREE_LINK = Link("free", latency_s=0.0, bandwidth_bytes_per_s=1e18)
 
