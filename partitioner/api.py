@@ -560,6 +560,29 @@ def _cost(
         )
     types = {d.device_type for d in prepared.topology.devices}
     notes: tuple[str, ...] = (f"{ESTIMATED_NOTE}: {calibration_note(types)}",)
+    if prepared.measure.profile or prepared.measure.profile_ops:
+        from passes.trace import KERAS_CALL_LOCK
+
+        # Measuring wraps Keras's Layer.__call__ (profile) and runs TensorFlow's process-wide
+        # profiler (profile_ops), and a time taken while another thread works is not this
+        # model's: one measurement (or trace) at a time in a process.
+        with KERAS_CALL_LOCK:
+            costed, notes = _measured(model, traced, costed, prepared, say, phases, notes)
+    origin = "the model's dtype policy" if given is None else f"precision={given!r}"
+    links = links_note(prepared.topology)
+    return costed, (*notes, f"priced at precision {policy.value} ({origin})", links)
+
+
+def _measured(
+    model: Any,
+    traced: TraceResult,
+    costed: CostedGraph,
+    prepared: Prepared,
+    say: Progress,
+    phases: list[tuple[str, float]],
+    notes: tuple[str, ...],
+) -> tuple[CostedGraph, tuple[str, ...]]:
+    """``costed`` with measured layer times (``profile``) and op times (``profile_ops``)."""
     measure = prepared.measure
     if measure.profile:
         with _timed(phases, "profile"):
@@ -572,9 +595,7 @@ def _cost(
                 model, traced, costed, optimizer=prepared.optimizer, say=say
             )
         notes = (*notes, *op_notes) if measure.profile else op_notes
-    origin = "the model's dtype policy" if given is None else f"precision={given!r}"
-    links = links_note(prepared.topology)
-    return costed, (*notes, f"priced at precision {policy.value} ({origin})", links)
+    return costed, notes
 
 
 @dataclass(frozen=True)

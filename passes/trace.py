@@ -18,6 +18,9 @@ inside the unit. Ops created outside every unit (inputs, the loss, ops in a subc
 neighbour.
 
 FLOPs come from TensorFlow's own profiler (``tf.compat.v1.profiler``) run over the traced graph.
+
+Threads: the wrap of ``__call__`` is process-wide, so a process traces one model at a time
+(:data:`KERAS_CALL_LOCK`); concurrent ``partition()`` calls wait for each other's trace only.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import contextlib
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -46,6 +50,7 @@ ShapeArg: TypeAlias = Sequence[int] | Mapping[str, Sequence[int]]
 (:class:`partitioner.core.options.TargetOptions` normalises either to tuples)."""
 
 __all__ = [
+    "KERAS_CALL_LOCK",
     "ShapeArg",
     "TraceResult",
     "Unit",
@@ -56,6 +61,17 @@ __all__ = [
     "placement_units",
     "trace_model",
 ]
+
+
+KERAS_CALL_LOCK = threading.RLock()
+"""Held while Keras's ``Layer.__call__`` and ``Operation.__call__`` are wrapped, and while
+:func:`trace_model` traces a step. The wrapper is a class attribute, so it is seen by every
+thread of the process: two threads wrapping at once would each save the other's wrapper as the
+original and restore them out of order, and a trace would lose its op-to-layer record midway
+(ops charged to glue or to the wrong layer, edges dropped). Traces therefore run one thread at
+a time (the others wait; the solve and the simulation after the trace stay concurrent), and
+any other code that wraps ``__call__`` takes this lock too. Re-entrant: the wrap happens inside
+the trace, on the tracing thread."""
 
 
 @dataclass(frozen=True)
@@ -169,9 +185,17 @@ class _CallRecorder:
         from keras.src.layers.layer import Layer
         from keras.src.ops.operation import Operation
 
+        with KERAS_CALL_LOCK:
+            with self._wrapped(graph, (Layer, Operation)):
+                yield
+
+    @contextlib.contextmanager
+    def _wrapped(self, graph: Any, classes: tuple[Any, ...]) -> Iterator[None]:
+        """``classes``' ``__call__`` wrapped to record into ``self`` (under
+        :data:`KERAS_CALL_LOCK`)."""
         recorder = self
         self._graph = graph
-        originals = {cls: cls.__dict__["__call__"] for cls in (Layer, Operation)}
+        originals = {cls: cls.__dict__["__call__"] for cls in classes}
 
         def wrap(original: Any) -> Any:
             def recording_call(op_self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -981,6 +1005,11 @@ def trace_model(
     model: keras.Model, *, batch_size: int, input_shape: ShapeArg | None = None
 ) -> TraceResult:
     """Trace one training step of ``model`` (forward, synthetic loss, backward) into a Graph."""
+    with KERAS_CALL_LOCK:  # one trace at a time in a process (see KERAS_CALL_LOCK)
+        return _trace_model(model, batch_size, input_shape)
+
+
+def _trace_model(model: keras.Model, batch_size: int, input_shape: ShapeArg | None) -> TraceResult:
     t0 = time.perf_counter()
     specs = input_specs(model, batch_size, input_shape)
     units = placement_units(model)

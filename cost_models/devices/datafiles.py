@@ -4,7 +4,9 @@ Every file format the cost models read (the device catalog, topology files, cali
 profile cache, TF_CONFIG and cluster files) goes through these steps, each reader adding only
 its format's meaning:
 
-* :func:`read_text` reads a file, or raises ``error("cannot read <origin>: ...")``;
+* :func:`read_text` reads a regular file of at most ``max_bytes`` (a FIFO, a device or a
+  directory is refused without blocking: :func:`partitioner.core.files.read_regular_text`), or
+  raises ``error("cannot read <origin>: ...")``;
 * :func:`parse_json` / :func:`parse_toml` parse it strictly (data only, never code; JSON with
   duplicate keys or ``NaN``/``Infinity`` is refused), or raise ``error("<origin> is not valid
   JSON (...); <hint>")``;
@@ -39,6 +41,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from partitioner.core.errors import PartitionError, UsageError
+from partitioner.core.files import UnreadableInput, read_regular_text
 from partitioner.core.jsonfiles import error_order, field_path, strict_validator
 
 if sys.version_info >= (3, 11):
@@ -50,8 +53,10 @@ else:  # pragma: no cover - Python 3.10
         _toml = None
 
 __all__ = [
+    "MAX_DATA_FILE_BYTES",
     "SchemaProblem",
     "check_schema",
+    "check_text_size",
     "describe_value",
     "field_path",
     "load_schema",
@@ -77,16 +82,45 @@ _TYPE_NOUN = {
 # --------------------------------------------------------------------------------------------
 
 
-def read_text(path: Path, origin: str, error: type[PartitionError], hint: str = "") -> str:
-    """The UTF-8 text of ``path``; ``error`` naming ``origin`` when it cannot be read."""
+_NEXT_STEP = {
+    "missing": "; check the path",
+    "type": "; give a regular file",
+    "size": "; is it the right file?",
+}
+
+MAX_DATA_FILE_BYTES = 16 << 20
+"""The largest data file :func:`read_text` reads unless told (16 MiB)."""
+
+
+def read_text(
+    path: Path,
+    origin: str,
+    error: type[PartitionError],
+    hint: str = "",
+    *,
+    max_bytes: int = MAX_DATA_FILE_BYTES,
+) -> str:
+    """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``, through the one
+    bounded reader (:func:`partitioner.core.files.read_regular_text`: a FIFO, a device or a
+    directory is refused without blocking); ``error`` naming ``origin`` otherwise."""
     tail = f"; {hint}" if hint else ""
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"cannot read {origin}: it does not exist; check the path{tail}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise error(f"cannot read {origin}: {reason}{tail}") from None
+        return read_regular_text(path, max_bytes)
+    except UnreadableInput as exc:
+        step = _NEXT_STEP.get(exc.kind, "") if exc.kind == "missing" or not hint else ""
+        raise error(f"cannot read {origin}: {exc.reason}{step}{tail}") from None
+
+
+def check_text_size(text: str, origin: str, error: type[PartitionError], max_bytes: int) -> str:
+    """``text`` (an environment variable's, say) when its UTF-8 form is at most ``max_bytes``;
+    ``error`` naming ``origin`` and its size otherwise."""
+    size = len(text.encode("utf-8", errors="surrogateescape"))
+    if size > max_bytes:
+        limit = f"{max_bytes // 2**20} MiB" if max_bytes >= 2**20 else f"{max_bytes} bytes"
+        raise error(
+            f"{origin} holds {size} bytes, more than the {limit} read; is it the right value?"
+        )
+    return text
 
 
 def _reject_constant(token: str) -> float:

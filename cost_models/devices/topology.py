@@ -80,6 +80,7 @@ from cost_models.devices.catalog import DeviceKind, DeviceType, catalog, get_dev
 from cost_models.devices.communication import LinkAlias, get_link, link_names, resolve_link
 from cost_models.devices.datafiles import (
     check_schema,
+    check_text_size,
     describe_value,
     parse_json,
     parse_toml,
@@ -92,14 +93,16 @@ from cost_models.devices.tf_config import (
     parse_tf_config,
     tf_config_text,
 )
-from partitioner.core.errors import CatalogError, UnknownDeviceError, UsageError
+from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError, UsageError
 from partitioner.core.files import read_input_text
 from partitioner.core.ir import AllReduceFit, Device, Link, Topology
 from partitioner.core.units import parse_bytes
 
 __all__ = [
+    "MAX_TF_CONFIG_BYTES",
     "TF_CONFIG_SPEC",
     "all_reduce_fit_to_dict",
+    "bounded_tf_config_text",
     "check_memory_limit",
     "links_note",
     "load_topology",
@@ -609,6 +612,22 @@ def _check_calibration(where: _Where, top: Mapping[str, Any], num_devices: int) 
 MAX_TOPOLOGY_BYTES = 1 << 20
 """The largest topology file read (1 MiB): a regular file, checked before it is opened."""
 
+MAX_TF_CONFIG_BYTES = MAX_TOPOLOGY_BYTES
+"""The longest ``TF_CONFIG`` value read (1 MiB, as a topology file)."""
+
+
+def bounded_tf_config_text(
+    environ: Mapping[str, str] | None = None, error: type[PartitionError] = UsageError
+) -> str | None:
+    """The ``TF_CONFIG`` variable of ``environ`` (None when unset or blank), ``error`` when it
+    is longer than :data:`MAX_TF_CONFIG_BYTES`."""
+    text = tf_config_text(environ)
+    if text is None:
+        return None
+    return check_text_size(
+        text, f"the {TF_CONFIG_VARIABLE} environment variable", error, MAX_TF_CONFIG_BYTES
+    )
+
 
 def _load_file(path: Path, *, device_type: str | None, memory_limit_bytes: int | None) -> Topology:
     """Read, parse (JSON or TOML by suffix) and build a topology file."""
@@ -689,6 +708,8 @@ def topology_from_tf_config(
     first, then workers in task order.
     """
     where = _Where(TF_CONFIG_VARIABLE)
+    if isinstance(tf_config, str):
+        check_text_size(tf_config, TF_CONFIG_VARIABLE, UsageError, MAX_TF_CONFIG_BYTES)
     config = parse_tf_config(tf_config)
     per_task = _count(where, "devices_per_task", devices_per_task)
     dtype = _device_type(where, "device_type", device_type)
@@ -759,7 +780,7 @@ def _load_tf_config(
     spec = f"topology={TF_CONFIG_SPEC!r}"
     if device_type is None:
         raise UsageError(f"{spec} needs a device type, e.g. device_type='h100'")
-    raw = tf_config_text(environ)
+    raw = bounded_tf_config_text(environ)
     if raw is None:
         raise UsageError(
             f"{spec}: the TF_CONFIG environment variable is not set; set it or give a topology "

@@ -287,19 +287,25 @@ def _entry_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / "layers" / f"{key}.json"
 
 
+MAX_CACHE_ENTRY_BYTES = 1 << 20
+"""The largest profile cache entry read (1 MiB); a larger one, or one that is not a regular
+file (a FIFO, a device), is ignored with a warning, as a malformed one is."""
+
 _CACHE_SCHEMA_RESOURCE = "measure/profile_cache.schema.json"
 """The JSON Schema of a cache entry, next to this reader (package data of ``cost_models``)."""
 
 
 def _read_entry(cache_dir: Path, key: str) -> tuple[float, float, int] | None:
     """The cached ``(forward_s, backward_s, repeats)`` of ``key``; None when there is no
-    entry, an entry of another schema, or (with a warning) an unreadable or malformed one."""
+    entry, an entry of another schema, or (with a warning) an unreadable, oversized, malformed
+    or not regular one (a FIFO is refused without blocking: ``read_text``)."""
     path = _entry_path(cache_dir, key)
     if not path.exists():
         return None
     origin = f"profile cache entry {str(path)!r}"
     try:
-        raw = parse_json(read_text(path, origin, PartitionError), origin, PartitionError)
+        text = read_text(path, origin, PartitionError, max_bytes=MAX_CACHE_ENTRY_BYTES)
+        raw = parse_json(text, origin, PartitionError)
         if isinstance(raw, dict) and (raw.get("schema") != CACHE_SCHEMA or raw.get("key") != key):
             return None
         check_schema(raw, "cost_models", _CACHE_SCHEMA_RESOURCE, origin, PartitionError)

@@ -12,8 +12,12 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import os
+import site
 import sys
+import sysconfig
 import traceback
+from collections.abc import Collection
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,11 +26,14 @@ from partitioner.core.errors import ModelLoadError
 from partitioner.core.files import file_kind
 from partitioner.core.units import format_bytes
 
-__all__ = ["BUILDER_NAMES", "check_model_path", "load_model", "split_spec"]
+__all__ = ["BUILDER_NAMES", "check_model_path", "load_model", "split_spec", "user_module_files"]
 
 logger = logging.getLogger(__name__)
 
 BUILDER_NAMES = ("build_model", "create_model", "get_model", "make_model")
+
+OWN_PACKAGES = ("partitioner", "cost_models", "passes")
+"""This project's packages: their modules are never the user's."""
 
 
 def split_spec(spec: str) -> tuple[Path, str | None]:
@@ -55,6 +62,37 @@ def _check_path(path: Path) -> None:
             f"{path} is not a file (it is {file_kind(path.stat().st_mode)}); give a Python "
             "file that builds a Keras model"
         )
+
+
+def user_module_files(before: Collection[str]) -> list[Path]:
+    """The files (absolute) of the modules imported since ``sys.modules`` held the names
+    ``before`` from the user's own tree: the model file and the modules it imported, directly
+    or not; not the standard library, installed distributions (site-packages) or this
+    project's own packages."""
+    system = _system_dirs()
+    files: set[Path] = set()
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if name in before or not isinstance(file, str) or not file:
+            continue
+        real = Path(os.path.realpath(file))
+        if not any(real.is_relative_to(d) for d in system):
+            files.add(Path(os.path.abspath(file)))
+    return sorted(files)
+
+
+def _system_dirs() -> list[Path]:
+    """The directories whose modules are not the user's: the standard library, every
+    site-packages, this project's packages (resolved)."""
+    dirs = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.update(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    for package in OWN_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is not None:
+            dirs.update(spec.submodule_search_locations or ())
+    return [Path(os.path.realpath(d)) for d in dirs if d]
 
 
 def _import_file(path: Path) -> ModuleType:

@@ -20,9 +20,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from rich.console import Console
 
@@ -329,15 +330,20 @@ def _add_output_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _options(args: argparse.Namespace) -> tuple[TargetOptions, SearchOptions, MeasureOptions]:
-    """The API's option groups from the flags (each checks its own fields)."""
+def _options(
+    args: argparse.Namespace, paths: _Paths | None = None
+) -> tuple[TargetOptions, SearchOptions, MeasureOptions]:
+    """The API's option groups from the flags (each checks its own fields), with the paths
+    made absolute (the topology file, the profile cache; resolved now without ``paths``)."""
+    if paths is None:
+        paths = _resolve_paths(args)
     memory_limit_bytes = None
     if args.memory_limit is not None:
         memory_limit_bytes = parse_memory_limit(args.memory_limit)
     target = TargetOptions(
         gpus=args.gpus,
         device_type=args.device_type,
-        topology=args.topology,
+        topology=args.topology if paths.topology_file is None else str(paths.topology_file),
         batch_size=args.batch_size,
         input_shape=_parse_shape(args.input_shape),
         optimizer=args.optimizer,
@@ -354,7 +360,10 @@ def _options(args: argparse.Namespace) -> tuple[TargetOptions, SearchOptions, Me
         compare_strategies=args.strategies,
         strategy=args.strategy,
     )
-    return target, search, MeasureOptions(profile=args.profile, profile_ops=args.profile_ops)
+    measure = MeasureOptions(
+        profile=args.profile, profile_ops=args.profile_ops, cache_dir=paths.cache_dir
+    )
+    return target, search, measure
 
 
 def _parse_shape(texts: Sequence[str] | None) -> InputShape | None:
@@ -392,45 +401,124 @@ def _dims(text: str, flag_value: str | None = None) -> tuple[int, ...]:
     return dims
 
 
-def _outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """``(flag, path)`` of every output file the run was asked for."""
+class _Output(NamedTuple):
+    """An output file: its flag, the path as given, and that path made absolute."""
+
+    option: str
+    given: str
+    path: str
+
+
+@dataclass(frozen=True)
+class _Paths:
+    """Every path of the command line made absolute against the working directory the run
+    started in, before the model's code runs (it may ``os.chdir``): everything afterwards reads
+    and writes these."""
+
+    start: str
+    """The working directory when the run started."""
+    model: str
+    """``PATH[:ATTR]`` with ``PATH`` absolute."""
+    topology_file: Path | None
+    """``--topology`` made absolute when it names a file."""
+    outputs: tuple[_Output, ...]
+    cache_dir: str | None
+    """The profile cache directory (absolute) with ``--profile``."""
+
+    def shown(self, given: str, path: str) -> str:
+        """How a message names a file: as given while the working directory is the one the
+        run started in (it names the same file), ``path`` (absolute) once it moved."""
+        try:
+            moved = not same_file(os.getcwd(), self.start)
+        except OSError:  # the directory the model's code changed to is gone
+            moved = True
+        return path if moved else given
+
+    def shown_input(self, path: Path) -> str:
+        """An input file, as :meth:`shown`: relative to the start directory when in it."""
+        inside = path.is_relative_to(self.start)
+        return self.shown(str(path.relative_to(self.start)) if inside else str(path), str(path))
+
+
+def _resolve_paths(args: argparse.Namespace) -> _Paths:
+    """Every path the command line names, absolute (see :class:`_Paths`)."""
+    from partitioner.cli.loader import split_spec
+
+    try:
+        start = os.getcwd()
+    except OSError as exc:
+        raise UsageError(
+            f"the working directory is gone ({exc.strerror or exc}); cd to an existing one"
+        ) from None
+    path, attr = split_spec(args.model)
+    model = os.path.join(start, path)
+    topology_file = _topology_file(args.topology)
     named = (("--out", args.out), ("--report", args.report), ("--emit", args.emit))
-    return [(option, path) for option, path in named if path is not None]
+    cache_dir = None
+    if args.profile:
+        from cost_models.measure.profiled import default_cache_dir
+
+        with contextlib.suppress(RuntimeError):  # no home directory: the profiler says so
+            cache_dir = os.path.join(start, default_cache_dir())
+    return _Paths(
+        start=start,
+        model=model if attr is None else f"{model}:{attr}",
+        topology_file=None if topology_file is None else Path(start, topology_file),
+        outputs=tuple(_Output(o, p, os.path.join(start, p)) for o, p in named if p is not None),
+        cache_dir=cache_dir,
+    )
 
 
-def _check_out(path: str, option: str) -> None:
+def _check_out(path: str, option: str, shown: str) -> None:
     """``path`` is a regular file or new (never a FIFO, socket, device or directory: a symlink
-    counts as its target), in an existing directory, and writable."""
-    target = check_output_path(path, option)
+    counts as its target), in an existing directory, and writable; messages name ``shown``."""
+    try:
+        target = check_output_path(path, option)
+    except OutputError as exc:
+        raise OutputError(str(exc).replace(f"{option} {path}", f"{option} {shown}", 1)) from None
     writable = os.access(target, os.W_OK) if target.exists() else True
     if not os.access(target.parent, os.W_OK) or not writable:
-        raise OutputError(f"{option} {path} is not writable; choose another path")
+        raise OutputError(f"{option} {shown} is not writable; choose another path")
     try:
         # os.access says yes to root everywhere; a real (invisible, unnamed) file says truly.
         with tempfile.TemporaryFile(dir=target.parent):
             pass
     except OSError as exc:
         raise OutputError(
-            f"{option} {path} is not writable ({exc.strerror or exc}); choose another path"
+            f"{option} {shown} is not writable ({exc.strerror or exc}); choose another path"
         ) from None
 
 
-def _check_outputs(args: argparse.Namespace, inputs: Sequence[tuple[str, Path]]) -> None:
+def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path]]) -> None:
     """Every output path can be written, no two options name the same file, and none is one of
-    the run's ``inputs`` (``(what, path)``: the model file, the topology file)."""
-    seen: list[tuple[str, str]] = []
-    for option, path in _outputs(args):
-        _check_out(path, option)
-        for other, earlier in seen:
-            if same_file(path, earlier):
-                raise UsageError(f"{other} and {option} both name {path}; give different files")
-        for what, source in inputs:
-            if same_file(path, source):
+    the run's ``inputs`` (``(what, path)``: the model file, the topology file, and once the
+    model is loaded the modules it imported)."""
+    seen: list[_Output] = []
+    for out in paths.outputs:
+        shown = paths.shown(out.given, out.path)
+        _check_out(out.path, out.option, shown)
+        for earlier in seen:
+            if same_file(out.path, earlier.path):
                 raise UsageError(
-                    f"{option} {path} is {what}, an input of this run; refusing to overwrite "
-                    "it: give another path"
+                    f"{earlier.option} and {out.option} both name {shown}; give different files"
                 )
-        seen.append((option, path))
+        for what, source in inputs:
+            if same_file(out.path, source):
+                raise UsageError(
+                    f"{out.option} {shown} is {what}; refusing to overwrite it: give another path"
+                )
+        seen.append(out)
+
+
+def _imported(paths: _Paths, before: frozenset[str]) -> list[tuple[str, Path]]:
+    """The run's inputs the model's code brought in: the files of the modules it imported
+    from the user's tree since ``sys.modules`` held ``before``."""
+    from partitioner.cli.loader import user_module_files
+
+    return [
+        (f"the module {paths.shown_input(file)} that the model imports", file)
+        for file in user_module_files(before)
+    ]
 
 
 def _check_counts(args: argparse.Namespace) -> None:
@@ -673,10 +761,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _tf_config_cluster(topology: str) -> dict[str, list[str]] | None:
     """TF_CONFIG's cluster when the plan is for ``--topology tf-config`` (the emitted
     multi-worker program then names the real task addresses), else None."""
-    from cost_models.devices.tf_config import parse_tf_config, tf_config_text
-    from cost_models.devices.topology import TF_CONFIG_SPEC
+    from cost_models.devices.tf_config import parse_tf_config
+    from cost_models.devices.topology import TF_CONFIG_SPEC, bounded_tf_config_text
 
-    text = tf_config_text()
+    text = bounded_tf_config_text()
     if topology.strip().lower() not in (TF_CONFIG_SPEC, "tf_config") or text is None:
         return None
     return parse_tf_config(text).as_dict()
@@ -694,43 +782,53 @@ def _internal_error(exc: BaseException) -> int:
 
 
 def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """Check every option and output before any slow work, then plan, write and report."""
+    """Check every option and output before any slow work, then plan, write and report. Every
+    path is made absolute first: the model's code may change the working directory."""
     from partitioner.api import prepare
     from partitioner.cli.loader import check_model_path
 
+    paths = _resolve_paths(args)
     _check_counts(args)
-    topology_file = _topology_file(args.topology)
-    if topology_file is not None:
-        _check_topology_file(topology_file)
-    prepared = prepare(*_options(args))
-    inputs = [("the model file", check_model_path(args.model))]
-    if topology_file is not None:
-        inputs.append(("the topology file", topology_file))
-    _check_outputs(args, inputs)
+    if paths.topology_file is not None:
+        _check_topology_file(paths.topology_file)
+    prepared = prepare(*_options(args, paths))
+    # checked as given (its messages name it so); nothing has run yet: it is the same file
+    model_file = Path(paths.start, check_model_path(args.model))
+    inputs = [("the model file, an input of this run", model_file)]
+    if paths.topology_file is not None:
+        inputs.append(("the topology file, an input of this run", paths.topology_file))
+    _check_outputs(paths, inputs)
     started = time.perf_counter()
-    model, plan = _plan(args, prepared, err)
+    model, plan, before = _plan(args, paths, prepared, err, inputs)
     from partitioner.report.terminal import escape, render_plan
 
     # Drawn before anything is written, so a report that cannot be drawn fails the run whole.
     with out.capture() as report:
         render_plan(plan, out, verbose=args.verbose)
-    _write_outputs(args, model, plan)
+    # Layers may import more of the user's modules while traced: checked again, then written.
+    _check_outputs(paths, [*inputs, *_imported(paths, before)])
+    _write_outputs(args, paths, model, plan)
     out.file.write(report.get())
-    if args.out is not None:
-        out.print(f"Plan written to {escape(args.out)}")
-    if args.report is not None:
-        out.print(f"Report written to {escape(args.report)}")
-    if args.emit is not None:
-        what = plan.strategy.describe() if plan.strategy is not None else "the placement"
-        out.print(f"Model code ({escape(what)}) written to {escape(args.emit)}")
+    what = plan.strategy.describe() if plan.strategy is not None else "the placement"
+    labels = {"--out": "Plan", "--report": "Report", "--emit": f"Model code ({what})"}
+    for written in paths.outputs:
+        shown = paths.shown(written.given, written.path)
+        out.print(f"{escape(labels[written.option])} written to {escape(shown)}")
     if args.verbose:
         out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
     return 0
 
 
-def _plan(args: argparse.Namespace, prepared: Prepared, err: Console) -> tuple[Any, Plan]:
+def _plan(
+    args: argparse.Namespace,
+    paths: _Paths,
+    prepared: Prepared,
+    err: Console,
+    inputs: Sequence[tuple[str, Path]],
+) -> tuple[Any, Plan, frozenset[str]]:
     """Import TensorFlow, load the model and plan it, with progress on ``err``; the plan's
-    phases start with loading the model."""
+    phases start with loading the model. Also the names ``sys.modules`` held before the model
+    was loaded: once it is, no output may be a module it imported (checked before planning)."""
     from dataclasses import replace
 
     from partitioner.report.terminal import PhaseProgress
@@ -747,33 +845,36 @@ def _plan(args: argparse.Namespace, prepared: Prepared, err: Console) -> tuple[A
         from partitioner.cli.loader import load_model
 
         progress(f"loading {args.model}")
+        before = frozenset(sys.modules)
         # Planning needs shapes, not weight values: the model is built without its weights
         # unless its layers are timed on this machine's devices.
-        model = load_model(args.model, weightless=not (args.profile or args.profile_ops))
+        model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         load_s = time.perf_counter() - t0
+        _check_outputs(paths, [*inputs, *_imported(paths, before)])
         plan = partition_prepared(model, prepared, progress=progress)
-    return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s))
+    return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), before
 
 
-def _write_outputs(args: argparse.Namespace, model: Any, plan: Plan) -> None:
+def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Plan) -> None:
     """The plan (``--out``), the HTML report (``--report``) and the placed code (``--emit``):
     each made in memory first, then written all together, or none (a run that fails writes no
-    file, and leaves every file it would have replaced as it was)."""
+    file, and leaves every file it would have replaced as it was). Paths are the absolute ones."""
     files: list[tuple[str, str]] = []
-    if args.out is not None:
-        files.append((args.out, plan.to_json()))
-    if args.report is not None:
-        from partitioner.report.html import render_html
+    for output in paths.outputs:
+        if output.option == "--out":
+            files.append((output.path, plan.to_json()))
+        elif output.option == "--report":
+            from partitioner.report.html import render_html
 
-        files.append((args.report, render_html(plan)))
-    if args.emit is not None:
-        from partitioner.cli.loader import split_spec
-        from passes.rewrite.codegen import emit_plan_module
+            files.append((output.path, render_html(plan)))
+        else:
+            from partitioner.cli.loader import split_spec
+            from passes.rewrite.codegen import emit_plan_module
 
-        source = emit_plan_module(
-            model, plan, model_source=split_spec(args.model)[0],
-            cluster_addresses=_tf_config_cluster(args.topology),
-        )  # fmt: skip
-        files.append((args.emit, source))
+            source = emit_plan_module(
+                model, plan, model_source=split_spec(paths.model)[0],
+                cluster_addresses=_tf_config_cluster(args.topology),
+            )  # fmt: skip
+            files.append((output.path, source))
     if files:
         write_all_atomic(files)

@@ -51,13 +51,17 @@ TensorFlow's gRPC server itself always listens on every interface (``0.0.0.0``, 
 C++); for a loopback ``bind`` the worker then ties the listening socket to the loopback device
 (``SO_BINDTODEVICE lo``, Linux), so connections from other hosts are refused, and it stops
 with one line if that cannot be done. A task whose cluster address is not on this machine's
-loopback is refused in one line under the default; naming another address (``--bind 0.0.0.0``)
-serves every interface, with a one-line warning.
+loopback is refused in one line under the default; naming another address of this machine
+(``--bind 0.0.0.0``, an interface's IP) serves every interface, with a one-line warning. A
+``--bind`` that is no such address (empty, a typo like ``127.0.0.l``, a name that does not
+resolve, a host name beyond loopback, an address this machine does not have) is refused in one
+line before anything starts: it never falls back to every interface.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -81,12 +85,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LocalWorkers", "free_ports", "main", "run_worker", "start_local_workers"]
+__all__ = [
+    "LocalWorkers",
+    "check_bind",
+    "free_ports",
+    "main",
+    "run_worker",
+    "start_local_workers",
+]
 
 LOOPBACK = "127.0.0.1"
+"""The default ``--bind``: this machine only."""
 MIN_INTER_OP_THREADS = 4
 """A worker's inter-op threads unless told (or ``--threads`` is larger): see the module docstring."""
-"""The default ``--bind``: this machine only."""
 
 WORKER_WARNING = (
     "a TensorFlow worker executes any graph a client sends it, with this process's rights, "
@@ -130,16 +141,18 @@ def run_worker(
     a client runs here (unless the client's own config sets them; see the module docstring);
     ``cores`` pins the process to those CPU cores (Linux). ``on_ready(task, address)`` is called
     once the server listens. ``bind`` is who may connect: a loopback address (the
-    default) ties the server to this machine (module docstring), any other address lets every
-    interface in. Returns the exit status (0 after a stop). Signal handlers are installed only
-    when called from the main thread.
+    default) ties the server to this machine (module docstring), an explicit other address of
+    this machine (``0.0.0.0``) lets every interface in, and anything else (empty, a name that
+    does not resolve, a typo) is refused before anything starts (:func:`check_bind`). Returns
+    the exit status (0 after a stop). Signal handlers are installed only when called from the
+    main thread.
     """
     inter_op = _thread_counts(threads, inter_op_threads)
+    loopback_only = check_bind(bind)
     from passes.cluster.runtime import load_cluster
 
     cluster = load_cluster(cluster_spec, job_name=job_name)
     index = _task_index(cluster, task_index, job_name)
-    loopback_only = is_loopback(bind)
     if loopback_only:
         _check_loopback_address(cluster.addresses[index], index)
     if cores is not None:
@@ -176,14 +189,65 @@ def _port(address: str) -> int:
 
 def is_loopback(host: str) -> bool:
     """Whether every address ``host`` names is on this machine's loopback (127.0.0.0/8, ::1)."""
-    import ipaddress
-
     try:
         infos = socket.getaddrinfo(host.strip("[]"), None)
     except (OSError, UnicodeError):
         return False
     addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
     return bool(addresses) and all(a.is_loopback for a in addresses)
+
+
+def check_bind(bind: str) -> bool:
+    """Whether ``bind`` keeps the worker to this machine (True) or opens it to every interface
+    (False); :class:`UsageError` naming the value when it is no address (empty, a typo like
+    ``127.0.0.l``, a name that does not resolve), a host name that is not loopback (give the
+    address itself), or an address that is not this machine's. Fails closed: nothing but an
+    explicit non-loopback address of this machine (``0.0.0.0``, an interface's IP) opens it."""
+    import ipaddress
+
+    if not isinstance(bind, str) or not bind.strip():
+        raise UsageError(
+            f"--bind {bind!r} is not an address; leave it out to serve this machine only "
+            f"({LOOPBACK}), or give an address such as 0.0.0.0 to serve other hosts"
+        )
+    host = bind.strip().strip("[]")
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is None:
+        if is_loopback(host):
+            return True
+        raise UsageError(
+            f"--bind {bind!r} is not an IP address, and as a host name it "
+            f"{'names addresses beyond loopback' if _resolves(host) else 'does not resolve'}; "
+            f"give {LOOPBACK} (this machine only) or the IP address to serve, such as 0.0.0.0"
+        )
+    if literal.is_loopback:
+        return True
+    _check_local_address(bind, literal)
+    return False
+
+
+def _resolves(host: str) -> bool:
+    try:
+        return bool(socket.getaddrinfo(host, None))
+    except (OSError, UnicodeError):
+        return False
+
+
+def _check_local_address(bind: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
+    """A non-loopback ``--bind`` must be one this machine can listen on (``0.0.0.0``, ``::``
+    or an interface's address)."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((str(address), 0))
+    except OSError as exc:
+        raise UsageError(
+            f"--bind {bind!r} is not an address of this machine ({exc.strerror or exc}); give "
+            f"{LOOPBACK} (this machine only), 0.0.0.0 or one of its interfaces' addresses"
+        ) from None
 
 
 def _check_loopback_address(address: str, index: int) -> None:
@@ -333,8 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=LOOPBACK,
         metavar="ADDRESS",
         help=f"who may connect: {LOOPBACK} (default: this machine only; the task's cluster "
-        "address must then be a loopback one) or an address such as 0.0.0.0 (TensorFlow then "
-        "listens on every interface: trusted networks only)",
+        "address must then be a loopback one) or an IP address of this machine such as 0.0.0.0 "
+        "(TensorFlow then listens on every interface: trusted networks only); anything else "
+        "(empty, a name that does not resolve) is refused",
     )
     parser.add_argument("--task", type=int, default=None, help="task index (default: TF_CONFIG)")
     parser.add_argument(
@@ -360,21 +425,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, serve, return the exit status; errors print one line."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import_quietly("passes.cluster.runtime")  # TensorFlow's start-up lines off the terminal
-
-    if not is_loopback(args.bind):
-        sys.stderr.write(
-            f"partition worker: warning: --bind {args.bind}: listening on every interface; "
-            f"{WORKER_WARNING}\n"
-        )
-        sys.stderr.flush()
 
     def announce(task: int, address: str) -> None:
         sys.stdout.write(f"{READY_PREFIX} task {task} at {address}\n")
         sys.stdout.flush()
 
     try:
+        loopback_only = check_bind(args.bind)  # before TensorFlow: a bad --bind starts nothing
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import_quietly("passes.cluster.runtime")  # TensorFlow's start-up lines off the terminal
+        if not loopback_only:
+            sys.stderr.write(
+                f"partition worker: warning: --bind {args.bind}: listening on every interface; "
+                f"{WORKER_WARNING}\n"
+            )
+            sys.stderr.flush()
         return run_worker(
             args.task,
             args.cluster,

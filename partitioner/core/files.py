@@ -5,9 +5,10 @@ What a write may replace: a regular file or nothing. A directory, a named pipe (
 or a device node (``/dev/null`` too) is refused in one line (:func:`check_output_path`), never
 renamed over. A symbolic link is followed: its target is replaced and the link stays a link.
 
-What a read accepts (:func:`read_input_text`): a regular file (a FIFO, a device such as
-``/dev/zero`` or a directory is refused before it is opened, so nothing hangs) of at most
-``max_bytes``, in UTF-8.
+What a read accepts (:func:`read_regular_text`, and :func:`read_input_text` with a caller's
+error): a regular file (a FIFO, a device such as ``/dev/zero`` or a directory is refused before
+it is read, and opened, if at all, without blocking, so nothing hangs) of at most ``max_bytes``,
+in UTF-8. Every file the product reads goes through it.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from pathlib import Path
 from partitioner.core.errors import OutputError, PartitionError
 
 __all__ = [
+    "UnreadableInput",
     "check_output_path",
     "file_kind",
     "read_input_text",
+    "read_regular_text",
     "same_file",
     "write_all_atomic",
     "write_atomic",
@@ -175,36 +178,92 @@ def write_all_atomic(files: Sequence[tuple[str | os.PathLike[str], str]]) -> Non
             Path(backup).unlink(missing_ok=True)
 
 
-def read_input_text(
-    path: str | os.PathLike[str], what: str, error: type[PartitionError], max_bytes: int
-) -> str:
-    """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``; ``error`` naming
-    ``what`` (``plan file``) and the path otherwise. The file's type is checked before it is
-    opened (a FIFO would block the open) and the size limit holds for files that grow."""
+class UnreadableInput(PartitionError):
+    """A file :func:`read_regular_text` does not read, and why: ``reason`` is
+    ``it is a named pipe (FIFO), not a regular file``, ``it does not exist``, ..."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str, *, kind: str) -> None:
+        super().__init__(f"cannot read {path}: {reason}")
+        self.reason = reason
+        self.kind = kind
+        """``missing``, ``type`` (not a regular file), ``size``, ``encoding`` or ``os``."""
+
+
+def _open_regular(path: str | os.PathLike[str]) -> int:
+    """A descriptor of the regular file ``path``, opened without blocking (``O_NONBLOCK``: a
+    FIFO swapped in after the check does not hang the open) and checked again through it."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise error(f"no such {what}: {path}; check the path") from None
+        raise UnreadableInput(path, "it does not exist", kind="missing") from None
     except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raise UnreadableInput(path, str(exc.strerror or exc), kind="os") from None
     if not stat.S_ISREG(st.st_mode):
-        raise error(f"{what} {path} is {file_kind(st.st_mode)}; give a regular file")
-    too_big = error(
-        f"{what} {path} is larger than {max_bytes // 2**20} MiB, the most read; is it the "
-        "right file?"
-    )
-    if st.st_size > max_bytes:
-        raise too_big
+        kind = file_kind(st.st_mode)
+        raise UnreadableInput(path, f"it is {kind}, not a regular file", kind="type")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise UnreadableInput(path, str(exc.strerror or exc), kind="os") from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise UnreadableInput(path, str(exc.strerror or exc), kind="os") from None
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = file_kind(mode)
+        raise UnreadableInput(path, f"it is {kind}, not a regular file", kind="type")
+    return fd
+
+
+def read_regular_text(path: str | os.PathLike[str], max_bytes: int) -> str:
+    """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``, else
+    :class:`UnreadableInput` saying why. The one bounded reader of every file the product
+    reads: a FIFO, a device (``/dev/zero``), a socket or a directory is refused before it is
+    read, never blocked on, and the size limit holds for a file that grows while it is read."""
+    fd = _open_regular(path)
+    too_big = UnreadableInput(
+        path, f"it is larger than {_size(max_bytes)}, the most read", kind="size"
+    )
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size > max_bytes:
+                raise too_big
             data = fh.read(max_bytes + 1)
     except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raise UnreadableInput(path, str(exc.strerror or exc), kind="os") from None
     if len(data) > max_bytes:
         raise too_big
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(
-            f"{what} {path} is not UTF-8 text (byte {exc.start}); is it the right file?"
+        raise UnreadableInput(
+            path, f"it is not UTF-8 text (byte {exc.start})", kind="encoding"
         ) from None
+
+
+def _size(max_bytes: int) -> str:
+    """``1 MiB`` (or ``512 bytes`` below one MiB)."""
+    return f"{max_bytes // 2**20} MiB" if max_bytes >= 2**20 else f"{max_bytes} bytes"
+
+
+def read_input_text(
+    path: str | os.PathLike[str], what: str, error: type[PartitionError], max_bytes: int
+) -> str:
+    """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``
+    (:func:`read_regular_text`); ``error`` naming ``what`` (``plan file``) and the path
+    otherwise."""
+    try:
+        return read_regular_text(path, max_bytes)
+    except UnreadableInput as exc:
+        reason = exc.reason.removeprefix("it ")
+        if exc.kind == "missing":
+            raise error(f"no such {what}: {path}; check the path") from None
+        if exc.kind == "type":
+            kind = reason.removesuffix(", not a regular file")
+            raise error(f"{what} {path} {kind}; give a regular file") from None
+        if exc.kind in ("size", "encoding"):
+            raise error(f"{what} {path} {reason}; is it the right file?") from None
+        raise error(f"cannot read {what} {path}: {exc.reason}") from None

@@ -37,18 +37,30 @@ class OpView:
     """Per layer, the position of its first op that is not fed (the op count when none)."""
 
 
-_VIEWS: dict[int, OpView] = {}
+_VIEWS: dict[int, tuple[weakref.ref[Graph], OpView]] = {}
+"""``id(graph)`` -> (a weak reference to ``graph``, its view). An id is unique only while its
+object lives, so an entry is used only when its reference still leads to the very graph asked
+about; the entry is dropped when the graph dies. Planning threads share it: each step is one
+dict operation (atomic), and two threads that miss at once both build the same view."""
 
 
 def op_view(graph: Graph) -> OpView:
     """``graph``'s view, built on first use and kept while ``graph`` lives."""
     key = id(graph)
-    view = _VIEWS.get(key)
-    if view is None:
-        view = _build(graph)
-        _VIEWS[key] = view
-        weakref.finalize(graph, _VIEWS.pop, key, None)
+    held = _VIEWS.get(key)
+    if held is not None and held[0]() is graph:
+        return held[1]
+    view = _build(graph)
+    _VIEWS[key] = (weakref.ref(graph), view)
+    weakref.finalize(graph, _forget, key, weakref.ref(view))
     return view
+
+
+def _forget(key: int, view: weakref.ref[OpView]) -> None:
+    """Drop ``key``'s entry if it still holds ``view`` (a dead graph's; not a later graph's)."""
+    held = _VIEWS.get(key)
+    if held is not None and held[1] is view():
+        _VIEWS.pop(key, None)
 
 
 def _build(graph: Graph) -> OpView:

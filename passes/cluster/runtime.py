@@ -62,8 +62,8 @@ from cost_models.devices.tf_config import (
     TfConfig,
     parse_cluster_jobs,
     parse_tf_config,
-    tf_config_text,
 )
+from cost_models.devices.topology import bounded_tf_config_text
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
 
@@ -73,6 +73,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_STEP_TIMEOUT_S",
     "FIRST_STEP_FACTOR",
+    "MAX_CLUSTER_BYTES",
     "ClusterError",
     "ClusterHandle",
     "WorkerCluster",
@@ -139,6 +140,10 @@ class WorkerCluster:
 
 _CLUSTER_EXAMPLE = '{"worker": ["host0:2222", "host1:2222"]}'
 
+MAX_CLUSTER_BYTES = 1 << 20
+"""The largest cluster file read (1 MiB; TF_CONFIG has the same bound): a regular file, refused
+without blocking otherwise (a FIFO, ``/dev/zero``, a directory)."""
+
 
 def _read_cluster_data(
     cluster: Mapping[str, Any] | str | os.PathLike[str] | None,
@@ -147,7 +152,7 @@ def _read_cluster_data(
     if isinstance(cluster, Mapping):
         return dict(cluster), "cluster"
     if cluster is None:
-        text = tf_config_text()
+        text = bounded_tf_config_text()
         if text is None:
             raise UsageError(
                 "no cluster given and TF_CONFIG is not set; give a cluster file (JSON like "
@@ -157,7 +162,13 @@ def _read_cluster_data(
     else:
         path = Path(cluster)
         source = f"cluster file {str(path)!r}"
-        text = read_text(path, source, UsageError, hint=f"pass a JSON file like {_CLUSTER_EXAMPLE}")
+        text = read_text(
+            path,
+            source,
+            UsageError,
+            hint=f"pass a JSON file like {_CLUSTER_EXAMPLE}",
+            max_bytes=MAX_CLUSTER_BYTES,
+        )
     return parse_json(text, source, UsageError, hint=f"it should look like {_CLUSTER_EXAMPLE}"), source
 
 
