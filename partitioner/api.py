@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -47,6 +47,8 @@ from partitioner.core.ir import (
 from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES, InexactLayer
 from partitioner.core.options import (
     DEFAULT_SCHEDULE,
+    MAX_DEVICES,
+    MAX_MEMORY_BYTES,
     MeasureOptions,
     SearchOptions,
     TargetOptions,
@@ -154,8 +156,11 @@ def prepare(
     here), the optimizer, the solver, the micro-batch count; with ``profile_ops``, that the
     topology has a cpu device. Fast, and without TensorFlow; raises a
     :class:`~partitioner.core.errors.PartitionError` subclass for every bad option."""
-    search = search or SearchOptions()
-    measure = measure or MeasureOptions()
+    _check_group(target, TargetOptions, "target")
+    search = SearchOptions() if search is None else _check_group(search, SearchOptions, "search")
+    measure = (
+        MeasureOptions() if measure is None else _check_group(measure, MeasureOptions, "measure")
+    )
     device = get_device_type(target.device_type)
     topology = load_topology(
         target.topology,
@@ -163,6 +168,7 @@ def prepare(
         num_devices=target.gpus,
         memory_limit_bytes=target.memory_limit_bytes,
     )
+    _check_topology_bounds(target.topology, topology)
     prepared = Prepared(
         target=target,
         search=search,
@@ -183,20 +189,76 @@ def prepare(
 _Options = TypeVar("_Options", TargetOptions, SearchOptions, MeasureOptions)
 
 
+def _check_group(given: Any, group: type[_Options], label: str) -> _Options:
+    """``given`` when it is a ``group``; UsageError naming ``label=`` otherwise."""
+    if not isinstance(given, group):
+        raise UsageError(
+            f"{label}={given!r} must be a {group.__name__} (or omitted, with the flat keywords)"
+        )
+    return given
+
+
+def _check_topology_bounds(spec: str, topology: Topology) -> None:
+    """A topology of at most :data:`MAX_DEVICES` devices, each of at most
+    :data:`MAX_MEMORY_BYTES` of memory (a topology file may describe more)."""
+    if topology.num_devices > MAX_DEVICES:
+        raise UsageError(
+            f"topology={spec!r} describes {topology.num_devices} devices, more than "
+            f"{MAX_DEVICES}, the most partition takes; describe at most {MAX_DEVICES}"
+        )
+    big = next((d for d in topology.devices if d.memory_bytes > MAX_MEMORY_BYTES), None)
+    if big is not None:
+        raise UsageError(
+            f"topology={spec!r} gives device {big.index} ({big.device_type}) "
+            f"{big.memory_bytes} bytes of memory, more than 1 EiB ({MAX_MEMORY_BYTES} B), the "
+            "most partition takes; give its memory as a size such as '80GiB'"
+        )
+
+
+def _differs(value: Any, default: Any) -> bool:
+    """Whether a keyword is away from its default (an array compared elementwise is)."""
+    try:
+        return bool(value != default)
+    except (TypeError, ValueError):
+        return True
+
+
 def _options(
-    build: Callable[..., _Options], given: _Options | None, label: str, **keywords: Any
+    build: type[_Options], given: _Options | None, label: str, **keywords: Any
 ) -> _Options:
     """The option group ``given`` as ``label=``, else the one built from the flat ``keywords``;
-    UsageError when both set a field (a keyword away from its default)."""
+    UsageError when ``given`` is no such group or both set a field (a keyword away from its
+    default)."""
     if given is None:
         return build(**keywords)
+    _check_group(given, build, label)
     defaults = build()
     for name, value in keywords.items():
-        if value != getattr(defaults, name):
+        if _differs(value, getattr(defaults, name)):
             raise UsageError(
                 f"partition() got {label}= and also {name}={value!r}; give {name} in {label}= only"
             )
     return given
+
+
+def _flat_pipelining(pipeline: Any, schedule: Any, num_microbatches: Any) -> tuple[Any, Any]:
+    """``partition``'s ``schedule`` and ``num_microbatches`` as :class:`SearchOptions` takes
+    them: the schedule checked, and without pipelining unused (``None``), as is one
+    micro-batch, the whole batch (the integer 1 only: ``True`` or ``1.0`` are refused)."""
+    checked = parse_schedule(schedule)
+    if pipeline is not False:
+        return checked, num_microbatches
+    one = type(num_microbatches) is int and num_microbatches == 1
+    return None, None if one else num_microbatches
+
+
+def _check_progress(progress: Any) -> None:
+    """``progress`` is ``None`` or a callable; UsageError naming it otherwise."""
+    if progress is not None and not callable(progress):
+        raise UsageError(
+            f"progress={progress!r} must be a callable taking (message, completed, total), or "
+            "None"
+        )
 
 
 def partition(
@@ -246,17 +308,17 @@ def partition(
         batch_size=batch_size, input_shape=input_shape,
         optimizer=optimizer, memory_limit_bytes=memory_limit_bytes, precision=precision,
     )  # fmt: skip
-    # Without pipelining, one micro-batch is the whole batch and the schedule is unused.
+    flat_schedule, microbatches = _flat_pipelining(pipeline, schedule, num_microbatches)
     search = _options(
         SearchOptions, search, "search", solver=solver, seed=seed, time_limit_s=time_limit_s,
-        pipeline=pipeline, schedule=parse_schedule(schedule) if pipeline else None,
-        num_microbatches=None if not pipeline and num_microbatches == 1 else num_microbatches,
+        pipeline=pipeline, schedule=flat_schedule, num_microbatches=microbatches,
         compare_strategies=compare_strategies, strategy=strategy,
     )  # fmt: skip
     measure = _options(
         MeasureOptions, measure, "measure", profile=profile, profile_ops=profile_ops,
         cache_dir=cache_dir,
     )  # fmt: skip
+    _check_progress(progress)
     return partition_prepared(model, prepare(target, search, measure), progress=progress)
 
 
@@ -271,6 +333,9 @@ def _timed(phases: list[tuple[str, float]], name: str) -> Iterator[None]:
 def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | None = None) -> Plan:
     """Plan ``model`` with options already checked by :func:`prepare` (the CLI checks them
     before it imports TensorFlow; :func:`partition` is the two in one)."""
+    if not isinstance(prepared, Prepared):
+        raise UsageError(f"prepared={prepared!r} must be what prepare(...) returns")
+    _check_progress(progress)
     say: Progress = progress or _no_progress
     phases: list[tuple[str, float]] = []
     inexact = _check_model(model)
@@ -289,10 +354,13 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
         say("comparing strategies")
         with _timed(phases, "strategies"):
             compared = _compare(costed_at, prepared, solved)
+    from passes.apply import model_fingerprint  # what plan.apply checks the model against
+
     common: dict[str, Any] = {
         "link": topology_summary(costed.topology),
         "batch_size": prepared.target.batch_size,
         "input_shape": prepared.target.input_shape,
+        "fingerprint": model_fingerprint(model, prepared.target.input_shape),
         "baselines": baselines,
         "phase_times_s": tuple(phases),
         "measured_layers": costed.measured,
@@ -317,15 +385,18 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
 
 
 def _check_model(model: Any) -> _Inexact:
-    """Refuse, in one line and before the slow work, a Keras model no plan could be applied to
-    (its own training step, layers that cannot be rebuilt: :func:`passes.checks.check_model`);
+    """Refuse, in one line and before the slow work, what is no Keras model, and a Keras model
+    no plan could be applied to (its own training step, layers that cannot be rebuilt: :func:`passes.checks.check_model`);
     the layers, nested ones too, that are not exact under a split batch."""
     import keras
 
     from passes.checks import check_model, inexact_layers
 
     if not isinstance(model, keras.Model):
-        return ()
+        raise UsageError(
+            f"model= is {'None' if model is None else 'a ' + type(model).__qualname__}, not a "
+            "Keras model; pass a keras.Model (a Sequential, functional or subclassed model)"
+        )
     check_model(model)
     return inexact_layers(model)
 

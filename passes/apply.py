@@ -3,23 +3,207 @@ and the model is placed (:func:`~passes.rewrite.device_placement.place_model`), 
 (:func:`~passes.rewrite.pipeline.pipeline_model`), replicated
 (:func:`~passes.rewrite.replicate.realise_strategy`), or, on a cluster's tasks, placed or pipelined
 (:func:`~passes.cluster.runtime.place_on_cluster`) or replicated
-(:func:`~passes.cluster.runtime.replicate_on_cluster`)."""
+(:func:`~passes.cluster.runtime.replicate_on_cluster`).
+
+Before anything is built, the plan is checked against what it is applied to: the model's layer
+names, its inputs and layer weight shapes (the plan's
+:class:`~partitioner.plan.model.ModelFingerprint`, made by :func:`model_fingerprint` when the plan
+was made), and, off a cluster, that every device string names a device TensorFlow sees here
+(TensorFlow's soft placement would otherwise run the layers of a missing device on CPU:0,
+silently)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
-from partitioner.core.errors import PlanError
+from partitioner.core.errors import PlanError, TraceError, UsageError
+from partitioner.core.options import InputShape
 from partitioner.core.strategy import Strategy
-from partitioner.plan.model import Plan
+from partitioner.plan.model import InputSignature, ModelFingerprint, Plan
 from partitioner.plan.schema import check_plan_matches_model
 from passes.rewrite.device_placement import default_device_strings, place_model
-from passes.trace import input_specs, placement_units
+from passes.trace import input_names, input_specs, placement_units
 
-__all__ = ["apply_plan"]
+__all__ = ["apply_plan", "model_fingerprint"]
+
+logger = logging.getLogger(__name__)
+
+_NEXT_STEP = "re-plan this model: partition(model, ...)"
+
+
+# -- what the plan was made for ----------------------------------------------------------------
+
+
+def model_fingerprint(model: Any, input_shape: InputShape | None = None) -> ModelFingerprint:
+    """``model``'s inputs (name, shape after the batch, dtype; ``model.inputs`` order) and the
+    weight shapes of each of its placement units that is built, for
+    :attr:`partitioner.plan.model.Plan.fingerprint`.
+
+    An input's shape is the model's own where it declares every dimension, else the one
+    ``input_shape`` (the plan's) gives, as the trace took it
+    (:func:`passes.trace.input_specs`)."""
+    try:
+        specs = input_specs(model, 1)
+    except TraceError:
+        specs = input_specs(model, 1, input_shape)
+    inputs = tuple(
+        InputSignature(name, tuple(int(d) for d in spec.shape[1:]), spec.dtype.name)
+        for name, spec in zip(input_names(model), specs)
+    )
+    weights = tuple(
+        (unit.name, tuple(tuple(int(d) for d in w.shape) for w in _weights(unit.operation)))
+        for unit in placement_units(model)
+        if getattr(unit.operation, "built", True)
+    )
+    return ModelFingerprint(inputs=inputs, layer_weights=weights)
+
+
+def _weights(operation: Any) -> list[Any]:
+    """A Keras layer's weights (its sublayers' too); none for an operation without."""
+    return list(getattr(operation, "weights", None) or [])
+
+
+def _signature(sig: InputSignature) -> str:
+    return f"{sig.shape} {sig.dtype}"
+
+
+def _first_difference(made_for: ModelFingerprint, here: ModelFingerprint) -> str | None:
+    """The first way ``here`` (the model at hand) differs from ``made_for`` (the plan's), in
+    words; None when they agree. A layer unbuilt on either side is not compared."""
+    if len(made_for.inputs) != len(here.inputs):
+        return (
+            f"the plan's model takes {len(made_for.inputs)} input(s) "
+            f"{[_signature(i) for i in made_for.inputs]}, this model "
+            f"{len(here.inputs)} {[_signature(i) for i in here.inputs]}"
+        )
+    for expected, found in zip(made_for.inputs, here.inputs):
+        if (expected.shape, expected.dtype) != (found.shape, found.dtype):
+            return (
+                f"input {found.name!r} is {_signature(found)} here, but the plan was made for "
+                f"{_signature(expected)}"
+            )
+    have = here.weights_of
+    for name, shapes in made_for.layer_weights:
+        if name in have and have[name] != shapes:
+            return (
+                f"layer {name!r} has weights of shapes {list(have[name])} here, but the plan was "
+                f"made for {list(shapes)}"
+            )
+    return None
+
+
+def _check_fingerprint(plan: Plan, model: Any) -> None:
+    """PlanError naming the first difference between ``model`` and the model ``plan`` was made
+    for (inputs, then layer weight shapes); a warning for a plan of an earlier release, which
+    records none."""
+    if plan.fingerprint is None:
+        logger.warning(
+            "the plan for %r records no model fingerprint (a plan file of an earlier release): "
+            "this model's inputs and weight shapes are not checked against it; re-plan the model "
+            "to have them checked",
+            plan.model_name,
+        )
+        return
+    difference = _first_difference(plan.fingerprint, model_fingerprint(model, plan.input_shape))
+    if difference is not None:
+        raise PlanError(
+            f"the plan for {plan.model_name!r} does not fit this model: {difference}; {_NEXT_STEP}"
+        )
+
+
+# -- devices --------------------------------------------------------------------------------
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a value from the caller may be huge)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _given_devices(devices: Any) -> tuple[str, ...] | None:
+    """``devices=`` as a tuple of non-empty strings; UsageError naming the first bad entry."""
+    if devices is None:
+        return None
+    if isinstance(devices, (str, bytes, Mapping)) or not isinstance(devices, Iterable):
+        raise UsageError(
+            f"devices={_shown(devices)} must be a list of TensorFlow device strings, one per plan "
+            "device, e.g. devices=['/device:GPU:0', '/device:GPU:1']"
+        )
+    given = tuple(devices)
+    for i, name in enumerate(given):
+        if not isinstance(name, str) or not name.strip():
+            raise UsageError(
+                f"devices[{i}] is {_shown(name)}, not a device string; give one TensorFlow device "
+                f"per plan device, e.g. '/device:GPU:{i}' or '/device:CPU:{i}'"
+            )
+    return given
+
+
+def _local_names() -> list[str]:
+    """The devices TensorFlow sees in this process, as ``/device:TYPE:N``."""
+    names = []
+    for device in tf.config.list_logical_devices():
+        spec = tf.DeviceSpec.from_string(device.name)
+        names.append(f"/device:{spec.device_type}:{spec.device_index}")
+    return names
+
+
+_LOCAL_TASK = {"job": "localhost", "replica": 0, "task": 0}
+"""Where this process's devices are, whether or not TensorFlow names it in their names."""
+
+
+def _matches(wanted: Any, have: Any) -> bool:
+    """Whether device spec ``have`` (a device TensorFlow lists here) is one ``wanted`` names:
+    each field ``wanted`` sets is equal (the device type in any case; job, replica and task
+    those of this process, ``/job:localhost/replica:0/task:0``)."""
+    for attr in ("job", "replica", "task", "device_index"):
+        value = getattr(wanted, attr)
+        here = getattr(have, attr)
+        if here is None:
+            here = _LOCAL_TASK.get(attr)
+        if value is not None and value != here:
+            return False
+    return str(wanted.device_type).upper() == str(have.device_type).upper()
+
+
+def _missing_device(name: str) -> str | None:
+    """Why ``name`` is not a device TensorFlow sees here (None when it is)."""
+    try:
+        wanted = tf.DeviceSpec.from_string(name)
+    except (ValueError, TypeError) as exc:
+        return f"is not a TensorFlow device string ({exc})"
+    if wanted.device_type is None:
+        return "names no device type (CPU, GPU, ...)"
+    local = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
+    if any(_matches(wanted, have) for have in local):
+        return None
+    return "is not a device TensorFlow sees here"
+
+
+def _check_local_devices(device_strings: Sequence[str], given: bool) -> None:
+    """UsageError (``devices=``) or PlanError (the plan's own names) naming the first device
+    string that is not a device of this process, and the devices TensorFlow sees."""
+    for i, name in enumerate(device_strings):
+        why = _missing_device(name)
+        if why is None:
+            continue
+        seen = _local_names()
+        example = [seen[k % len(seen)] for k in range(len(device_strings))] if seen else []
+        if given:
+            raise UsageError(
+                f"devices[{i}]={_shown(name)} {why} (TensorFlow sees {seen}); pass devices= from "
+                f"those, e.g. devices={example}"
+            )
+        raise PlanError(
+            f"the plan's device {i} is named {_shown(name)}, which {why} (TensorFlow sees "
+            f"{seen}); "
+            f"pass devices=[...] to apply(), e.g. devices={example}"
+        )
 
 
 def _replicas(plan: Plan) -> Strategy | None:
@@ -97,7 +281,8 @@ def _device_strings(
 ) -> tuple[str, ...]:
     """TensorFlow device strings for the plan's devices, in the plan's order. On a cluster,
     ``used`` (the devices a strategy with replicas uses; it may leave some of the plan's idle)
-    limits the mapping to those, and the others map to ``""``."""
+    limits the mapping to those, and the others map to ``""``. Off a cluster, each must be a
+    device of this process (:func:`_check_local_devices`)."""
     if devices is not None:
         device_strings = tuple(devices)
         if len(device_strings) != plan.num_devices:
@@ -105,6 +290,8 @@ def _device_strings(
                 f"the plan has {plan.num_devices} devices but devices= names "
                 f"{len(device_strings)}: {list(device_strings)}"
             )
+        if handle is None:
+            _check_local_devices(device_strings, given=True)
         return device_strings
     if handle is not None:
         from passes.cluster.runtime import remote_device_strings
@@ -114,7 +301,9 @@ def _device_strings(
         remote = dict(zip(used, remote_device_strings(handle, [plan.devices[i] for i in used])))
         return tuple(remote.get(i, "") for i in range(plan.num_devices))
     if all(d.name for d in plan.devices):
-        return tuple(d.name for d in plan.devices)
+        named = tuple(d.name for d in plan.devices)
+        _check_local_devices(named, given=False)
+        return named
     return tuple(default_device_strings(plan.num_devices))
 
 
@@ -163,19 +352,22 @@ def apply_plan(
     timeout_s: float = 30.0,
     step_timeout_s: float = 30.0,
 ) -> Any:
-    """A copy of ``model`` placed by ``plan`` (see :meth:`partitioner.plan.model.Plan.apply`)."""
+    """A copy of ``model`` placed by ``plan`` (see :meth:`partitioner.plan.model.Plan.apply`),
+    checked first (the module docstring)."""
+    given = _given_devices(devices)
     strategy = _replicas(plan)
     handle = _connected(plan, cluster, timeout_s)
     if strategy is not None and handle is not None:
         _check_cluster_holds(strategy, handle)
     used = strategy.devices if strategy is not None else None
-    device_strings = _device_strings(plan, devices, handle, used)
+    device_strings = _device_strings(plan, given, handle, used)
     check_plan_matches_model(
         plan.layer_order,
         [u.name for u in placement_units(model)],
         plan.model_name,
         applied_to=getattr(model, "name", None),
     )
+    _check_fingerprint(plan, model)
     specs = input_specs(model, 1, plan.input_shape)
     # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own
     # structure (a dict of inputs too). Masks are all true, token ids 0 (in every table).

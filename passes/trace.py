@@ -54,6 +54,7 @@ __all__ = [
     "ShapeArg",
     "TraceResult",
     "Unit",
+    "error_line",
     "input_names",
     "input_specs",
     "integer_input_bounds",
@@ -166,6 +167,8 @@ class _CallRecorder:
         # (number of ops in the graph when the segment starts, owner of the segment)
         self.segments: list[tuple[int, str | None]] = [(0, None)]
         self._graph: Any = None
+        self.failed_in: str | None = None
+        """The innermost unit whose call raised an exception that was not handled (yet)."""
 
     def _mark(self) -> None:
         n = len(self._graph.get_operations())
@@ -205,10 +208,15 @@ class _CallRecorder:
                 recorder._stack.append(unit)
                 recorder._mark()
                 try:
-                    return original(op_self, *args, **kwargs)
+                    result = original(op_self, *args, **kwargs)
+                except BaseException:
+                    recorder.failed_in = recorder.failed_in or unit
+                    raise
                 finally:
                     recorder._stack.pop()
                     recorder._mark()
+                recorder.failed_in = None  # what failed inside was handled
+                return result
 
             return recording_call
 
@@ -779,7 +787,7 @@ def _trace_step(
     except TraceError:
         raise
     except Exception as exc:
-        raise _trace_failure(model, specs, exc) from exc
+        raise _trace_failure(model, specs, exc, recorder) from exc
     return concrete, boundary[0] if boundary else None, sparse
 
 
@@ -828,7 +836,7 @@ def _weightless_step(
     except TraceError:
         raise
     except Exception as exc:
-        raise _trace_failure(model, specs, exc) from exc
+        raise _trace_failure(model, specs, exc, recorder) from exc
     owner_of_var = weightless.variable_owners(recorder.units)
     arguments = concrete.graph.inputs[len(specs) : len(specs) + len(variables)]
     owners = {
@@ -845,20 +853,67 @@ def _weightless_step(
 
 
 def _trace_failure(
-    model: keras.Model, specs: Sequence[tf.TensorSpec], exc: Exception
+    model: keras.Model, specs: Sequence[tf.TensorSpec], exc: Exception, recorder: _CallRecorder
 ) -> TraceError:
-    """One line for a model TensorFlow could not trace."""
+    """One line for a model TensorFlow could not trace: the layer that raised, Keras's own
+    message, and the batch and input shapes of the trace beside the model's own (the arguments
+    to change)."""
     bad_scope = re.search(r"'([^']*)' is not a valid scope name", str(exc))
     if bad_scope:
         return TraceError(
             f"layer name {bad_scope.group(1)!r} of model {model.name!r} is not a valid "
             "TensorFlow scope name (letters, digits and _ . / > - only); rename the layer"
         )
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    where = f"model {model.name!r}"
+    kinds = {u.name: type(u.operation).__name__ for u in recorder.units}
+    if recorder.failed_in is not None:
+        where = f"layer {recorder.failed_in!r} ({kinds[recorder.failed_in]}) of {where}"
     return TraceError(
-        f"tracing model {model.name!r} at input {[tuple(s.shape) for s in specs]} failed: "
-        f"{type(exc).__name__}: {first}"
+        f"{where} raised {type(exc).__name__} while traced: {error_line(exc)}; "
+        f"{_traced_at(model, specs)}"
     )
+
+
+_KERAS_CALL_CONTEXT = re.compile(r"Exception encountered when calling [^\n]*\n\s*(?:\x1b\[1m)?")
+"""What Keras puts before a layer call's error message (then the message in bold)."""
+
+
+def error_line(exc: BaseException, empty: str | None = None) -> str:
+    """The first line of ``exc``'s message, of Keras's own message where Keras wrapped it in
+    the layer call's context ("Exception encountered when calling Dense.call()."); ``empty``
+    (default: the exception's type) when there is none."""
+    text = str(exc).strip()
+    context = _KERAS_CALL_CONTEXT.match(text)
+    if context is not None:
+        text = text[context.end() :].split("\x1b[0m", 1)[0].strip()
+    lines = text.splitlines()
+    return lines[0].strip() if lines else (type(exc).__name__ if empty is None else empty)
+
+
+def _traced_at(model: keras.Model, specs: Sequence[tf.TensorSpec]) -> str:
+    """The batch (and the input shapes, where they are not the model's own) a failed trace ran
+    at, as arguments (``batch_size=64``, ``input_shape=(10,)``), beside the model's own input
+    shapes and its fixed batch, if it has one (``keras.Input(batch_shape=...)``, as a stateful
+    RNN needs)."""
+    batch = int(specs[0].shape[0])
+    text = f"it was traced at batch_size={batch}"
+    own = [tuple(t.shape) for t in _declared_inputs(model)]
+    if len(own) != len(specs):
+        return text
+    names = input_names(model)
+    traced = [tuple(s.shape)[1:] for s in specs]
+    differ = [k for k, (o, t) in enumerate(zip(own, traced)) if tuple(o[1:]) != t]
+    if differ:
+        given: Any = traced[0] if len(specs) == 1 else {names[k]: traced[k] for k in differ}
+        owned: Any = own[0][1:] if len(specs) == 1 else {names[k]: own[k][1:] for k in differ}
+        text += f" with input_shape={given!r}; the model's own input is {owned!r}"
+    fixed = sorted({int(o[0]) for o in own if o[0] is not None})
+    if fixed and fixed != [batch]:
+        text += (
+            f"; the model's input has a fixed batch of {fixed[0]} (keras.Input(batch_shape=...), "
+            f"as a stateful layer needs): plan it at batch_size={fixed[0]}"
+        )
+    return text
 
 
 def _ops_and_edges(

@@ -252,8 +252,8 @@ def _failure(exc: Exception, what: str, made: Sequence[Any]) -> WeightlessBuildE
         message, name = exc.reason, exc.layer
     else:
         layer = _failing_layer(exc)
-        name = layer.name if layer is not None else None
-        where = f"layer {name!r} ({type(layer).__name__})" if layer is not None else what
+        name = getattr(layer, "name", None)  # None too for a layer whose __init__ raised
+        where = f"layer {name!r} ({type(layer).__name__})" if name is not None else what
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         message = (
             f"{where} cannot be built without its weights ({type(exc).__name__}: {first[:200]})"

@@ -18,16 +18,48 @@ import shlex
 import signal
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TextIO, cast
 
-from rich.console import Console
 
-from partitioner.core.errors import (
+def _interrupt_exits(note: str) -> None:
+    """From now on Ctrl-C (SIGINT) prints ``partition: NOTE`` and ends the process at once with
+    status 130: for the moments no file is being written (start-up, the command line, the
+    ending), where unwinding could only end in a traceback. Defined before the imports below,
+    which take a while: the ``partition`` script installs it first (``python -m partitioner``
+    does in ``partitioner/__main__.py``). A SIGINT ignored from the start (a background job of
+    a script) stays ignored (:func:`_set_sigint`)."""
+    line = f"partition: {note}\n".encode()
+
+    def exit_now(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):
+            os.write(2, line)
+        os._exit(130)
+
+    _set_sigint(exit_now)
+
+
+def _set_sigint(handler: Any) -> None:
+    """SIGINT handled by ``handler`` from now on, unless it is ignored (``SIG_IGN``: the shell
+    starts a script's background jobs so, and Python leaves it so)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, handler)
+
+
+INTERRUPTED_EARLY = "interrupted; nothing was written"
+
+if Path(getattr(sys.modules.get("__main__"), "__file__", None) or "").name == "partition":
+    _interrupt_exits(INTERRUPTED_EARLY)  # the console script: this module is its first import
+
+from rich.console import Console  # noqa: E402
+
+from partitioner.core.errors import (  # noqa: E402
     CatalogError,
     ModelLoadError,
     OutputError,
@@ -35,15 +67,15 @@ from partitioner.core.errors import (
     UsageError,
     escape_control,
 )
-from partitioner.core.files import (
+from partitioner.core.files import (  # noqa: E402
     check_output_path,
     read_input_text,
     same_file,
     write_all_atomic,
 )
-from partitioner.core.ir import Schedule
-from partitioner.core.jsonfiles import check_data_bounds, loads_bounded
-from partitioner.core.options import (
+from partitioner.core.ir import Schedule  # noqa: E402
+from partitioner.core.jsonfiles import check_data_bounds, loads_bounded  # noqa: E402
+from partitioner.core.options import (  # noqa: E402
     AUTO_STRATEGY,
     InputShape,
     MeasureOptions,
@@ -51,7 +83,7 @@ from partitioner.core.options import (
     TargetOptions,
     parse_memory_limit,
 )
-from partitioner.core.strategy import Family
+from partitioner.core.strategy import Family  # noqa: E402
 
 if TYPE_CHECKING:
     from partitioner.api import Prepared
@@ -651,10 +683,11 @@ def _show(argv: Sequence[str], out: Console) -> int:
 
     args = _show_parser().parse_args(argv)
     try:
-        render_plan(load_plan(args.plan), out, verbose=args.verbose)
+        with out.capture() as tables:
+            render_plan(load_plan(args.plan), out, verbose=args.verbose)
+        return _print_out(tables.get(), "the plan's tables", ())
     except PartitionError as exc:
         return _error(exc)
-    return 0
 
 
 def _devices(argv: Sequence[str], out: Console) -> int:
@@ -679,8 +712,12 @@ def _devices(argv: Sequence[str], out: Console) -> int:
             d.default_link,
             d.source,
         )
-    out.print(table)
-    return 0
+    with out.capture() as listed:
+        out.print(table)
+    try:
+        return _print_out(listed.get(), "the device catalog", ())
+    except PartitionError as exc:
+        return _error(exc)
 
 
 def _error(exc: PartitionError) -> int:
@@ -708,13 +745,50 @@ def _raise_interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
+THREAD_GRACE_S = 2.0
+"""How long a ``partition`` process waits, once its work is done, for threads the model's code
+left running (they would keep the interpreter alive forever) before it exits without them."""
+
+SUBCOMMANDS = ("show", "devices", "worker", "calibrate")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The ``partition`` command; its exit status.
+
+    Without ``argv`` it runs this process's own command line (the ``partition`` script,
+    ``python -m partitioner``) and owns the process: Ctrl-C at any moment is one line and status
+    130 (at once outside the run, where nothing is being written; inside it a
+    ``KeyboardInterrupt`` unwinds, so atomic writers remove their temporary files), a stdout
+    that fails leaves no traceback (:func:`_print_out`, :func:`_flush_or_drop`), and threads
+    the model's code left running do not keep the process alive (:func:`_leave`). With
+    ``argv`` (tests, another program calling it) it only returns the status: signals, streams
+    and threads are the caller's.
+    """
+    if argv is not None:
+        return _main(list(argv), process=False)
+    _interrupt_exits(INTERRUPTED_EARLY)
+    args = sys.argv[1:]
+    try:
+        try:
+            status = _main(args, process=True)
+        finally:  # the run is over: a signal now ends the process at once
+            _interrupt_exits("interrupted")
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except SystemExit as exc:  # argparse: --help, a bad command line
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except KeyboardInterrupt:  # arrived as the run's handlers were changed
+        status = _interrupted()
+    command = args[0] if args and args[0] in SUBCOMMANDS else None
+    return _leave(status, model_ran=command is None)
+
+
+def _main(argv: list[str], *, process: bool) -> int:
+    """:func:`main` for ``argv``: a subcommand, or a plan."""
     _plain_streams()
     if argv and argv[0] == "show":
-        return _show(argv[1:], Console())
+        return _show(argv[1:], _stdout_console())
     if argv and argv[0] == "devices":
-        return _devices(argv[1:], Console())
+        return _devices(argv[1:], _stdout_console())
     if argv and argv[0] == "worker":
         from partitioner.cli.worker import main as worker_main
 
@@ -722,13 +796,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "calibrate":
         from partitioner.cli.calibrate import main as calibrate_main
 
+        if process:  # it writes a file: Ctrl-C unwinds, and it says so itself
+            _set_sigint(signal.default_int_handler)
         return calibrate_main(argv[1:])
+    return _main_plan(argv, process=process)
+
+
+def _main_plan(argv: list[str], *, process: bool) -> int:
+    """``partition PATH[:ATTR] ...``: every failure as one line and its status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     # A polite kill (SIGTERM) unwinds like Ctrl-C, so atomic writers remove their temporary files.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     _configure_logging(args.verbose)
-    out = Console()
+    out = _stdout_console()
     # Progress goes to a copy of stderr, so it still shows while TensorFlow's native start-up
     # logging (written straight to file descriptor 2) is silenced.
     err = Console(
@@ -738,13 +819,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:  # warnings must show through the silence too
         if type(handler) is logging.StreamHandler and handler.stream is sys.stderr:
             handler.setStream(err.file)
+    if process:  # from here on Ctrl-C unwinds: the run may be writing its files
+        _set_sigint(signal.default_int_handler)
     try:
         return _run(args, out, err)
     except PartitionError as exc:
         return _error(exc)
     except KeyboardInterrupt:
-        sys.stderr.write(f"{PROG}: interrupted; no file was left half-written\n")
-        return 130
+        return _interrupted()
     except SystemExit as exc:  # only the model's code exits: argparse ran before
         return _error(
             ModelLoadError(
@@ -755,7 +837,125 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:
         if args.verbose:
             raise
-        return _internal_error(exc)
+        return _internal_error(exc, _model_file(args.model))
+
+
+def _interrupted() -> int:
+    """Say that Ctrl-C (or SIGTERM) ended the run; its status."""
+    _say(f"{PROG}: interrupted; no file was left half-written\n")
+    return 130
+
+
+class _Unwritten:
+    """Stdout as a rich Console sees it (its terminal, encoding, descriptor) but never
+    writes to: rich writes and flushes its file even while capturing, where a full disk raises.
+    Everything is drawn into captures and printed by :func:`_print_out`, after the files."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _stdout_console() -> Console:
+    """The Console the report is drawn with, as it would be on stdout (:class:`_Unwritten`)."""
+    return Console(file=cast(TextIO, _Unwritten(sys.stdout)))
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr, if stderr takes it (a full or closed one is not worth a traceback)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+def _print_out(text: str, what: str, written: Sequence[str]) -> int:
+    """Print ``text`` (``what`` it is) on stdout, after the run's files (``written``, as shown)
+    were written; the run's status. A reader that closed the pipe (``partition ... | head -1``)
+    ends the run quietly with status 0, as it took what it wanted and the files are whole; any
+    other failure (a full disk, ``>/dev/full``) is one line naming the files that were written
+    (OutputError, status 2)."""
+    try:
+        if sys.stdout is not None:  # None: started with stdout closed; nothing to print to
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return 0
+    except (OSError, ValueError) as exc:
+        reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        kept = (
+            f"; {' and '.join(written)} {'was' if len(written) == 1 else 'were'} written all the same"
+            if written
+            else ""
+        )
+        raise OutputError(f"cannot print {what} on stdout ({reason}){kept}") from None
+    return 0
+
+
+def _flush_or_drop(stream: TextIO | None) -> None:
+    """Flush ``stream``; if that fails (a closed pipe, a full disk), point its file descriptor at
+    /dev/null, so what it still holds goes nowhere instead of failing again when the
+    interpreter exits ("Exception ignored ... BrokenPipeError")."""
+    if stream is None:
+        return
+    try:
+        stream.flush()
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, stream.fileno())
+            finally:
+                os.close(devnull)
+            stream.flush()
+
+
+def _leave(status: int, *, model_ran: bool) -> int:
+    """The end of a ``partition`` process with ``status``: stdout and stderr flushed (or
+    dropped, :func:`_flush_or_drop`). After an interrupt, or when the model's code
+    (``model_ran``) left threads running that do not end within :data:`THREAD_GRACE_S`, the
+    process ends here (``os._exit``) instead of waiting at the interpreter's exit, which would
+    wait for those threads forever; the second says so in one line."""
+    if status == 130:  # interrupted: nothing to wait for (a stdout nobody reads would block)
+        _flush_or_drop(sys.stderr)
+        os._exit(status)
+    _flush_or_drop(sys.stdout)  # blocks while a pipe is full and unread; Ctrl-C still ends it
+    _flush_or_drop(sys.stderr)
+    left = _threads_left(THREAD_GRACE_S) if model_ran else []
+    if not left:
+        return status
+    names = ", ".join(escape_control(repr(t.name)) for t in left[:5])
+    more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+    count = f"{len(left)} thread{'s' if len(left) > 1 else ''}"
+    _say(
+        f"{PROG}: note: the model's code left {count} running ({names}{more}); exiting "
+        f"anyway after {THREAD_GRACE_S:g} s\n"
+    )
+    _flush_or_drop(sys.stderr)
+    os._exit(status)
+
+
+def _threads_left(grace_s: float) -> list[threading.Thread]:
+    """The threads besides this one that would keep the interpreter from exiting (alive and not
+    daemons), after waiting up to ``grace_s`` for them to end."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = [
+            t
+            for t in threading.enumerate()
+            if t is not threading.current_thread() and not t.daemon and t.is_alive()
+        ]
+        remaining = deadline - time.monotonic()
+        if not left or remaining <= 0:
+            return left
+        left[0].join(timeout=min(0.1, remaining))
 
 
 def _tf_config_cluster(topology: str) -> dict[str, list[str]] | None:
@@ -770,8 +970,31 @@ def _tf_config_cluster(topology: str) -> dict[str, list[str]] | None:
     return parse_tf_config(text).as_dict()
 
 
-def _internal_error(exc: BaseException) -> int:
-    """One line for an exception that is not a PartitionError (a bug, or the model's code)."""
+def _model_file(spec: str) -> str | None:
+    """The real path of the model file of ``PATH[:ATTR]`` (None where it cannot be known)."""
+    from partitioner.cli.loader import split_spec
+
+    try:
+        return os.path.realpath(split_spec(spec)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def _internal_error(exc: BaseException, model_file: str | None = None) -> int:
+    """One line for an exception that is not a PartitionError: the model's own when it was
+    raised in ``model_file`` (a function of the model file that the planner called: not a bug
+    of the planner), else a bug of ours."""
+    where = _user_frame(exc, model_file)
+    if where is not None:
+        # the model file ran, so TensorFlow is imported (_plan imports it before loading)
+        from passes.trace import error_line
+
+        return _error(
+            ModelLoadError(
+                f"the model's code raised {type(exc).__name__}: {error_line(exc)} (in "
+                f"{where.name}() of {where.filename}, line {where.lineno}); fix the model file"
+            )
+        )
     text = str(exc).strip()
     first = escape_control(text.splitlines()[0]) if text else ""
     sys.stderr.write(
@@ -779,6 +1002,15 @@ def _internal_error(exc: BaseException) -> int:
         "the traceback and report it)\n"
     )
     return 1
+
+
+def _user_frame(exc: BaseException, model_file: str | None) -> traceback.FrameSummary | None:
+    """The innermost frame of ``exc``'s traceback in ``model_file``, or None."""
+    if model_file is None:
+        return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if os.path.realpath(f.filename) == model_file]
+    return mine[-1] if mine else None
 
 
 def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -808,15 +1040,16 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     # Layers may import more of the user's modules while traced: checked again, then written.
     _check_outputs(paths, [*inputs, *_imported(paths, before)])
     _write_outputs(args, paths, model, plan)
-    out.file.write(report.get())
+    # The files first, then stdout: a stdout that fails (a closed pipe, a full disk) loses none.
     what = plan.strategy.describe() if plan.strategy is not None else "the placement"
     labels = {"--out": "Plan", "--report": "Report", "--emit": f"Model code ({what})"}
-    for written in paths.outputs:
-        shown = paths.shown(written.given, written.path)
-        out.print(f"{escape(labels[written.option])} written to {escape(shown)}")
-    if args.verbose:
-        out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
-    return 0
+    shown = [paths.shown(written.given, written.path) for written in paths.outputs]
+    with out.capture() as footer:
+        for written, name in zip(paths.outputs, shown):
+            out.print(f"{escape(labels[written.option])} written to {escape(name)}")
+        if args.verbose:
+            out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
+    return _print_out(report.get() + footer.get(), "the report", [escape_control(n) for n in shown])
 
 
 def _plan(
@@ -851,8 +1084,24 @@ def _plan(
         model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         load_s = time.perf_counter() - t0
         _check_outputs(paths, [*inputs, *_imported(paths, before)])
-        plan = partition_prepared(model, prepared, progress=progress)
+
+        def phase(message: str, completed: float | None = None, total: float | None = None) -> None:
+            _rearm_interrupt()
+            progress(message, completed, total)
+
+        plan = partition_prepared(model, prepared, progress=phase)
+        _rearm_interrupt()
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), before
+
+
+def _rearm_interrupt() -> None:
+    """Install the SIGINT handler Python has again (at each phase of the plan, and after it): a
+    native library may have replaced it underneath. OR-Tools' CP-SAT catches Ctrl-C while it
+    solves (to stop its search) and leaves SIGINT at its default action, which would end the
+    run without a word."""
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
 
 
 def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Plan) -> None:

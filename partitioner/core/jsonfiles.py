@@ -159,14 +159,49 @@ def check_data_bounds(data: Any, origin: str, error: type[Exception]) -> Any:
     return data
 
 
+class _Duplicate(ValueError):
+    """A key given twice in one JSON object (raised inside the JSON reader)."""
+
+    def __init__(self, key: str, first: Any, second: Any) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict; :class:`_Duplicate` when a key repeats (Python's reader
+    would keep the last value silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key, out[key], value)
+        out[key] = value
+    return out
+
+
 def loads_bounded(text: str, origin: str, error: type[Exception], hint: str) -> Any:
     """``text`` parsed as JSON, nesting at most :data:`MAX_DEPTH` deep, with numbers of at most
     :data:`MAX_NUMBER_CHARS` characters; ``error("<origin> is not valid JSON (...); <hint>")``
-    in one line otherwise (never a RecursionError or a traceback)."""
+    in one line otherwise (never a RecursionError or a traceback). A key given twice in one
+    object is refused, naming the key and both values (which one was meant is not known)."""
     try:
-        data = json.loads(text, parse_int=_bounded_int, parse_float=_bounded_float)
+        data = json.loads(
+            text,
+            parse_int=_bounded_int,
+            parse_float=_bounded_float,
+            object_pairs_hook=_unique_keys,
+        )
     except json.JSONDecodeError as exc:
         detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    except _Duplicate as exc:
+        raise error(
+            f"{origin} gives key {exc.key!r} twice in one object (values {_short(exc.first)} and "
+            f"{_short(exc.second)}); keep one of them, or make the file again"
+        ) from None
     except _TooLong as exc:
         detail = str(exc)
     except RecursionError:

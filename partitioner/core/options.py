@@ -23,10 +23,17 @@ from typing import Any, TypeAlias
 from partitioner.core.errors import UsageError
 from partitioner.core.ir import Schedule
 from partitioner.core.strategy import Family
-from partitioner.core.units import parse_bytes
+from partitioner.core.units import MAX_SIZE_BYTES, parse_bytes
 
 __all__ = [
     "DEFAULT_SCHEDULE",
+    "MAX_BATCH_SIZE",
+    "MAX_DEVICES",
+    "MAX_MEMORY_BYTES",
+    "MAX_MICROBATCHES",
+    "MAX_SAMPLE_VALUES",
+    "MAX_SEED",
+    "MAX_TIME_LIMIT_S",
     "InputShape",
     "MeasureOptions",
     "SearchOptions",
@@ -42,11 +49,38 @@ input name -> shape (``{"token_ids": (128,), "padding_mask": (128,)}``)."""
 DEFAULT_SCHEDULE = Schedule.ONE_F_ONE_B
 """The pipeline schedule when ``pipeline=True`` names none."""
 
+# The bounds of every number a run takes, API and CLI alike (the CLI's flags map to these
+# arguments), checked when the option groups are built: before any trace.
+MAX_DEVICES = 512
+"""The most devices a run plans for (``gpus``, a topology): a 1024-device topology takes
+seconds to build and every placement stage grows with the devices."""
+MAX_BATCH_SIZE = 1 << 24
+"""The largest ``batch_size``."""
+MAX_MICROBATCHES = 1024
+"""The most ``num_microbatches``."""
+MAX_TIME_LIMIT_S = 86_400.0
+"""The longest ``time_limit_s``: a day."""
+MAX_SAMPLE_VALUES = 1 << 31
+"""The most values in one sample of ``input_shape`` (the product of its dimensions)."""
+MAX_MEMORY_BYTES = MAX_SIZE_BYTES
+"""The most memory per device (``memory_limit_bytes``, a topology's devices): 1 EiB, inside the
+64-bit integers the solvers keep memory in (more fails deep inside them)."""
+MAX_SEED = (1 << 31) - 1
+"""The largest ``seed``: the solvers hand it to OR-Tools (CP-SAT's ``random_seed`` is a 32-bit
+integer) and METIS (a C ``int``)."""
+SINGLE_DEVICE_SOLVER = "single"
+"""The solver that places every layer on one device: nothing for ``pipeline=True`` to overlap."""
 
-def _positive_int(name: str, value: Any) -> int:
-    """``value`` when it is an integer >= 1 (not a bool); UsageError naming ``name=value``."""
+
+def _positive_int(name: str, value: Any, limit: int | None = None) -> int:
+    """``value`` when it is an integer >= 1 (not a bool) and at most ``limit``; UsageError
+    naming ``name=value``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"{name}={value!r} must be a positive integer")
+    if limit is not None and value > limit:
+        raise UsageError(
+            f"{name}={value} is more than {limit}, the most partition takes; give at most {limit}"
+        )
     return value
 
 
@@ -99,11 +133,41 @@ def parse_strategy(value: Family | str | None) -> Family | str | None:
 
 
 def parse_memory_limit(text: str) -> int:
-    """``'16GiB'`` -> bytes, for ``memory_limit_bytes``; UsageError naming ``memory_limit=``."""
+    """``'16GiB'`` -> bytes, for ``memory_limit_bytes`` (at most :data:`MAX_MEMORY_BYTES`);
+    UsageError naming ``memory_limit=``."""
+    if not isinstance(text, str):
+        raise UsageError(f"memory_limit={text!r} must be a size such as '16GiB'")
     try:
         return parse_bytes(text)
     except ValueError as exc:
         raise UsageError(f"memory_limit={exc}") from None
+
+
+def _check_memory_limit(value: Any) -> None:
+    """``memory_limit_bytes`` is an integer of bytes in 1..:data:`MAX_MEMORY_BYTES`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(
+            f"memory_limit_bytes={value!r} must be a positive integer of bytes "
+            "(17179869184 for 16 GiB)"
+        )
+    if value > MAX_MEMORY_BYTES:
+        raise UsageError(
+            f"memory_limit_bytes={value} is more than {MAX_MEMORY_BYTES} (1 EiB), the most "
+            f"partition takes; give at most {MAX_MEMORY_BYTES}"
+        )
+
+
+def _check_sample_values(shape: InputShape) -> None:
+    """Each input's sample holds at most :data:`MAX_SAMPLE_VALUES` values."""
+    named = shape.items() if isinstance(shape, dict) else [("", shape)]
+    for name, dims in named:
+        values = math.prod(dims)
+        if values > MAX_SAMPLE_VALUES:
+            shown = f"{{{name!r}: {dims!r}}}" if name else repr(dims)
+            raise UsageError(
+                f"input_shape={shown} makes {values} values per sample, more than "
+                f"{MAX_SAMPLE_VALUES}; give the shape of one sample"
+            )
 
 
 @dataclass(frozen=True)
@@ -121,6 +185,9 @@ class TargetOptions:
     ``mixed_float16`` / ``fp16``, ``mixed_bfloat16`` / ``bf16``; checked by
     :func:`cost_models.estimate.precision.parse_precision`); ``None``: the model's own dtype
     policy, float32 on TF32 tensor cores when TensorFlow's TF32 setting is on (its default).
+
+    Bounds: ``gpus`` at most :data:`MAX_DEVICES`, ``batch_size`` :data:`MAX_BATCH_SIZE`,
+    ``memory_limit_bytes`` :data:`MAX_MEMORY_BYTES`, :data:`MAX_SAMPLE_VALUES` values per sample.
     """
 
     gpus: int | None = None
@@ -136,15 +203,17 @@ class TargetOptions:
         if self.precision is not None:
             object.__setattr__(self, "precision", _text("precision", self.precision))
         if self.gpus is not None:
-            _positive_int("gpus", self.gpus)
-        _positive_int("batch_size", self.batch_size)
+            _positive_int("gpus", self.gpus, MAX_DEVICES)
+        _positive_int("batch_size", self.batch_size, MAX_BATCH_SIZE)
         object.__setattr__(self, "device_type", _text("device_type", self.device_type))
         object.__setattr__(self, "topology", _text("topology", self.topology))
         object.__setattr__(self, "optimizer", _text("optimizer", self.optimizer))
         if self.input_shape is not None:
-            object.__setattr__(self, "input_shape", self._checked_shape(self.input_shape))
+            shape = self._checked_shape(self.input_shape)
+            _check_sample_values(shape)
+            object.__setattr__(self, "input_shape", shape)
         if self.memory_limit_bytes is not None:
-            _positive_int("memory_limit_bytes", self.memory_limit_bytes)
+            _check_memory_limit(self.memory_limit_bytes)
 
     @staticmethod
     def _checked_shape(shape: Any) -> InputShape:
@@ -186,7 +255,10 @@ class SearchOptions:
     ``time_limit_s`` are its options. With ``pipeline``, the plan's stages run
     ``num_microbatches`` micro-batches under ``schedule`` (``None``: :data:`DEFAULT_SCHEDULE`;
     ``num_microbatches`` ``None``: the most micro-batches up to 4 x devices that divide the
-    batch, see :meth:`microbatches_for`) and its predictions are the pipelined step's. With
+    batch, see :meth:`microbatches_for`) and its predictions are the pipelined step's. A
+    pipeline has 2 micro-batches or more and a solver that splits (not ``solver='single'``):
+    one micro-batch is a plain split, refused rather than priced as a pipeline. ``seed`` is in
+    0..:data:`MAX_SEED`, ``time_limit_s`` at most :data:`MAX_TIME_LIMIT_S`. With
     ``compare_strategies``, the plan also compares every strategy family (single device, data
     parallel, pipeline, plain split, hybrid) by the predicted step of what each would run
     (:mod:`partitioner.planner`; the model is traced again at each per-replica batch).
@@ -211,12 +283,19 @@ class SearchOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "solver", _text("solver", self.solver))
         _flag("compare_strategies", self.compare_strategies)
+        _flag("pipeline", self.pipeline)
         object.__setattr__(self, "strategy", parse_strategy(self.strategy))
         self._check_strategy()
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise UsageError(f"seed={self.seed!r} must be an integer")
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not 0 <= self.seed <= MAX_SEED
+        ):
+            raise UsageError(
+                f"seed={self.seed!r} must be an integer in 0..{MAX_SEED} (the solvers' random "
+                "seed is a 32-bit integer)"
+            )
         self._check_time_limit()
-        _flag("pipeline", self.pipeline)
         if self.schedule is not None:
             object.__setattr__(self, "schedule", parse_schedule(self.schedule))
         self._check_pipelining()
@@ -250,7 +329,7 @@ class SearchOptions:
         return (Family(self.strategy),)
 
     def _check_time_limit(self) -> None:
-        """``time_limit_s`` is a positive, finite number of seconds."""
+        """``time_limit_s`` is a positive, finite number of seconds, at most a day."""
         t = self.time_limit_s
         if (
             isinstance(t, bool)
@@ -259,9 +338,17 @@ class SearchOptions:
             or t <= 0
         ):
             raise UsageError(f"time_limit_s={t!r} must be a positive number of seconds")
+        if t > MAX_TIME_LIMIT_S:
+            raise UsageError(
+                f"time_limit_s={t!r} is more than {MAX_TIME_LIMIT_S:.15g}, the most partition "
+                f"takes; give at most {MAX_TIME_LIMIT_S:.15g}"
+            )
 
     def _check_pipelining(self) -> None:
-        """Micro-batches and schedules only with ``pipeline``, and a schedule that pipelines."""
+        """Micro-batches and schedules only with ``pipeline``, a schedule that pipelines, at
+        least 2 micro-batches, and a solver that splits."""
+        if self.num_microbatches is not None:
+            _positive_int("num_microbatches", self.num_microbatches, MAX_MICROBATCHES)
         if not self.pipeline:
             for name, value in (
                 ("num_microbatches", self.num_microbatches),
@@ -277,8 +364,18 @@ class SearchOptions:
             raise UsageError(
                 f"pipeline=True needs a pipeline schedule ({known}), not schedule='none'"
             )
-        if self.num_microbatches is not None:
-            _positive_int("num_microbatches", self.num_microbatches)
+        if self.num_microbatches == 1:
+            raise UsageError(
+                "num_microbatches=1 with pipeline=True is no pipeline: a pipeline needs at least "
+                "2 micro-batches; give num_microbatches=2 or more, or drop pipeline=True for a "
+                "plain split"
+            )
+        if self.solver == SINGLE_DEVICE_SOLVER:
+            raise UsageError(
+                f"solver={SINGLE_DEVICE_SOLVER!r} puts every layer on one device, so "
+                "pipeline=True has no stages to pipeline; drop pipeline=True, or pick a solver "
+                "that splits the model (solver='auto')"
+            )
 
     @property
     def pipeline_schedule(self) -> Schedule | None:
@@ -288,10 +385,12 @@ class SearchOptions:
         return self.schedule or DEFAULT_SCHEDULE
 
     def microbatches_for(self, batch_size: int, num_devices: int) -> int:
-        """The micro-batches per batch on ``num_devices`` devices (1 without pipelining).
+        """The micro-batches per batch on ``num_devices`` devices (1 without pipelining; 2 or
+        more with it: a pipeline of one micro-batch would be a plain split priced as a pipeline).
 
-        Raises UsageError when pipelining one device or when ``num_microbatches`` does not
-        divide ``batch_size``."""
+        Raises UsageError when pipelining one device or a batch of 1, when ``num_microbatches``
+        does not divide ``batch_size``, or when none is given and no count from 2 to 4 x
+        devices divides it."""
         if not self.pipeline:
             return 1
         if num_devices < 2:
@@ -299,9 +398,14 @@ class SearchOptions:
                 "pipeline=True needs at least 2 devices: a plan on one device has no stages to "
                 "overlap (use gpus=2 or more, or drop pipeline=True)"
             )
+        if batch_size < 2:
+            raise UsageError(
+                f"batch_size={batch_size} cannot be split into micro-batches: pipeline=True "
+                "needs a batch of 2 or more; give batch_size=2 or more, or drop pipeline=True "
+                "for a plain split"
+            )
         if self.num_microbatches is None:
-            top = min(batch_size, 4 * num_devices)
-            return max(m for m in range(1, top + 1) if batch_size % m == 0)
+            return self._default_microbatches(batch_size, num_devices)
         if batch_size % self.num_microbatches:
             raise UsageError(
                 f"batch_size={batch_size} is not divisible by "
@@ -309,6 +413,28 @@ class SearchOptions:
                 "that divides the batch"
             )
         return self.num_microbatches
+
+    @staticmethod
+    def _default_microbatches(batch_size: int, num_devices: int) -> int:
+        """The most micro-batches up to 4 x ``num_devices`` that divide ``batch_size`` (at
+        least 2); UsageError naming the smallest count that would when none does."""
+        top = min(batch_size, 4 * num_devices)
+        best = max(m for m in range(1, top + 1) if batch_size % m == 0)
+        if best >= 2:
+            return best
+        smallest = next(
+            (m for m in range(2, math.isqrt(batch_size) + 1) if batch_size % m == 0), batch_size
+        )
+        hint = (
+            f"give num_microbatches={smallest} (it divides the batch), "
+            if smallest <= MAX_MICROBATCHES
+            else ""
+        )
+        raise UsageError(
+            f"batch_size={batch_size} has no divisor from 2 to {top} (4 x {num_devices} devices) "
+            f"to pipeline as micro-batches; {hint}pick a batch size with a small divisor, or drop "
+            "pipeline=True for a plain split"
+        )
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "format_seconds", "parse_bytes"]
+__all__ = ["MAX_SIZE_BYTES", "format_bytes", "format_seconds", "parse_bytes"]
+
+MAX_SIZE_BYTES = 1 << 60
+"""The largest size :func:`parse_bytes` accepts: 1 EiB, far above any device's memory and well
+inside the 64-bit integers the solvers keep memory in."""
 
 _UNITS = {
     "": 1,
@@ -47,13 +51,20 @@ def format_seconds(seconds: float) -> str:
 def parse_bytes(text: str) -> int:
     """``'16GiB'`` -> 17179869184; ``'1.5GB'``, ``'512MiB'``, ``'2e9'`` work too.
 
-    Raises ``ValueError`` with the accepted forms when ``text`` is not a positive size.
+    Raises ``ValueError`` with the accepted forms when ``text`` is not a positive size, and
+    naming the limit when it is more than :data:`MAX_SIZE_BYTES` (``1e400`` is infinite).
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
         raise ValueError(f"{text!r} is not a size like 16GiB, 512MiB, 1.5GB or 2e9")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    number = float(match.group(1)) * _UNITS[unit]
+    if not number <= MAX_SIZE_BYTES:  # also inf
+        raise ValueError(
+            f"{text!r} is more than 1 EiB ({MAX_SIZE_BYTES} B), the largest size taken; give "
+            "a device's memory such as 80GiB"
+        )
+    value = int(number)
     if value <= 0:
         raise ValueError(f"{text!r} must be a positive size")
     return value

@@ -38,6 +38,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "BaselineResult",
     "DevicePrediction",
+    "InputSignature",
+    "ModelFingerprint",
     "PipelineInfo",
     "Plan",
     "PlanDevice",
@@ -104,6 +106,32 @@ class PipelineInfo:
 
 
 @dataclass(frozen=True)
+class InputSignature:
+    """One model input as the plan was made for it: its name (for messages), its shape without
+    the batch, and its dtype (``float32``, ``int32``, ...)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ModelFingerprint:
+    """What a plan was made for, beyond its layer names: the model's inputs (``model.inputs``
+    order) and each layer's weight shapes (``(layer, (shape, ...))`` in layer order, one shape
+    per weight in Keras's order). :meth:`Plan.apply` compares the model at hand with it before it
+    builds anything (:func:`passes.apply.model_fingerprint` makes both)."""
+
+    inputs: tuple[InputSignature, ...]
+    layer_weights: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
+
+    @property
+    def weights_of(self) -> Mapping[str, tuple[tuple[int, ...], ...]]:
+        """Layer name -> its weight shapes."""
+        return dict(self.layer_weights)
+
+
+@dataclass(frozen=True)
 class Plan:
     """A placement plan. ``assignment`` maps layer name -> device index."""
 
@@ -148,6 +176,10 @@ class Plan:
     """The task addresses of the cluster the plan's topology was measured on (``partition
     calibrate``), in task order; empty when it was not. :meth:`apply` on a cluster refuses
     another one."""
+    fingerprint: ModelFingerprint | None = None
+    """The model's inputs and layer weight shapes when the plan was made; :meth:`apply` refuses
+    a model that differs. ``None`` in plans of earlier releases (applied unchecked, with a
+    warning)."""
     schema_version: int = SCHEMA_VERSION
     _assignment: Mapping[str, int] = field(init=False, repr=False, compare=False)
 
@@ -231,8 +263,10 @@ class Plan:
         schedule. ``devices`` maps the plan's device indices to TensorFlow device strings
         (``devices[i]`` for plan device ``i``), so a plan for two GPUs can run on two logical
         CPU devices; by default each device's own name from the plan (a topology file or
-        cluster names them), else the first N GPUs TensorFlow sees. A plan made for another
-        model is refused with the missing and extra layers named.
+        cluster names them), else the first N GPUs TensorFlow sees; a device TensorFlow does not
+        see here is refused, naming the ones it sees. A plan made for another model is refused
+        with the missing and extra layers named, and one whose model had other inputs or layer
+        weight shapes (:attr:`fingerprint`) naming the first difference, before anything is built.
 
         ``cluster`` (a ``{"worker": ["host:port", ...]}`` mapping, a cluster JSON file, a
         TF_CONFIG string, or a :class:`passes.cluster.runtime.ClusterHandle`) places the layers on the
@@ -292,6 +326,7 @@ class Plan:
             "measured_layers": list(self.measured_layers),
             "cost_notes": list(self.cost_notes),
             "cluster_addresses": list(self.cluster_addresses),
+            "fingerprint": _fingerprint_json(self.fingerprint),
             "strategies": [_strategy_json(r) for r in self.strategies],
             "strategy": None if self.strategy is None else _chosen_json(self.strategy),
             "layer_edges": [list(e) for e in self.layer_edges],
@@ -314,19 +349,26 @@ class Plan:
         """Rebuild a plan from :meth:`to_json_dict` data.
 
         The data is validated against the plan JSON Schema first
-        (:func:`partitioner.plan.schema.validate_plan_data`); what the schema cannot say (a
-        device index within ``devices``, one entry per device, an event's start before its end)
-        is checked here. Errors are one-line :class:`PlanError` messages naming ``origin`` and
-        the field.
+        (:func:`partitioner.plan.schema.validate_plan_data`); what the schema cannot say is
+        checked here: devices listed in index order, every device index within ``devices``, one
+        entry per device, the strategy and the pipeline agreeing with the assignment and the batch
+        (:func:`_check_consistency`), the fingerprint naming the assignment's layers, an event's
+        start before its end. Errors are one-line :class:`PlanError` messages naming ``origin``
+        and the field.
         """
         validate_plan_data(data, origin)
-        devices = tuple(_device(d) for d in data["devices"])
+        devices = tuple(_device(d, i, origin) for i, d in enumerate(data["devices"]))
         order = tuple(data["assignment"])
         device_of = tuple(data["assignment"].values())
         _check_assignment(order, device_of, len(devices), origin)
         predicted = data["predicted"]
         per_device = _per_device(predicted, order, device_of, len(devices), origin)
-        return cls(
+        strategy = _chosen(data.get("strategy"), origin)
+        pipeline = _pipeline(data.get("pipeline"), origin)
+        _check_consistency(
+            data["batch_size"], len(devices), order, device_of, strategy, pipeline, origin
+        )
+        fields: dict[str, Any] = dict(
             model_name=data["model"],
             devices=devices,
             layer_order=order,
@@ -338,22 +380,15 @@ class Plan:
             link=data["link"],
             batch_size=data["batch_size"],
             input_shape=_optional_tuple(data.get("input_shape")),
-            baselines=tuple(_baseline(b) for b in data.get("baselines", [])),
-            advice=tuple(data.get("advice", [])),
-            phase_times_s=tuple((k, float(v)) for k, v in data.get("phase_times_s", {}).items()),
-            pipeline=_pipeline(data.get("pipeline")),
-            warnings=tuple(data.get("warnings", [])),
-            layer_edges=tuple((a, b, n) for a, b, n in data.get("layer_edges", [])),
-            layer_compute_s=tuple(float(v) for v in data.get("layer_compute_s", [])),
-            timeline=tuple(
-                _event(e, f"timeline[{i}]", origin) for i, e in enumerate(data.get("timeline", []))
-            ),
-            measured_layers=tuple(data.get("measured_layers", [])),
-            cost_notes=tuple(data.get("cost_notes", [])),
-            cluster_addresses=tuple(data.get("cluster_addresses", [])),
-            strategies=tuple(_strategy_row(r) for r in data.get("strategies", [])),
-            strategy=_chosen(data.get("strategy"), origin),
+            pipeline=pipeline,
+            strategy=strategy,
+            fingerprint=_fingerprint(data.get("fingerprint"), order, origin),
+            **_optional_fields(data, origin),
         )
+        try:
+            return cls(**fields)
+        except PlanError as exc:
+            raise PlanError(f"{origin}: {exc}; make the plan again") from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_dict(), indent=2, sort_keys=False) + "\n"
@@ -416,8 +451,32 @@ def plan_from_solution(
 # enums and minimums are known to hold.
 
 
-def _device(data: Mapping[str, Any]) -> PlanDevice:
-    """A ``devices[]`` record."""
+def _optional_fields(data: Mapping[str, Any], origin: str) -> dict[str, Any]:
+    """The plan fields a file may leave out (baselines, advice, ... the strategies table)."""
+    return {
+        "baselines": tuple(_baseline(b) for b in data.get("baselines", [])),
+        "advice": tuple(data.get("advice", [])),
+        "phase_times_s": tuple((k, float(v)) for k, v in data.get("phase_times_s", {}).items()),
+        "warnings": tuple(data.get("warnings", [])),
+        "layer_edges": tuple((a, b, n) for a, b, n in data.get("layer_edges", [])),
+        "layer_compute_s": tuple(float(v) for v in data.get("layer_compute_s", [])),
+        "timeline": tuple(
+            _event(e, f"timeline[{i}]", origin) for i, e in enumerate(data.get("timeline", []))
+        ),
+        "measured_layers": tuple(data.get("measured_layers", [])),
+        "cost_notes": tuple(data.get("cost_notes", [])),
+        "cluster_addresses": tuple(data.get("cluster_addresses", [])),
+        "strategies": tuple(_strategy_row(r) for r in data.get("strategies", [])),
+    }
+
+
+def _device(data: Mapping[str, Any], position: int, origin: str) -> PlanDevice:
+    """A ``devices[]`` record; its ``index`` is its position in the list."""
+    if data["index"] != position:
+        raise PlanError(
+            f"{origin}: field 'devices[{position}].index' is {data['index']}, but devices are "
+            f"listed in index order (expected {position}); make the plan again"
+        )
     return PlanDevice(
         index=data["index"],
         device_type=data["device_type"],
@@ -435,7 +494,7 @@ def _check_assignment(
     if off:
         raise PlanError(
             f"{origin}: field 'assignment' puts layer {off[0][0]!r} on device {off[0][1]}, "
-            f"but the plan has devices 0..{num_devices - 1}"
+            f"but the plan has devices 0..{num_devices - 1}; make the plan again"
         )
 
 
@@ -558,11 +617,11 @@ def _chosen(data: Mapping[str, Any] | None, origin: str) -> Strategy | None:
             schedule=Schedule(data["schedule"]),
         )
     except PartitionError as exc:
-        raise PlanError(f"{origin}: field 'strategy': {exc}") from None
+        raise PlanError(f"{origin}: field 'strategy': {exc}; make the plan again") from None
     if strategy.family.value != data["family"]:
         raise PlanError(
             f"{origin}: field 'strategy.family' is {data['family']!r}, but its replicas, stages "
-            f"and micro-batches make it {strategy.family.value!r}"
+            f"and micro-batches make it {strategy.family.value!r}; make the plan again"
         )
     return strategy
 
@@ -597,15 +656,159 @@ def _shape_json(shape: InputShape | None) -> list[int] | dict[str, list[int]] | 
     return list(shape)
 
 
-def _pipeline(data: Mapping[str, Any] | None) -> PipelineInfo | None:
+def _pipeline(data: Mapping[str, Any] | None, origin: str) -> PipelineInfo | None:
     """The ``pipeline`` record, or None for a plan that does not pipeline."""
     if data is None:
         return None
-    return PipelineInfo(
-        schedule=Schedule(data["schedule"]),
-        num_microbatches=data["num_microbatches"],
-        stage_devices=tuple(data["stage_devices"]),
-        bubble_fraction=tuple(float(v) for v in data.get("bubble_fraction", [])),
+    try:
+        return PipelineInfo(
+            schedule=Schedule(data["schedule"]),
+            num_microbatches=data["num_microbatches"],
+            stage_devices=tuple(data["stage_devices"]),
+            bubble_fraction=tuple(float(v) for v in data.get("bubble_fraction", [])),
+        )
+    except PlanError as exc:
+        raise PlanError(f"{origin}: field 'pipeline': {exc}; make the plan again") from None
+
+
+def _check_consistency(
+    batch_size: int,
+    num_devices: int,
+    order: Sequence[str],
+    device_of: Sequence[int],
+    strategy: Strategy | None,
+    pipeline: PipelineInfo | None,
+    origin: str,
+) -> None:
+    """PlanError naming ``origin``, the field and the value unless the strategy and the pipeline
+    agree with the assignment (its device indices already checked in range) and the batch."""
+    if strategy is not None:
+        _check_strategy_file(batch_size, num_devices, order, device_of, strategy, origin)
+    if pipeline is not None:
+        _check_pipeline_file(batch_size, num_devices, device_of, strategy, pipeline, origin)
+
+
+def _check_strategy_file(
+    batch_size: int,
+    num_devices: int,
+    order: Sequence[str],
+    device_of: Sequence[int],
+    strategy: Strategy,
+    origin: str,
+) -> None:
+    """The strategy's devices are the plan's, each of its stages holds a layer, the assignment
+    is its replica 0, and its replicas x micro-batches are at most the batch (the planner makes
+    them divide it; the rewrite checks the batch it is given)."""
+    off_range = [d for d in strategy.devices if d >= num_devices]
+    if off_range:
+        raise PlanError(
+            f"{origin}: field 'strategy.device_groups' uses device {off_range[0]}, but the plan "
+            f"has devices 0..{num_devices - 1}; make the plan again"
+        )
+    stages, layers = strategy.stage_of_layer, len(order)
+    if len(stages) != layers:
+        raise PlanError(
+            f"{origin}: field 'strategy.stage_of_layer' has {len(stages)} entries for the "
+            f"{layers} layers of 'assignment'; make the plan again"
+        )
+    empty = [s for s in range(strategy.stages) if s not in set(stages)]
+    if empty:
+        raise PlanError(
+            f"{origin}: field 'strategy.stage_of_layer' puts no layer on stage {empty[0]} of "
+            f"{strategy.stages} (device_groups {[list(g) for g in strategy.device_groups]}); "
+            "make the plan again"
+        )
+    replica0 = strategy.layer_devices(0)
+    off = [k for k in range(layers) if device_of[k] != replica0[k]]
+    if off:
+        k = off[0]
+        raise PlanError(
+            f"{origin}: field 'assignment' puts layer {order[k]!r} on device {device_of[k]}, but "
+            f"field 'strategy' ({strategy.family.value!r}: {strategy.describe()} on devices "
+            f"{list(strategy.device_groups[0])}) puts it on device {replica0[k]}; make the plan "
+            "again"
+        )
+    if strategy.replicas * strategy.num_microbatches > batch_size:
+        raise PlanError(
+            f"{origin}: field 'strategy.num_microbatches' is {strategy.num_microbatches}: "
+            f"{strategy.replicas} replica(s) x {strategy.num_microbatches} micro-batch(es) are "
+            f"more than batch_size={batch_size} samples; make the plan again"
+        )
+
+
+def _check_pipeline_file(
+    batch_size: int,
+    num_devices: int,
+    device_of: Sequence[int],
+    strategy: Strategy | None,
+    pipeline: PipelineInfo,
+    origin: str,
+) -> None:
+    """The pipeline's stages are the devices of the assignment (and the strategy's), and its
+    micro-batches are at most the batch."""
+    stages, micro = pipeline.stage_devices, pipeline.num_microbatches
+    off_range = [d for d in stages if d >= num_devices]
+    if off_range:
+        raise PlanError(
+            f"{origin}: field 'pipeline.stage_devices' names device {off_range[0]}, but the plan "
+            f"has devices 0..{num_devices - 1}; make the plan again"
+        )
+    if micro > batch_size:
+        raise PlanError(
+            f"{origin}: field 'pipeline.num_microbatches' is {micro}, more than "
+            f"batch_size={batch_size} samples; make the plan again"
+        )
+    if stages and set(stages) != set(device_of):
+        raise PlanError(
+            f"{origin}: field 'pipeline.stage_devices' is {list(stages)}, but 'assignment' "
+            f"uses devices {sorted(set(device_of))}; make the plan again"
+        )
+    if strategy is None:
+        return
+    if micro != strategy.num_microbatches or (stages and stages != strategy.device_groups[0]):
+        raise PlanError(
+            f"{origin}: field 'pipeline' runs {micro} micro-batches on stages {list(stages)}, "
+            f"but field 'strategy' {strategy.num_microbatches} on "
+            f"{list(strategy.device_groups[0])}; make the plan again"
+        )
+
+
+def _fingerprint_json(fingerprint: ModelFingerprint | None) -> dict[str, Any] | None:
+    """The ``fingerprint`` record, or None."""
+    if fingerprint is None:
+        return None
+    return {
+        "inputs": [
+            {"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in fingerprint.inputs
+        ],
+        "layer_weights": {
+            name: [list(shape) for shape in shapes] for name, shapes in fingerprint.layer_weights
+        },
+    }
+
+
+def _fingerprint(
+    data: Mapping[str, Any] | None, order: Sequence[str], origin: str
+) -> ModelFingerprint | None:
+    """The ``fingerprint`` record read back; it names only layers of the assignment."""
+    if data is None:
+        return None
+    known = set(order)
+    stray = [name for name in data["layer_weights"] if name not in known]
+    if stray:
+        raise PlanError(
+            f"{origin}: field 'fingerprint.layer_weights' names layer {stray[0]!r}, which "
+            "'assignment' does not place; make the plan again"
+        )
+    return ModelFingerprint(
+        inputs=tuple(
+            InputSignature(name=i["name"], shape=tuple(i["shape"]), dtype=i["dtype"])
+            for i in data["inputs"]
+        ),
+        layer_weights=tuple(
+            (name, tuple(tuple(shape) for shape in shapes))
+            for name, shapes in data["layer_weights"].items()
+        ),
     )
 
 

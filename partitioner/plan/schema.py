@@ -2,7 +2,9 @@
 
 The schema (``partitioner/plan/plan.schema.json``, JSON Schema draft 2020-12, shipped in the
 package) documents exactly what :meth:`partitioner.plan.model.Plan.to_json_dict` writes for
-``schema_version`` 2 (and reads version 1, the same without ``strategy``). :func:`validate_plan_data` checks untrusted JSON data against it (integers
+``schema_version`` 2 (and reads version 1, the same without ``strategy``; the optional
+``fingerprint``, the model's inputs and layer weight shapes, is absent from files of earlier
+releases). :func:`validate_plan_data` checks untrusted JSON data against it (integers
 are JSON integers, numbers are finite: :mod:`partitioner.core.jsonfiles`'s strict validator) before a plan is rebuilt, and raises a
 :class:`~partitioner.core.errors.PlanError` whose one-line message names the file and the field
 path (``plan.json: field 'predicted.step_time_s' must be number, got string``). :func:`check_plan_matches_model` refuses to apply a plan to a model whose layers are
@@ -135,7 +137,7 @@ def _describe(error: ValidationError) -> str:
         unknown = sorted(k for k in value if k not in known)
         return (
             f"field {where!r} has unknown field(s) {', '.join(repr(k) for k in unknown)}; "
-            "this is not a plan file of schema version 1 (make the plan again)"
+            "this is not a plan file of schema version 1 or 2 (make the plan again)"
         )
     if rule == "enum":
         options = ", ".join(repr(v) for v in expected)

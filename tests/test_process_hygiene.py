@@ -1,0 +1,325 @@
+"""Process hygiene and errors from the user's own code (issue 34).
+
+A ``partition`` process ends after its plan is written even when the model's code left a thread
+running; Ctrl-C at any moment is one line and status 130 with nothing written; a stdout that
+fails (a closed pipe, a full disk) loses no plan file and prints no traceback. A Keras layer
+that refuses its arguments, or a call that fails at the traced batch or input shape, is
+reported as the model's error, with the layer, the shapes and the flag to change.
+
+Whole runs are subprocesses (``python -m partitioner``) with timeouts, so a regression fails
+instead of hanging; the errors from user code run ``main()`` in this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from partitioner.core.errors import OutputError
+from partitioner.plan.model import load_plan
+
+cli = importlib.import_module("partitioner.cli.main")  # the module; partitioner.cli.main is main()
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST = REPO / "examples" / "mnist_mlp.py"
+TINY = (
+    "import keras\n\n"
+    "def build_model():\n"
+    "    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name='a'),"
+    " keras.layers.Dense(2, name='b')])\n"
+)
+THREADED = (
+    "import threading\nimport time\n\n"
+    "threading.Thread(target=time.sleep, args=(3600,), name='spinner').start()\n\n" + TINY
+)
+RUN_TIMEOUT_S = 240.0
+"""The longest a whole run may take on a loaded two-core machine; past it the test fails."""
+
+
+def _start(args: Sequence[str | os.PathLike[str]], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``python -m partitioner ARGS`` in its own process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "partitioner", *map(str, args)], cwd=REPO, **kwargs
+    )
+
+
+def _finish(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, str]:
+    """Wait for ``proc`` (killed and failed past ``timeout_s``): its status and its stderr."""
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"partition did not exit within {timeout_s:g} s")
+    return proc.returncode, (err or b"").decode(errors="replace")
+
+
+def _one_line(err: str, *words: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"stderr is not one line:\n{err}"
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+# -- threads left running ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_thread_left_running_by_the_model_does_not_keep_the_process(tmp_path: Path) -> None:
+    model = tmp_path / "threaded.py"
+    model.write_text(THREADED)
+    out = tmp_path / "plan.json"
+    proc = _start(
+        [model, "--gpus", "2", "--no-strategies", "--out", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    started = time.monotonic()
+    written_at = None
+    while proc.poll() is None and time.monotonic() - started < RUN_TIMEOUT_S:
+        if written_at is None and out.exists():
+            written_at = time.monotonic()
+        if written_at is not None and time.monotonic() - written_at > 15:
+            break
+        time.sleep(0.1)
+    code, err = _finish(proc, 1)
+    assert code == 0, err
+    load_plan(out)  # whole
+    line = _one_line(err, "note", "left 1 thread running", "'spinner'", "exiting anyway")
+    assert line.startswith("partition: note: ")
+
+
+def test_threads_left_waits_for_a_thread_that_ends_and_not_for_one_that_does_not() -> None:
+    stop = threading.Event()
+    short = threading.Thread(target=time.sleep, args=(0.2,), name="short")
+    long = threading.Thread(target=stop.wait, name="long")
+    daemon = threading.Thread(target=stop.wait, name="daemon", daemon=True)
+    for thread in (short, long, daemon):
+        thread.start()
+    try:
+        t0 = time.monotonic()
+        left = cli._threads_left(1.0)
+        waited_s = time.monotonic() - t0
+    finally:
+        stop.set()
+    assert [t.name for t in left] == ["long"]
+    assert 0.9 <= waited_s < 5
+    assert cli._threads_left(1.0) == []  # all ended: no wait
+
+
+# -- Ctrl-C at any moment ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 1.5], ids=["at-0.3s", "at-1.5s"])
+def test_ctrl_c_early_is_one_line_130_and_nothing_written(delay_s: float, tmp_path: Path) -> None:
+    model = tmp_path / "tiny.py"
+    model.write_text(TINY)
+    proc = _start(
+        [model, "--gpus", "2", "--out", tmp_path / "plan.json", "--report", tmp_path / "r.html"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(delay_s)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    code, err = _finish(proc, 60)
+    assert code == 130, err
+    _one_line(err, "partition: interrupted")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.py"]
+
+
+# -- a stdout that fails -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_closed_pipe_on_stdout_keeps_the_plan_and_exits_quietly(tmp_path: Path) -> None:
+    model = tmp_path / "tiny.py"
+    model.write_text(TINY)
+    out = tmp_path / "plan.json"
+    proc = _start(
+        [model, "--gpus", "2", "--no-strategies", "--out", out],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # `partition ... | head -0`: the reader is gone before anything is printed
+    code, err = _finish(proc, RUN_TIMEOUT_S)
+    assert code == 0, err
+    assert err.strip() == ""
+    load_plan(out)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_full_stdout_keeps_the_plan_in_one_line(tmp_path: Path) -> None:
+    model = tmp_path / "tiny.py"
+    model.write_text(TINY)
+    out = tmp_path / "plan.json"
+    with open("/dev/full", "wb") as full:
+        proc = _start(
+            [model, "--gpus", "2", "--no-strategies", "--out", out],
+            stdout=full,
+            stderr=subprocess.PIPE,
+        )
+        code, err = _finish(proc, RUN_TIMEOUT_S)
+    assert code == 2, err
+    _one_line(err, "cannot print the report on stdout", "No space left", "plan.json", "written")
+    load_plan(out)
+
+
+@pytest.mark.slow
+def test_a_full_pipe_on_stdout_keeps_the_plan_and_ctrl_c_still_ends_the_run(
+    tmp_path: Path,
+) -> None:
+    model = tmp_path / "tiny.py"
+    model.write_text(TINY)
+    out = tmp_path / "plan.json"
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:  # fill the pipe: the run's first write to stdout blocks, as nobody reads
+            os.write(write_end, b"x" * 65536)
+    os.set_blocking(write_end, True)
+    try:
+        proc = _start(
+            [model, "--gpus", "2", "--no-strategies", "--out", out],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+        )
+        os.close(write_end)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert proc.poll() is None, "the run ended although its stdout could not take the report"
+        load_plan(out)  # written before stdout was tried
+        proc.send_signal(signal.SIGINT)
+        code, err = _finish(proc, 30)
+    finally:
+        os.close(read_end)
+    assert code == 130, err
+    _one_line(err, "partition: interrupted")
+    load_plan(out)
+
+
+def test_print_out_ends_quietly_on_a_closed_pipe_and_names_the_files_on_other_failures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Failing:
+        def __init__(self, exc: OSError) -> None:
+            self.exc = exc
+
+        def write(self, text: str) -> int:
+            raise self.exc
+
+        def flush(self) -> None:
+            raise self.exc
+
+    monkeypatch.setattr(sys, "stdout", Failing(BrokenPipeError(errno.EPIPE, "Broken pipe")))
+    assert cli._print_out("report\n", "the report", ["plan.json"]) == 0
+    monkeypatch.setattr(sys, "stdout", Failing(OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(OutputError, match=r"\(No space left on device\); plan.json was written"):
+        cli._print_out("report\n", "the report", ["plan.json"])
+
+
+# -- errors from the model's own code ------------------------------------------------------------
+
+
+def _run_main(
+    args: Sequence[str | os.PathLike[str]], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    """``partition ARGS`` in this process: (status, stderr)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        code = cli.main([os.fspath(a) for a in args])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    return code, capsys.readouterr().err
+
+
+def test_a_keras_layer_refusing_its_arguments_is_the_models_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "dense0.py"
+    model.write_text(
+        "import keras\n\ndef build_model():\n"
+        "    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(0)])\n"
+    )
+    code, err = _run_main([model, "--gpus", "2", "--out", tmp_path / "p.json"], capsys)
+    assert code == 2, err
+    line = _one_line(err, "build_model()", "Received an invalid value for `units`")
+    assert "AttributeError" not in line and "internal error" not in line
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_an_input_shape_the_model_does_not_take_names_its_shape_and_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [MNIST, "--gpus", "2", "--input-shape", "10", "--no-strategies"]
+    code, err = _run_main([*args, "--out", tmp_path / "p.json"], capsys)
+    assert code == 2, err
+    line = _one_line(err, "layer 'dense_in' (Dense)", "784", "--input-shape 10", "--batch-size 32")
+    assert "Exception encountered" not in line and "\\x1b" not in line
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_stateful_rnn_at_another_batch_names_its_fixed_batch_and_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "stateful.py"
+    model.write_text(
+        "import keras\n\ndef build_model():\n"
+        "    inputs = keras.Input(batch_shape=(4, 6, 3))\n"
+        "    x = keras.layers.LSTM(2, stateful=True, name='rnn')(inputs)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(1, name='head')(x))\n"
+    )
+    args = [model, "--gpus", "2", "--batch-size", "8", "--no-strategies"]
+    code, err = _run_main([*args, "--out", tmp_path / "p.json"], capsys)
+    assert code == 2, err
+    _one_line(err, "'rnn'", "--batch-size 8", "fixed batch of 4", "plan it at --batch-size 4")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_error_line_is_keras_own_message_without_its_call_context() -> None:
+    from passes.trace import error_line
+
+    wrapped = ValueError(
+        "Exception encountered when calling Dense.call().\n\n\x1b[1mInput 0 is incompatible: "
+        "expected 784\nsecond line\x1b[0m\n\nArguments received by Dense.call():\n  • x=..."
+    )
+    assert error_line(wrapped) == "Input 0 is incompatible: expected 784"
+    assert error_line(ValueError("plain\nmore")) == "plain"
+    assert error_line(ValueError()) == "ValueError"
+
+
+def test_an_unexpected_error_raised_in_the_model_file_is_the_models_not_internal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "user_model.py"
+    source.write_text("def helper():\n    raise RuntimeError('the model broke\\nmore')\n")
+    spec = importlib.util.spec_from_file_location("user_model_for_hygiene", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(RuntimeError) as raised:
+        module.helper()
+    assert cli._internal_error(raised.value, os.path.realpath(source)) == 2
+    line = _one_line(capsys.readouterr().err, "the model's code raised RuntimeError: the model broke")
+    assert "in helper() of" in line and "line 2" in line and "internal error" not in line
+    assert cli._internal_error(raised.value, None) == 1  # not known to be the model's: ours
+    _one_line(capsys.readouterr().err, "internal error: RuntimeError: the model broke")
