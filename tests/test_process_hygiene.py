@@ -49,10 +49,20 @@ RUN_TIMEOUT_S = 240.0
 """The longest a whole run may take on a loaded two-core machine; past it the test fails."""
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT's default action, as a terminal gives it. A test run
+    started in the background of a script (``.ci/run &``, ``nohup``) inherits SIGINT ignored,
+    and the command rightly keeps it ignored (row 67 of the README's bad-input table)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args: Sequence[str | os.PathLike[str]], **kwargs: Any) -> subprocess.Popen[bytes]:
-    """``python -m partitioner ARGS`` in its own process."""
+    """``python -m partitioner ARGS`` in its own process, SIGINT at its default action."""
     return subprocess.Popen(
-        [sys.executable, "-m", "partitioner", *map(str, args)], cwd=REPO, **kwargs
+        [sys.executable, "-m", "partitioner", *map(str, args)],
+        cwd=REPO,
+        preexec_fn=_default_sigint,
+        **kwargs,
     )
 
 
