@@ -77,6 +77,11 @@ from partitioner.core.ir import Schedule  # noqa: E402
 from partitioner.core.jsonfiles import check_data_bounds, loads_bounded  # noqa: E402
 from partitioner.core.options import (  # noqa: E402
     AUTO_STRATEGY,
+    MAX_BATCH_SIZE,
+    MAX_DEVICES,
+    MAX_MICROBATCHES,
+    MAX_SAMPLE_VALUES,
+    MAX_TIME_LIMIT_S,
     InputShape,
     MeasureOptions,
     SearchOptions,
@@ -92,15 +97,6 @@ if TYPE_CHECKING:
 __all__ = ["FLAGS", "LIMITS", "build_parser", "cli_message", "main"]
 
 PROG = "partition"
-
-MAX_DEVICES = 512
-"""The most devices a run plans for (``--gpus``, a topology file): a 1024-device topology takes
-seconds to build and every placement stage grows with the devices."""
-MAX_BATCH_SIZE = 1 << 24
-MAX_MICROBATCHES = 1024
-MAX_TIME_LIMIT_S = 86_400.0
-MAX_SAMPLE_VALUES = 1 << 31
-"""The most values in one sample of ``--input-shape`` (the product of its dimensions)."""
 
 LIMITS: Mapping[str, float] = MappingProxyType(
     {
