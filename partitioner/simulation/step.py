@@ -238,19 +238,7 @@ class _StepRun:
                 if run is not None:
                     events.append(_run_event(self.lg.nodes[run[0]].name, d, run))
             events.sort(key=lambda ev: (ev.start_s, ev.resource, ev.end_s))
-        step = self.finish
-        return StepSimulation(
-            step_time_s=step,
-            device_busy_s=tuple(self.device_busy),
-            device_idle_s=tuple(max(0.0, step - b) for b in self.device_busy),
-            link_busy_s=tuple(sorted(self.link_busy.items())),
-            bytes_sent=tuple(self.bytes_sent),
-            bytes_received=tuple(self.bytes_received),
-            op_start_s=tuple(self.start_s),
-            op_end_s=tuple(self.end_s),
-            op_device=self.op_device,
-            timeline=tuple(events),
-        )
+        return _simulation(self, self.op_device, tuple(events))
 
 
 def _shared_step(
@@ -262,8 +250,15 @@ def _shared_step(
     op_device = tuple([per_layer[k] for k in view.op_layer])
     run = SharedRun(costed, op_device, view.inputs, view.outputs, orders)
     run.run()
-    step = run.finish
     events = _shared_timeline(costed, run, view.op_layer) if timeline else ()
+    return _simulation(run, op_device, events)
+
+
+def _simulation(
+    run: _StepRun | SharedRun, op_device: tuple[int, ...], events: tuple[TimelineEvent, ...]
+) -> StepSimulation:
+    """The result of either run: its fields as the frozen record."""
+    step = run.finish
     return StepSimulation(
         step_time_s=step,
         device_busy_s=tuple(run.device_busy),
