@@ -343,6 +343,16 @@ def _check_same_cluster(plan: Plan, spec: Any) -> None:
     )
 
 
+
+def _sample_array(spec: Any) -> Any:
+    """One sample for a ``tf.TensorSpec``: masks all true, token ids 0 (in every table), empty
+    strings for a string input (``np.zeros`` of numpy's object dtype would be the int 0)."""
+    if spec.dtype.is_bool:
+        return np.ones(spec.shape, dtype=bool)
+    if spec.dtype == tf.string:
+        return np.full(spec.shape, b"", dtype=object)
+    return np.zeros(spec.shape, spec.dtype.as_numpy_dtype)
+
 def apply_plan(
     plan: Plan,
     model: Any,
@@ -370,10 +380,8 @@ def apply_plan(
     _check_fingerprint(plan, model)
     specs = input_specs(model, 1, plan.input_shape)
     # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own
-    # structure (a dict of inputs too). Masks are all true, token ids 0 (in every table).
-    sample = [
-        (np.ones if s.dtype.is_bool else np.zeros)(s.shape, s.dtype.as_numpy_dtype) for s in specs
-    ]
+    # structure (a dict of inputs too).
+    sample = [_sample_array(s) for s in specs]
     layer_devices = {name: device_strings[d] for name, d in plan.assignment.items()}
     pipeline = plan.pipeline
     if strategy is not None:

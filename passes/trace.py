@@ -117,13 +117,26 @@ def _is_container(obj: Any) -> bool:
 def _children(model: keras.Model) -> list[Any]:
     """The direct children of a container, in call order where Keras knows it."""
     if isinstance(model, keras.Sequential):
-        return list(model.layers)
+        return _sequential_children(model)
     operations = getattr(model, "operations", None)
     if getattr(model, "_is_graph_network", False) or hasattr(model, "_operations_by_depth"):
         if operations is not None:
             return [op for op in operations if not isinstance(op, keras.layers.InputLayer)]
     return list(model.layers)
 
+
+
+def _sequential_children(model: keras.Sequential) -> list[Any]:
+    """A built Sequential runs the functional graph Keras made of it, which also holds the ops
+    its layers' masks were computed with (``Masking`` adds ``not_equal`` and ``any``): those
+    are units too, as in a functional model. Unbuilt, or without such ops: its layers."""
+    layers = list(model.layers)
+    functional = getattr(model, "_functional", None)
+    operations = getattr(functional, "operations", None) or []
+    graph = [op for op in operations if not isinstance(op, keras.layers.InputLayer)]
+    if len(graph) > len(layers) and {id(x) for x in layers} <= {id(op) for op in graph}:
+        return graph
+    return layers
 
 def placement_units(model: keras.Model) -> tuple[Unit, ...]:
     """The placement units of ``model`` in a deterministic order (see the module docstring).

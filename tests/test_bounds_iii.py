@@ -306,9 +306,9 @@ def test_a_topology_file_past_the_bounds_is_refused_by_the_api(
     assert "\n" not in str(info.value)
     for word in words:
         assert word in str(info.value)
-    # 513 devices are counted once the topology is built (about 0.6 s here); the command line
-    # counts them in the file first.
-    assert time.perf_counter() - started < 2 * AT_ONCE_S
+    # the devices are counted as the file is read, before one is made (the limit is the
+    # topology reader's own, partitioner.core.options.MAX_DEVICES)
+    assert time.perf_counter() - started < AT_ONCE_S
 
 
 # -- the command line -------------------------------------------------------------------------------

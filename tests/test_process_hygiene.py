@@ -153,6 +153,67 @@ def test_ctrl_c_early_is_one_line_130_and_nothing_written(delay_s: float, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.py"]
 
 
+CP_SAT_SEARCH = """\
+import random
+import sys
+
+from ortools.sat.python import cp_model
+
+from partitioner.solvers import ilp
+
+# number partitioning of 60 random 40-bit values: the search runs to its 30 s limit
+rng = random.Random(0)
+values = [rng.randrange(1, 2**40) for _ in range(60)]
+model = cp_model.CpModel()
+chosen = [model.new_bool_var(f"x{i}") for i in range(len(values))]
+gap = model.new_int_var(0, sum(values), "gap")
+side = sum(v * b for v, b in zip(values, chosen))
+model.add(gap >= 2 * side - sum(values))
+model.add(gap >= sum(values) - 2 * side)
+model.minimize(gap)
+solver = cp_model.CpSolver()
+solver.parameters.max_time_in_seconds = 30
+solver.parameters.num_workers = 1
+guard = ilp._ctrl_c_stops_search(solver) if sys.argv[1] == "guarded" else ilp.contextlib.nullcontext()
+print("solving", flush=True)
+with guard:
+    status = solver.solve(model)
+print("returned", solver.status_name(status), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["guarded", "plain"])
+def test_ctrl_c_during_a_cp_sat_search_interrupts_instead_of_ending_the_search(
+    mode: str, tmp_path: Path
+) -> None:
+    """CP-SAT's own SIGINT handler ends its search and returns the best assignment so far, as
+    if the time limit had come, so the plan was written and the run exited 0 (issue 34). The
+    solver's search in this process runs inside ``_ctrl_c_stops_search``: the search stops and
+    KeyboardInterrupt (the CLI's one line and 130) follows at once. ``plain`` shows the defect."""
+    script = tmp_path / "search.py"
+    script.write_text(CP_SAT_SEARCH)
+    proc = subprocess.Popen(
+        [sys.executable, script, mode],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_default_sigint,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"solving\n"
+    time.sleep(1.0)
+    assert proc.poll() is None, "the search ended before it could be interrupted"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10  # not the 30 s time limit
+    if mode == "guarded":
+        assert b"KeyboardInterrupt" in err and b"returned" not in out, err
+    else:
+        assert proc.returncode == 0 and out.startswith(b"returned FEASIBLE"), (out, err)
+
+
 # -- a stdout that fails -------------------------------------------------------------------------
 
 

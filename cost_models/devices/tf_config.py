@@ -17,6 +17,7 @@ use them. Errors are one line naming the origin and the field. Pure Python.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -28,6 +29,7 @@ __all__ = [
     "TF_CONFIG_VARIABLE",
     "TfConfig",
     "address_host",
+    "check_addresses",
     "parse_cluster_jobs",
     "parse_tf_config",
     "tf_config_text",
@@ -37,6 +39,8 @@ TF_CONFIG_VARIABLE = "TF_CONFIG"
 """The environment variable TensorFlow reads the cluster from."""
 
 _SCHEMA = "devices/tf_config.schema.json"
+_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(?P<port>\d{1,5})$")
+"""``host:port`` (a bracketed IPv6 host allowed); the port is checked to be 1..65535."""
 _EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
 
 Jobs = tuple[tuple[str, tuple[str, ...]], ...]
@@ -117,3 +121,39 @@ def address_host(address: str) -> str:
     """The hostname of a ``host:port`` address (``""`` for ``":2222"``)."""
     text = address.strip()
     return text.rsplit(":", 1)[0] if ":" in text else text
+
+
+def _job_addresses(
+    origin: str, job: str, value: tuple[str, ...], error: type[PartitionError]
+) -> tuple[str, ...]:
+    """The checked ``host:port`` addresses of ``job`` (non-empty, valid ports, no repeats)."""
+    if not value:
+        raise error(
+            f"{origin}: job {job!r} must be a non-empty list of 'host:port' strings, got {list(value)!r}"
+        )
+    out: list[str] = []
+    for i, address in enumerate(value):
+        match = _ADDRESS.match(address.strip())
+        if match is None or not 0 < int(match.group("port")) < 65536:
+            raise error(
+                f"{origin}: {job}[{i}] = {address!r} is not a 'host:port' address "
+                "(e.g. '127.0.0.1:2222')"
+            )
+        out.append(address.strip())
+    if len(set(out)) != len(out):
+        raise error(f"{origin}: job {job!r} lists an address twice: {out}")
+    return tuple(out)
+
+
+def check_addresses(
+    config: TfConfig, *, origin: str = TF_CONFIG_VARIABLE, error: type[PartitionError] = UsageError
+) -> TfConfig:
+    """``config`` with every address checked and stripped: each job a non-empty list of
+    ``host:port`` (port 1..65535), no address twice in a job or across jobs (two servers
+    cannot share a port). The one check for a cluster file, ``TF_CONFIG`` and a topology read
+    from either."""
+    jobs = tuple((job, _job_addresses(origin, job, addrs, error)) for job, addrs in config.jobs)
+    seen = [a for _, addrs in jobs for a in addrs]
+    if len(set(seen)) != len(seen):
+        raise error(f"{origin}: two tasks share one address: {sorted(seen)}")
+    return TfConfig(jobs=jobs, task_type=config.task_type, task_index=config.task_index)

@@ -90,12 +90,14 @@ from cost_models.devices.tf_config import (
     TF_CONFIG_VARIABLE,
     TfConfig,
     address_host,
+    check_addresses,
     parse_tf_config,
     tf_config_text,
 )
 from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError, UsageError
 from partitioner.core.files import read_input_text
 from partitioner.core.ir import AllReduceFit, Device, Link, Topology
+from partitioner.core.options import MAX_DEVICES
 from partitioner.core.units import parse_bytes
 
 __all__ = [
@@ -116,8 +118,9 @@ logger = logging.getLogger(__name__)
 TF_CONFIG_SPEC = "tf-config"
 """The ``topology=`` value that reads the cluster from the ``TF_CONFIG`` environment variable."""
 
-_MAX_DEVICES = 4096
-"""More devices than this in one topology is taken as a typo (the schema's ``count`` bound)."""
+_MAX_DEVICES = MAX_DEVICES
+"""The most devices one topology describes: the most a run plans for (the schema's ``count``
+bound is the same number), refused before a device is made."""
 
 _SCHEMA = "devices/topology.schema.json"
 """The topology file's JSON Schema, next to this reader (package data of ``cost_models``)."""
@@ -434,7 +437,11 @@ def _host_plans(
         types, memories = _device_entries(where, prefix, host["devices"], device_type)
         total += copies * len(types)
         if total > _MAX_DEVICES:
-            raise where.fail(field or "devices", f"makes more than {_MAX_DEVICES} devices")
+            raise where.fail(
+                field or "devices",
+                f"makes {total} devices (at least), more than {_MAX_DEVICES}, the most a run "
+                "plans for",
+            )
         hosts += [_HostPlan(tuple(types), tuple(memories), link, link_field)] * copies
     return hosts
 
@@ -710,12 +717,20 @@ def topology_from_tf_config(
     where = _Where(TF_CONFIG_VARIABLE)
     if isinstance(tf_config, str):
         check_text_size(tf_config, TF_CONFIG_VARIABLE, UsageError, MAX_TF_CONFIG_BYTES)
-    config = parse_tf_config(tf_config)
+    config = check_addresses(
+        parse_tf_config(tf_config), origin=TF_CONFIG_VARIABLE, error=CatalogError
+    )
     per_task = _count(where, "devices_per_task", devices_per_task)
     dtype = _device_type(where, "device_type", device_type)
     intra = _link_spec(where, "intra_link", intra_link, allow_alias=True)
     inter = _between_hosts(where, "inter_link", inter_link)
     tasks = _tf_tasks(where, config)
+    if len(tasks) * per_task > _MAX_DEVICES:
+        raise where.fail(
+            "cluster",
+            f"{len(tasks)} tasks x {per_task} device(s) makes {len(tasks) * per_task} devices, "
+            f"more than {_MAX_DEVICES}",
+        )
     memory = dtype.memory_bytes if memory_limit_bytes is None else memory_limit_bytes
     devices = _tf_devices(tasks, dtype, per_task, memory)
     num_hosts = len({host for _, _, host in tasks})
@@ -786,7 +801,7 @@ def _load_tf_config(
             f"{spec}: the TF_CONFIG environment variable is not set; set it or give a topology "
             "file"
         )
-    config = parse_tf_config(raw)
+    config = check_addresses(parse_tf_config(raw), origin=TF_CONFIG_VARIABLE, error=CatalogError)
     tasks = len(_tf_tasks(_Where(TF_CONFIG_VARIABLE), config))
     per_task = 1
     if num_devices is not None:

@@ -92,16 +92,20 @@ OR-Tools first, and the results are the same.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import logging
 import math
 import os
 import pickle
+import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar, Literal
@@ -1134,12 +1138,54 @@ def cp_sat_in_worker_process() -> bool:
 
 def _run_cp_sat(request: _CpRequest) -> _CpOutcome:
     if _IN_PROCESS:
-        return _solve_cp_sat_here(request)
+        return _solve_cp_sat_here(request, ctrl_c_interrupts=True)
     return _WORKER.call(request)
 
 
-def _solve_cp_sat_here(request: _CpRequest) -> _CpOutcome:
-    """Build and solve the model of ``request`` with CP-SAT in this process."""
+@contextlib.contextmanager
+def _ctrl_c_stops_search(solver: cp_model.CpSolver) -> Iterator[None]:
+    """Ctrl-C during ``solver.solve`` stops the search at once and raises KeyboardInterrupt.
+
+    CP-SAT's own SIGINT handler (``catch_sigint_signal``) ends the search and returns its best
+    assignment as if the time had run out, so a Ctrl-C was swallowed and the plan written. Here
+    that handler is off; Python's own handler stays, and its wakeup byte (``set_wakeup_fd``,
+    written by the C-level handler while ``solve`` holds the main thread) lets a watcher thread
+    call ``stop_search``. Python raises KeyboardInterrupt when ``solve`` returns."""
+    solver.parameters.catch_sigint_signal = False
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only: it is not blocked in this solve
+        return
+    receiver, sender = socket.socketpair()
+    sender.setblocking(False)
+    previous = signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if select.select([receiver], [], [], 0.05)[0]:
+                data = receiver.recv(64)
+                if previous != -1:
+                    with contextlib.suppress(OSError):
+                        os.write(previous, data)  # the wakeup fd we borrowed still hears it
+                if signal.SIGINT in data:
+                    solver.stop_search()
+                    return
+
+    watcher = threading.Thread(target=watch, name="cp-sat-ctrl-c", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        watcher.join()
+        receiver.close()
+        sender.close()
+
+
+def _solve_cp_sat_here(request: _CpRequest, *, ctrl_c_interrupts: bool = False) -> _CpOutcome:
+    """Build and solve the model of ``request`` with CP-SAT in this process; with
+    ``ctrl_c_interrupts`` a Ctrl-C stops it and raises (:func:`_ctrl_c_stops_search`)."""
     from ortools.sat.python import cp_model
 
     problem = request.problem
@@ -1152,7 +1198,8 @@ def _solve_cp_sat_here(request: _CpRequest) -> _CpOutcome:
     solver.parameters.num_workers = request.num_workers
     solver.parameters.random_seed = request.seed
     solver.parameters.log_search_progress = False
-    status = solver.solve(model)
+    with _ctrl_c_stops_search(solver) if ctrl_c_interrupts else contextlib.nullcontext():
+        status = solver.solve(model)
     assignment: tuple[int, ...] | None = None
     starts: tuple[int, ...] = ()
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -1262,6 +1309,7 @@ atexit.register(_WORKER.close)
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     """Serve CP-SAT requests from stdin until it closes; replies go to the original stdout,
     and file descriptor 1 is pointed at stderr so that stray native output cannot corrupt them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C (and this process)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     requests = sys.stdin.buffer

@@ -60,6 +60,7 @@ from cost_models.devices.datafiles import parse_json, read_text
 from cost_models.devices.tf_config import (
     TF_CONFIG_VARIABLE,
     TfConfig,
+    check_addresses,
     parse_cluster_jobs,
     parse_tf_config,
 )
@@ -91,7 +92,6 @@ DEFAULT_STEP_TIMEOUT_S = 30.0
 FIRST_STEP_FACTOR = 10.0
 """The first batch of a call may take this many times ``step_timeout_s`` (tracing, shipping)."""
 
-_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(?P<port>\d{1,5})$")
 _TASK_IN_MESSAGE = re.compile(r"/job:(?P<job>[\w-]+)/replica:\d+/task:(?P<task>\d+)")
 _CLUSTER_FAULT_WORDS = ("socket closed", "connection reset", "failed to connect", "grpc", "ping")
 
@@ -184,26 +184,6 @@ def _cluster_config(data: object, source: str) -> TfConfig:
     return TfConfig(jobs=parse_cluster_jobs(data, origin=source, error=UsageError))
 
 
-def _addresses(source: str, job: str, value: Sequence[str]) -> tuple[str, ...]:
-    """The checked ``host:port`` addresses of ``job`` (non-empty, valid ports, no repeats)."""
-    if not value:
-        raise UsageError(
-            f"{source}: job {job!r} must be a non-empty list of 'host:port' strings, got {list(value)!r}"
-        )
-    out: list[str] = []
-    for i, address in enumerate(value):
-        match = _ADDRESS.match(address.strip())
-        if match is None or not 0 < int(match.group("port")) < 65536:
-            raise UsageError(
-                f"{source}: {job}[{i}] = {address!r} is not a 'host:port' address "
-                "(e.g. '127.0.0.1:2222')"
-            )
-        out.append(address.strip())
-    if len(set(out)) != len(out):
-        raise UsageError(f"{source}: job {job!r} lists an address twice: {out}")
-    return tuple(out)
-
-
 def load_cluster(
     cluster: Mapping[str, Any] | str | os.PathLike[str] | None,
     *,
@@ -222,13 +202,9 @@ def load_cluster(
             f"{source} has no job {job_name!r} (jobs found: {', '.join(config.job_names) or 'none'}); "
             f'list the workers as {{"{job_name}": ["host0:2222", "host1:2222"]}}'
         )
-    workers = _addresses(source, job_name, config.addresses(job_name))
-    others = tuple(
-        (job, _addresses(source, job, addrs)) for job, addrs in config.jobs if job != job_name
-    )
-    seen = [a for _, addrs in others for a in addrs] + list(workers)
-    if len(set(seen)) != len(seen):
-        raise UsageError(f"{source}: two tasks share one address: {sorted(seen)}")
+    config = check_addresses(config, origin=source, error=UsageError)
+    workers = config.addresses(job_name)
+    others = tuple((job, addrs) for job, addrs in config.jobs if job != job_name)
     task_index = config.task_index if config.task_type == job_name else None
     return WorkerCluster(job_name, workers, others, task_index, source)
 

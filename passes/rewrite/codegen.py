@@ -120,7 +120,8 @@ _RESERVED = frozenset(
         "sys", "importlib", "functools", "Any", "Path", "DEVICES", "STAGES", "SAMPLE_INPUTS",
         "MODEL_SOURCE", "MODEL_CLASS", "MODEL_CONFIG", "PlacedModel", "make_layers",
         "build_model", "load_original_weights", "model_source", "placement_units", "on_device",
-        "received", "get_keras_mask", "set_keras_mask", "annotations",
+        "received", "get_keras_mask", "set_keras_mask", "annotations", "zeros",
+        "sample_batch", "sample_inputs",
     }
 )
 
@@ -1053,13 +1054,22 @@ def model_source() -> Any:
             sys.path.pop(0)
     return module'''
 
-_SAMPLE_FUNCTION = '''
+_ZEROS_FUNCTION = '''
+
+def zeros(shape: tuple[int, ...], dtype: str) -> Any:
+    """Zeros of ``shape``; empty strings for a string input (numpy has no 'string' dtype)."""
+    if dtype == "string":
+        return np.full(shape, "", dtype=object)
+    return np.zeros(shape, dtype=dtype)'''
+
+_SAMPLE_FUNCTION = _ZEROS_FUNCTION + '''
+
 
 def sample_batch() -> Any:
     """Zeros shaped like one sample of each input (a list or dict when the model takes several)."""
     if isinstance(SAMPLE_INPUTS, dict):
-        return {key: np.zeros(shape, dtype=dtype) for key, (shape, dtype) in SAMPLE_INPUTS.items()}
-    arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in SAMPLE_INPUTS]
+        return {key: zeros(shape, dtype) for key, (shape, dtype) in SAMPLE_INPUTS.items()}
+    arrays = [zeros(shape, dtype) for shape, dtype in SAMPLE_INPUTS]
     return arrays[0] if len(arrays) == 1 else arrays'''
 
 _GRAPH_BUILD = '''
@@ -1877,12 +1887,13 @@ def _replicated_text(
     return text + "\n" + _SAMPLE_FUNCTION
 
 
-_HYBRID_BODY = '''
+_HYBRID_BODY = _ZEROS_FUNCTION + '''
+
 
 def sample_inputs() -> list[Any]:
     """Zeros shaped like one sample of each input, in the model's input order."""
     shapes = SAMPLE_INPUTS.values() if isinstance(SAMPLE_INPUTS, dict) else SAMPLE_INPUTS
-    return [np.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+    return [zeros(shape, dtype) for shape, dtype in shapes]
 
 
 def build_model(original: Any) -> keras.Model:

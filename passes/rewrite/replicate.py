@@ -324,7 +324,13 @@ class ReplicatedModel(keras.Model):
             )
 
         distributed = self.distribute_strategy.experimental_distribute_values_from_function(shard)
-        self._maybe_symbolic_build(data_batch=(x, y, sample_weight))
+        # As tensors: Keras's symbolic build reads a numpy array's dtype, and numpy's ``object``
+        # (a string input) is no Keras dtype while ``tf.string`` is.
+        self._maybe_symbolic_build(
+            data_batch=tree.map_structure(
+                lambda t: None if t is None else tf.convert_to_tensor(t), (x, y, sample_weight)
+            )
+        )
         self.make_train_function()
         self.reset_metrics()
         with _batch_errors():

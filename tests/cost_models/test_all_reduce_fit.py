@@ -54,7 +54,7 @@ GOOD = all_reduce_fit_to_dict(FIT)
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"latency_s": -1.0}, r"all_reduce\.latency_s: must be a number of seconds >= 0, got -1"),
+        ({"latency_s": -1.0}, r"all_reduce\.latency_s: must be a number of seconds in 0\.\.10, got -1"),
         ({"bandwidth_bytes_per_s": 0}, r"all_reduce\.bandwidth_bytes_per_s: must be a number"),
         ({"bandwidth_bytes_per_s": "fast"}, r"bandwidth_bytes_per_s: must be a number of bytes"),
         ({"members": 1}, r"all_reduce\.members: must be the number of devices .*got 1"),

@@ -163,7 +163,7 @@ def _edit(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
          "links[0].link: differs from the fit of its calibration points"),
         (("all_reduce", "latency_s"), 0.0, "all_reduce: differs from the fit"),
         (("links", 0, "link", "bandwidth_bytes_per_s"), -1.0, "links[0].link"),
-        (("all_reduce", "bandwidth_bytes_per_s"), -5.0, "bytes per second > 0"),
+        (("all_reduce", "bandwidth_bytes_per_s"), -5.0, "bytes per second in 1e3..1e15"),
         (("calibration", "links", 0, "points"), [[1024, 0.001]],
          "must hold 2 or more [bytes, seconds] points"),
         (("calibration", "all_reduce", "points"), [[1024, 0.002], [4096, 0.001]],

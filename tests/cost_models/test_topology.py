@@ -175,7 +175,7 @@ MALFORMED: list[tuple[str, str, type[PartitionError], str]] = [
      "hosts[0].devices[0].type: unknown device type 'gpu9000'; known: cpu"),
     ("toml", _H + 'count = "two"\n', CatalogError,
      "hosts[0].devices[0].count: must be a positive integer, got a string ('two')"),
-    ("toml", _H + "count = 0\n", CatalogError, "hosts[0].devices[0].count: must be an integer in 1..4096, got 0"),
+    ("toml", _H + "count = 0\n", CatalogError, "hosts[0].devices[0].count: must be an integer in 1..512, got 0"),
     ("toml", _H + "count = true\n", CatalogError, "got a boolean"),
     ("toml", _H + 'memory = "16 gigs"\n', CatalogError,
      "hosts[0].devices[0].memory: '16 gigs' is not a size like 16GiB"),
@@ -186,9 +186,18 @@ MALFORMED: list[tuple[str, str, type[PartitionError], str]] = [
     ("toml", 'link = "pcie9"\n' + _H, CatalogError,
      "link: unknown link kind 'pcie9'; known: pcie, nvlink, pcie3, pcie4"),
     ("toml", '[[hosts]]\nlink = { latency_s = -1, bandwidth_bytes_per_s = 1e9 }\n'
-     '[[hosts.devices]]\ntype = "h100"\n', CatalogError, "hosts[0].link.latency_s: must be >= 0, got -1"),
+     '[[hosts.devices]]\ntype = "h100"\n', CatalogError,
+     "hosts[0].link.latency_s: must be a number of seconds in 0..10, got -1"),
     ("toml", '[[hosts]]\nlink = { latency_s = 1e-6, bandwidth_bytes_per_s = 0 }\n'
-     '[[hosts.devices]]\ntype = "h100"\n', CatalogError, "bandwidth_bytes_per_s: must be > 0, got 0"),
+     '[[hosts.devices]]\ntype = "h100"\n', CatalogError,
+     "bandwidth_bytes_per_s: must be a number of bytes per second in 1e3..1e15, got 0"),
+    # link figures bounded above too (issue 34): 1e300 s or B/s gave a plan of 1e290-s steps
+    ("json", '{"link": {"latency_s": 1e300, "bandwidth_bytes_per_s": 1e9}, "devices": [{"type": "h100"}]}',
+     CatalogError, "link.latency_s: must be a number of seconds in 0..10, got 1e+300"),
+    ("json", '{"link": {"latency_s": 1e-6, "bandwidth_bytes_per_s": 1e-300}, "devices": [{"type": "h100"}]}',
+     CatalogError, "link.bandwidth_bytes_per_s: must be a number of bytes per second in 1e3..1e15, got 1e-300"),
+    ("json", '{"link": {"latency_s": 1e-6, "bandwidth_bytes_per_s": 1e300}, "devices": [{"type": "h100"}]}',
+     CatalogError, "link.bandwidth_bytes_per_s: must be a number of bytes per second in 1e3..1e15, got 1e+300"),
     ("toml", '[[hosts]]\nlink = { latency_s = 1e-6 }\n[[hosts.devices]]\ntype = "h100"\n',
      CatalogError, "hosts[0].link: is missing key 'bandwidth_bytes_per_s'"),
     ("toml", "[[hosts]]\ncount = 2\n[[hosts.devices]]\ntype = \"h100\"\n", CatalogError,
@@ -295,7 +304,17 @@ def test_tf_config_through_load_topology() -> None:
          "TF_CONFIG: cluster: has no chief or worker tasks to place layers on; jobs found: ps"),
         ('{"cluster": {"worker": "a:1"}}', CatalogError,
          "TF_CONFIG: cluster.worker: must be a list of 'host:port' strings"),
-        ('{"cluster": {"worker": [":1"]}}', CatalogError, "cluster.worker[0]: ':1' has no hostname"),
+        ('{"cluster": {"worker": [":1"]}}', CatalogError,
+         "TF_CONFIG: worker[0] = ':1' is not a 'host:port' address"),
+        # the checks a cluster file gets (issue 34): a port, no address twice, the device bound
+        ('{"cluster": {"worker": ["h0", "h1"]}}', CatalogError,
+         "TF_CONFIG: worker[0] = 'h0' is not a 'host:port' address (e.g. '127.0.0.1:2222')"),
+        ('{"cluster": {"worker": ["h0:2222", "h0:2222"]}}', CatalogError,
+         "TF_CONFIG: job 'worker' lists an address twice"),
+        ('{"cluster": {"chief": ["h0:2222"], "worker": ["h0:2222"]}}', CatalogError,
+         "TF_CONFIG: two tasks share one address"),
+        (json.dumps({"cluster": {"worker": [f"h:{2000 + i}" for i in range(513)]}}), CatalogError,
+         "TF_CONFIG: cluster: 513 tasks x 1 device(s) makes 513 devices, more than 512"),
     ],
 )  # fmt: skip
 def test_bad_tf_config(config: str, error: type[Exception], match: str) -> None:
