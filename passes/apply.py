@@ -26,6 +26,7 @@ from partitioner.core.options import InputShape
 from partitioner.core.strategy import Strategy
 from partitioner.plan.model import InputSignature, ModelFingerprint, Plan
 from partitioner.plan.schema import check_plan_matches_model
+from passes.checks import check_batch_split
 from passes.rewrite.device_placement import default_device_strings, place_model
 from passes.trace import input_names, input_specs, placement_units
 
@@ -378,6 +379,7 @@ def apply_plan(
         applied_to=getattr(model, "name", None),
     )
     _check_fingerprint(plan, model)
+    check_batch_split(model, plan)
     specs = input_specs(model, 1, plan.input_shape)
     # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own
     # structure (a dict of inputs too).

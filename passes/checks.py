@@ -14,6 +14,8 @@ or before a plan is returned, each in one line (issue 17).
   in a cycle, a stage order other than the plan's) before the plan is returned.
 * :func:`inexact_layers`: the layers, nested ones too, that are not exact when the batch is split
   (micro-batches or replicas), by :func:`partitioner.core.microbatch.inexact_reason`.
+* :func:`check_batch_split`: a plan that splits each batch (replicas, micro-batches) on a model
+  with a sparse or ragged input, which the rewrites split as dense tensors only.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from partitioner.core.errors import RewriteError
 from partitioner.core.ir import Graph
 from partitioner.core.microbatch import InexactLayer, LayerFacts, inexact_reason
 from partitioner.plan.model import Plan
-from passes.trace import Unit, placement_units
+from passes.trace import Unit, input_names, placement_units
 
 __all__ = [
     "OWN_STEPS",
     "check_applyable",
+    "check_batch_split",
     "check_model",
     "inexact_layers",
     "join_neighbours",
@@ -183,12 +186,50 @@ def join_neighbours(
 # -- is the plan applyable ---------------------------------------------------------------------
 
 
+def _batch_shares(plan: Plan) -> str | None:
+    """How ``plan`` splits each batch ("2 replicas", "4 micro-batches"), or None."""
+    strategy = plan.strategy
+    replicas = strategy.replicas if strategy is not None else 1
+    micro = max(
+        strategy.num_microbatches if strategy is not None else 1,
+        plan.pipeline.num_microbatches if plan.pipeline is not None else 1,
+    )
+    parts = [f"{replicas} replicas"] * (replicas > 1) + [f"{micro} micro-batches"] * (micro > 1)
+    return " x ".join(parts) or None
+
+
+def check_batch_split(model: Any, plan: Plan) -> None:
+    """RewriteError (one line) when ``plan`` splits each batch into shares (replicas,
+    micro-batches) and ``model`` takes a sparse or ragged input: the rewrites cut a batch's
+    rows with ``tf.split`` and slices, which take dense tensors only."""
+    shares = _batch_shares(plan)
+    if shares is None:
+        return
+    try:
+        inputs = list(model.inputs or [])
+    except Exception:  # a subclassed model never called: no declared inputs, all dense
+        return
+    odd = [
+        f"{name!r} ({'sparse' if getattr(t, 'sparse', False) else 'ragged'})"
+        for name, t in zip(input_names(model), inputs)
+        if getattr(t, "sparse", False) or getattr(t, "ragged", False)
+    ]
+    if odd:
+        raise RewriteError(
+            f"model {model.name!r} takes input {', '.join(odd)}, and the plan splits each batch "
+            f"into {shares}, which the rewrites do for dense inputs only; plan with "
+            "strategy='placed' or strategy='single', or feed the input dense"
+        )
+
+
 def check_applyable(model: Any, plan: Plan) -> None:
-    """RewriteError (one line) when the rewrite would refuse ``plan`` on ``model``: a pipelined
-    plan is split into stages by the pipeline rewrite's own code (``_split``), and a one-replica
-    pipeline's stage order must be the plan's, as ``pipeline_model`` requires."""
+    """RewriteError (one line) when the rewrite would refuse ``plan`` on ``model``: a plan that
+    splits the batch of a sparse input (:func:`check_batch_split`); a pipelined plan is split
+    into stages by the pipeline rewrite's own code (``_split``), and a one-replica pipeline's
+    stage order must be the plan's, as ``pipeline_model`` requires."""
     from passes.rewrite.pipeline import _split
 
+    check_batch_split(model, plan)
     strategy = plan.strategy
     replicated = strategy is not None and strategy.replicas > 1 and strategy.stages > 1
     if replicated and strategy is not None and strategy.num_microbatches == 1:

@@ -1,10 +1,17 @@
-"""A model that takes strings (``StringLookup`` on a ``dtype="string"`` input), issue 34.
+"""Models whose inputs are not dense numbers (issue 34): strings and sparse tensors.
+
+A model that takes strings (``StringLookup`` on a ``dtype="string"`` input):
 
 Before, such a model planned with exit 0 and then every realisation failed: ``plan.apply`` raised
 Keras's raw ``ValueError`` ("Failed to convert a NumPy array to a Tensor (Unsupported object
 type int)", numpy's object zeros are the int 0) and the emitted module could not build
 (``np.zeros(shape, dtype="string")``). Each strategy family now applies and trains as the
 original does on the same batch, and the emitted module builds and computes the same outputs.
+
+A model with a sparse input (``keras.Input(sparse=True)``): placed on devices it trains as the
+original; a strategy that splits each batch (replicas, micro-batches) failed in training with
+TensorFlow's raw "Failed to convert elements of SparseTensor", and is now refused in one line
+when planned or applied, while ``auto`` plans a strategy that applies.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from types import ModuleType
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import partitioner
+from partitioner.core.errors import RewriteError
 from passes.rewrite.codegen import emit_plan_module
 
 CPU = [f"/device:CPU:{i}" for i in range(2)]
@@ -97,3 +106,53 @@ def test_the_emitted_module_of_a_string_input_model_builds(tmp_path: Path, famil
         module.load_original_weights(built, original)
         x, _ = batch()
         np.testing.assert_allclose(np.asarray(built(x)), np.asarray(original(x)), rtol=1e-5)
+
+
+def sparse_model(sparse: bool = True) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    features = keras.Input(shape=(20,), sparse=sparse, name="features")
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(features)
+    out = keras.layers.Dense(2, name="out")(hidden)
+    model = keras.Model(features, out, name="sparse_model")
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1), loss="mse", jit_compile=False)
+    return model
+
+
+def sparse_batch() -> tuple[tf.SparseTensor, np.ndarray]:
+    rng = np.random.default_rng(3)
+    dense = (rng.random((BATCH, 20)) < 0.2) * rng.standard_normal((BATCH, 20))
+    return tf.sparse.from_dense(dense.astype("float32")), rng.standard_normal((BATCH, 2)).astype(
+        "float32"
+    )
+
+
+def test_a_sparse_input_model_placed_trains_as_the_original_and_auto_applies() -> None:
+    x, y = sparse_batch()
+    for family in ("placed", None):
+        plan = partitioner.partition(sparse_model(), gpus=2, batch_size=BATCH, strategy=family)
+        strategy = plan.strategy
+        assert strategy is None or (strategy.replicas, strategy.num_microbatches) == (1, 1)
+        applied = plan.apply(sparse_model(), devices=CPU)
+        reference = sparse_model()
+        applied.train_on_batch(x, y)
+        reference.train_on_batch(x, y)
+        for got, want in zip(weights(applied), weights(reference), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("family", "shares"), [("data-parallel", "2 replicas"), ("pipeline", "2 micro-batches")]
+)
+def test_a_batch_split_of_a_sparse_input_is_refused_when_planned_and_applied(
+    family: str, shares: str
+) -> None:
+    words = ["'features' (sparse)", f"splits each batch into {shares}", "strategy='placed'"]
+    with pytest.raises(RewriteError) as planned:
+        partitioner.partition(sparse_model(), gpus=2, batch_size=BATCH, strategy=family)
+    # the same plan, made for the dense twin of the model, applied to the sparse one
+    plan = partitioner.partition(sparse_model(False), gpus=2, batch_size=BATCH, strategy=family)
+    with pytest.raises(RewriteError) as applied:
+        plan.apply(sparse_model(), devices=CPU)
+    for info in (planned, applied):
+        text = str(info.value)
+        assert "\n" not in text and all(w in text for w in words), text
