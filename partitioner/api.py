@@ -169,6 +169,7 @@ def prepare(
         memory_limit_bytes=target.memory_limit_bytes,
     )
     _check_topology_bounds(target.topology, topology)
+    search.check_devices(topology.num_devices)
     prepared = Prepared(
         target=target,
         search=search,

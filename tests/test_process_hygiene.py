@@ -114,6 +114,34 @@ def test_a_thread_left_running_by_the_model_does_not_keep_the_process(tmp_path: 
     assert line.startswith("partition: note: ")
 
 
+FORKED = (
+    "import multiprocessing\nimport time\n\n"
+    "def _forever():\n    time.sleep(3600)\n\n"
+    "_child = multiprocessing.get_context('fork').Process(target=_forever, name='forked')\n"
+    "_child.start()\n\n" + TINY
+)
+
+
+@pytest.mark.slow
+def test_a_child_process_left_running_by_the_model_does_not_keep_the_process(
+    tmp_path: Path,
+) -> None:
+    """The interpreter's exit joins non-daemon ``multiprocessing`` children, so a model that
+    started one never let ``partition`` exit (the campaign's rerun, issue 34)."""
+    model = tmp_path / "forked.py"
+    model.write_text(FORKED)
+    out = tmp_path / "plan.json"
+    proc = _start(
+        [model, "--gpus", "2", "--no-strategies", "--out", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    code, err = _finish(proc, RUN_TIMEOUT_S)
+    assert code == 0, err
+    load_plan(out)  # whole
+    _one_line(err, "note", "left 1 child process running ('forked')", "are stopped")
+
+
 def test_threads_left_waits_for_a_thread_that_ends_and_not_for_one_that_does_not() -> None:
     stop = threading.Event()
     short = threading.Thread(target=time.sleep, args=(0.2,), name="short")

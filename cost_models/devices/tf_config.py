@@ -39,8 +39,10 @@ TF_CONFIG_VARIABLE = "TF_CONFIG"
 """The environment variable TensorFlow reads the cluster from."""
 
 _SCHEMA = "devices/tf_config.schema.json"
-_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(?P<port>\d{1,5})$")
-"""``host:port`` (a bracketed IPv6 host allowed); the port is checked to be 1..65535."""
+_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+"""``host:port``: a host name or IPv4 address (letters, digits, ``_.-``), or a bracketed IPv6
+address; the port is checked to be 1..65535."""
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "ip6-localhost"})
 _EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
 
 Jobs = tuple[tuple[str, tuple[str, ...]], ...]
@@ -118,9 +120,12 @@ def parse_tf_config(
 
 
 def address_host(address: str) -> str:
-    """The hostname of a ``host:port`` address (``""`` for ``":2222"``)."""
+    """The host of a ``host:port`` address (``""`` for ``":2222"``), as one name however it is
+    spelled: without case or a trailing dot, and every loopback name (``127.0.0.1``,
+    ``[::1]``) as ``localhost``; tasks with one host share a machine."""
     text = address.strip()
-    return text.rsplit(":", 1)[0] if ":" in text else text
+    name = (text.rsplit(":", 1)[0] if ":" in text else text).lower().rstrip(".")
+    return "localhost" if name in _LOOPBACK_NAMES else name
 
 
 def _job_addresses(
@@ -140,20 +145,33 @@ def _job_addresses(
                 "(e.g. '127.0.0.1:2222')"
             )
         out.append(address.strip())
-    if len(set(out)) != len(out):
-        raise error(f"{origin}: job {job!r} lists an address twice: {out}")
+    keys = [_address_key(a) for a in out]
+    if len(set(keys)) != len(keys):
+        raise error(f"{origin}: job {job!r} lists an address twice: {out}{_spelled(out)}")
     return tuple(out)
+
+
+def _address_key(address: str) -> tuple[str, int]:
+    """What makes two addresses one server: the host (:func:`address_host`: a TensorFlow
+    server listens on every interface, so ``localhost`` and ``127.0.0.1`` are one) and the port
+    as a number (``02222`` is 2222)."""
+    return address_host(address), int(address.rpartition(":")[2])
+
+
+def _spelled(addresses: list[str]) -> str:
+    """`` (one server spelled two ways)`` when the repeats differ only in spelling."""
+    return " (one server spelled two ways)" if len(set(addresses)) == len(addresses) else ""
 
 
 def check_addresses(
     config: TfConfig, *, origin: str = TF_CONFIG_VARIABLE, error: type[PartitionError] = UsageError
 ) -> TfConfig:
     """``config`` with every address checked and stripped: each job a non-empty list of
-    ``host:port`` (port 1..65535), no address twice in a job or across jobs (two servers
-    cannot share a port). The one check for a cluster file, ``TF_CONFIG`` and a topology read
+    ``host:port`` (port 1..65535, no control characters), no address twice in a job or across
+    jobs, however spelled (two servers cannot share a port: :func:`_address_key`). The one check for a cluster file, ``TF_CONFIG`` and a topology read
     from either."""
     jobs = tuple((job, _job_addresses(origin, job, addrs, error)) for job, addrs in config.jobs)
     seen = [a for _, addrs in jobs for a in addrs]
-    if len(set(seen)) != len(seen):
-        raise error(f"{origin}: two tasks share one address: {sorted(seen)}")
+    if len({_address_key(a) for a in seen}) != len(seen):
+        raise error(f"{origin}: two tasks share one address: {sorted(seen)}{_spelled(seen)}")
     return TfConfig(jobs=jobs, task_type=config.task_type, task_index=config.task_index)

@@ -139,7 +139,8 @@ FLAGS: Mapping[str, str] = MappingProxyType(
 command line's spelling: a flag taking the value at ``{}``, or a switch (no ``{}``)."""
 
 _ARGUMENT = re.compile(
-    r"(?<![\w.-])(?P<name>" + "|".join(sorted(map(re.escape, FLAGS), key=len, reverse=True))
+    r"(?<![\w.-])(?P<name>"
+    + "|".join(sorted(map(re.escape, FLAGS), key=len, reverse=True))
     + r")=(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|\[[^\[\]]*\]|\{[^{}]*\}"
     r"|[^\s,;()\[\]'\"]*[^\s,;()\[\]'\".:])?"
 )
@@ -695,7 +696,9 @@ def _devices(argv: Sequence[str], out: Console) -> int:
     _devices_parser().parse_args(argv)
     table = Table(title="Device catalog (cost_models/data/devices.json)", title_justify="left")
     for column in ("type", "fp32 TFLOP/s", "bf16 TFLOP/s", "memory", "bandwidth", "link", "source"):
-        table.add_column(column, justify="left" if column in ("type", "link", "source") else "right")
+        table.add_column(
+            column, justify="left" if column in ("type", "link", "source") else "right"
+        )
     cat = catalog()
     for name in cat:
         d = cat[name]
@@ -925,17 +928,51 @@ def _leave(status: int, *, model_ran: bool) -> int:
     _flush_or_drop(sys.stdout)  # blocks while a pipe is full and unread; Ctrl-C still ends it
     _flush_or_drop(sys.stderr)
     left = _threads_left(THREAD_GRACE_S) if model_ran else []
-    if not left:
+    children = _children_left(THREAD_GRACE_S) if model_ran else []
+    if not left and not children:
         return status
-    names = ", ".join(escape_control(repr(t.name)) for t in left[:5])
-    more = f" and {len(left) - 5} more" if len(left) > 5 else ""
-    count = f"{len(left)} thread{'s' if len(left) > 1 else ''}"
-    _say(
-        f"{PROG}: note: the model's code left {count} running ({names}{more}); exiting "
-        f"anyway after {THREAD_GRACE_S:g} s\n"
-    )
+    _say(f"{PROG}: note: {_left_running(left, children)}\n")
+    for child in children:  # the interpreter's exit would join them for ever
+        with contextlib.suppress(Exception):
+            child.terminate()
     _flush_or_drop(sys.stderr)
     os._exit(status)
+
+
+def _left_running(threads: list[threading.Thread], children: list[Any]) -> str:
+    """``the model's code left 1 thread running ('spinner'); exiting anyway after 2 s``, with
+    the child processes it started too (they are stopped)."""
+    parts = []
+    kinds: list[tuple[str, str, list[Any]]] = [
+        ("thread", "threads", list(threads)),
+        ("child process", "child processes", children),
+    ]
+    for one, many, items in kinds:
+        if items:
+            names = ", ".join(escape_control(repr(x.name)) for x in items[:5])
+            more = f" and {len(items) - 5} more" if len(items) > 5 else ""
+            parts.append(f"{len(items)} {one if len(items) == 1 else many} running ({names}{more})")
+    stopped = "; the child processes are stopped" if children else ""
+    return (
+        f"the model's code left {' and '.join(parts)}; exiting anyway after "
+        f"{THREAD_GRACE_S:g} s{stopped}"
+    )
+
+
+def _children_left(grace_s: float) -> list[Any]:
+    """The model's ``multiprocessing`` children still alive that are not daemons (the
+    interpreter's exit joins them), after waiting up to ``grace_s`` for them to end; none when
+    the model never imported ``multiprocessing``."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return []
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = [p for p in mp.active_children() if not p.daemon and p.is_alive()]
+        remaining = deadline - time.monotonic()
+        if not left or remaining <= 0:
+            return left
+        left[0].join(timeout=min(0.1, remaining))
 
 
 def _threads_left(grace_s: float) -> list[threading.Thread]:

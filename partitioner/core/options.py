@@ -355,9 +355,7 @@ class SearchOptions:
                 ("schedule", None if self.schedule is None else self.schedule.value),
             ):
                 if value is not None:
-                    raise UsageError(
-                        f"{name}={value!r} needs pipeline=True (plain splits run whole batches)"
-                    )
+                    raise UsageError(f"{name}={value!r} needs pipeline=True{self._searched()}")
             return
         if self.schedule is Schedule.NONE:
             known = " or ".join(s.value for s in Schedule if s is not Schedule.NONE)
@@ -375,6 +373,38 @@ class SearchOptions:
                 f"solver={SINGLE_DEVICE_SOLVER!r} puts every layer on one device, so "
                 "pipeline=True has no stages to pipeline; drop pipeline=True, or pick a solver "
                 "that splits the model (solver='auto')"
+            )
+
+    def _searched(self) -> str:
+        """Why a micro-batch count or schedule goes with ``pipeline=True`` only: plain splits
+        run whole batches, and a ``strategy`` chooses its own (a circle of advice otherwise)."""
+        if self.strategy is None:
+            return " (plain splits run whole batches)"
+        shown = self.strategy.value if isinstance(self.strategy, Family) else self.strategy
+        return (
+            f", which pipelines the solver's own split as given; strategy={shown!r} chooses the "
+            f"micro-batches and schedule itself: drop them, or give pipeline=True instead of "
+            f"strategy={shown!r}"
+        )
+
+    def check_devices(self, num_devices: int) -> None:
+        """UsageError when ``strategy`` names a family that needs more devices than
+        ``num_devices``, or stages that ``solver='single'`` cannot place."""
+        family = self.strategy if isinstance(self.strategy, Family) else None
+        if family is None or family is Family.SINGLE:
+            return
+        least = 4 if family is Family.HYBRID else 2
+        if num_devices < least:
+            raise UsageError(
+                f"strategy={family.value!r} needs at least {least} devices, and the plan has "
+                f"{num_devices}; give gpus={least} or more, or strategy='single'"
+            )
+        if self.solver == SINGLE_DEVICE_SOLVER and family is not Family.DATA_PARALLEL:
+            raise UsageError(
+                f"solver={SINGLE_DEVICE_SOLVER!r} puts every layer on one device, and "
+                f"strategy={family.value!r} splits the model into stages; drop "
+                f"solver={SINGLE_DEVICE_SOLVER!r} (the strategy places its stages with the "
+                "planner's solvers), or use strategy='single'"
             )
 
     @property

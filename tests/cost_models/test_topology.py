@@ -313,6 +313,15 @@ def test_tf_config_through_load_topology() -> None:
          "TF_CONFIG: job 'worker' lists an address twice"),
         ('{"cluster": {"chief": ["h0:2222"], "worker": ["h0:2222"]}}', CatalogError,
          "TF_CONFIG: two tasks share one address"),
+        # one server spelled two ways (the campaign's rerun): loopback names, case, a port's zeros
+        ('{"cluster": {"worker": ["localhost:2222", "127.0.0.1:2222"]}}', CatalogError,
+         "lists an address twice: ['localhost:2222', '127.0.0.1:2222'] (one server spelled two ways)"),
+        ('{"cluster": {"worker": ["LOCALHOST:2222", "localhost:02222"]}}', CatalogError,
+         "(one server spelled two ways)"),
+        ('{"cluster": {"chief": ["Host.:1"], "worker": ["host:1"]}}', CatalogError,
+         "two tasks share one address: ['Host.:1', 'host:1'] (one server spelled two ways)"),
+        ('{"cluster": {"worker": ["local\\u0000host:2222"]}}', CatalogError,
+         "worker[0] = 'local\\x00host:2222' is not a 'host:port' address"),
         (json.dumps({"cluster": {"worker": [f"h:{2000 + i}" for i in range(513)]}}), CatalogError,
          "TF_CONFIG: cluster: 513 tasks x 1 device(s) makes 513 devices, more than 512"),
     ],
@@ -440,3 +449,12 @@ def test_a_roofline_per_device_type() -> None:
     )
     with pytest.raises(CatalogError, match=r"roofline\['h100'\] must be a RooflineModel"):
         cost_graph(g, topology=topo, roofline={"h100": 0.5})  # type: ignore[dict-item]
+
+
+def test_loopback_names_are_one_host() -> None:
+    """``localhost`` and ``127.0.0.1`` are one machine: two tasks on it share a host (and the
+    gRPC link between tasks), not two hosts joined by an inter-host link."""
+    config = json.dumps({"cluster": {"worker": ["localhost:2222", "127.0.0.1:2223", "[::1]:2224"]}})
+    topology = topology_from_tf_config(config, device_type="cpu")
+    assert [d.host for d in topology.devices] == [0, 0, 0]
+    assert topology.inter_host_link is None
