@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from partitioner.core.errors import PartitionError
-from partitioner.core.options import MeasureOptions, SearchOptions, TargetOptions
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from partitioner.api import load_plan, partition
+    from partitioner.core.options import MeasureOptions, SearchOptions, TargetOptions
     from partitioner.plan.model import Plan
     from passes.weightless import without_weights
 
@@ -40,6 +40,10 @@ def __getattr__(name: str) -> Any:
         from partitioner import api
 
         return getattr(api, name)
+    if name in ("MeasureOptions", "SearchOptions", "TargetOptions"):
+        from partitioner.core import options  # loaded on use: the CLI's Ctrl-C handler first
+
+        return getattr(options, name)
     if name == "without_weights":
         from passes.weightless import without_weights
 

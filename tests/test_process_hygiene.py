@@ -242,6 +242,47 @@ def test_ctrl_c_during_a_cp_sat_search_interrupts_instead_of_ending_the_search(
         assert proc.returncode == 0 and out.startswith(b"returned FEASIBLE"), (out, err)
 
 
+CONSOLE_SCRIPT = """\
+import os
+import signal
+import sys
+
+
+class CtrlCWhileTheCliLoads:
+    def find_spec(self, name, path=None, target=None):
+        if name == "partitioner.cli.main":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, CtrlCWhileTheCliLoads())
+from partitioner.cli.main import main
+
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_the_console_script_loads_the_cli_is_one_line(tmp_path: Path) -> None:
+    """The ``partition`` script's first import is ``partitioner.cli``: its Ctrl-C handler is
+    installed there (:mod:`partitioner.cli.early`), before the CLI's imports. It was installed
+    inside ``partitioner/cli/main.py``, after ``partitioner``'s own imports, and a Ctrl-C 0.05 s
+    after start printed a KeyboardInterrupt traceback (the campaign's rerun, issue 34). Here
+    the signal arrives deterministically, as the CLI module is looked up."""
+    script = tmp_path / "partition"  # the console script's name, as pip writes it
+    script.write_text(CONSOLE_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, script, "--help"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_default_sigint,
+    )
+    code, err = _finish(proc, 60)
+    assert code == 130, err
+    _one_line(err, "partition: interrupted; nothing was written")
+
+
 # -- a stdout that fails -------------------------------------------------------------------------
 
 

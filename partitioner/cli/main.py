@@ -27,39 +27,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TextIO, cast
 
+from rich.console import Console
 
-def _interrupt_exits(note: str) -> None:
-    """From now on Ctrl-C (SIGINT) prints ``partition: NOTE`` and ends the process at once with
-    status 130: for the moments no file is being written (start-up, the command line, the
-    ending), where unwinding could only end in a traceback. Defined before the imports below,
-    which take a while: the ``partition`` script installs it first (``python -m partitioner``
-    does in ``partitioner/__main__.py``). A SIGINT ignored from the start (a background job of
-    a script) stays ignored (:func:`_set_sigint`)."""
-    line = f"partition: {note}\n".encode()
-
-    def exit_now(signum: int, frame: object) -> None:
-        with contextlib.suppress(OSError):
-            os.write(2, line)
-        os._exit(130)
-
-    _set_sigint(exit_now)
-
-
-def _set_sigint(handler: Any) -> None:
-    """SIGINT handled by ``handler`` from now on, unless it is ignored (``SIG_IGN``: the shell
-    starts a script's background jobs so, and Python leaves it so)."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, handler)
-
-
-INTERRUPTED_EARLY = "interrupted; nothing was written"
-
-if Path(getattr(sys.modules.get("__main__"), "__file__", None) or "").name == "partition":
-    _interrupt_exits(INTERRUPTED_EARLY)  # the console script: this module is its first import
-
-from rich.console import Console  # noqa: E402
-
-from partitioner.core.errors import (  # noqa: E402
+from partitioner.cli.early import INTERRUPTED_EARLY
+from partitioner.cli.early import interrupt_exits as _interrupt_exits
+from partitioner.cli.early import set_sigint as _set_sigint
+from partitioner.core.errors import (
     CatalogError,
     ModelLoadError,
     OutputError,
@@ -67,15 +40,15 @@ from partitioner.core.errors import (  # noqa: E402
     UsageError,
     escape_control,
 )
-from partitioner.core.files import (  # noqa: E402
+from partitioner.core.files import (
     check_output_path,
     read_input_text,
     same_file,
     write_all_atomic,
 )
-from partitioner.core.ir import Schedule  # noqa: E402
-from partitioner.core.jsonfiles import check_data_bounds, loads_bounded  # noqa: E402
-from partitioner.core.options import (  # noqa: E402
+from partitioner.core.ir import Schedule
+from partitioner.core.jsonfiles import check_data_bounds, loads_bounded
+from partitioner.core.options import (
     AUTO_STRATEGY,
     MAX_BATCH_SIZE,
     MAX_DEVICES,
@@ -88,7 +61,7 @@ from partitioner.core.options import (  # noqa: E402
     TargetOptions,
     parse_memory_limit,
 )
-from partitioner.core.strategy import Family  # noqa: E402
+from partitioner.core.strategy import Family
 
 if TYPE_CHECKING:
     from partitioner.api import Prepared
