@@ -56,12 +56,33 @@ def model_fingerprint(model: Any, input_shape: InputShape | None = None) -> Mode
         InputSignature(name, tuple(int(d) for d in spec.shape[1:]), spec.dtype.name)
         for name, spec in zip(input_names(model), specs)
     )
+    units = placement_units(model)
     weights = tuple(
         (unit.name, tuple(tuple(int(d) for d in w.shape) for w in _weights(unit.operation)))
-        for unit in placement_units(model)
+        for unit in units
         if getattr(unit.operation, "built", True)
     )
-    return ModelFingerprint(inputs=inputs, layer_weights=weights)
+    wiring = _layer_inputs(model, {id(u.operation): u.name for u in units})
+    return ModelFingerprint(inputs=inputs, layer_weights=weights, layer_inputs=wiring)
+
+
+def _layer_inputs(model: Any, unit_of: Mapping[int, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Each unit of ``model``'s own Keras graph (a Sequential's: the functional graph Keras
+    made of it) with the units feeding it, sorted; () without a graph (a subclassed model).
+    Same names and weights wired in another order are another model (the campaign's rerun)."""
+    graph = getattr(model, "_functional", None) or model
+    by_depth = getattr(graph, "_nodes_by_depth", None)
+    if not isinstance(by_depth, Mapping):
+        return ()
+    fed: dict[str, set[str]] = {}
+    for nodes in by_depth.values():
+        for node in nodes:
+            name = unit_of.get(id(node.operation))
+            if name is None:
+                continue
+            parents = (unit_of.get(id(p.operation)) for p in node.parent_nodes)
+            fed.setdefault(name, set()).update(p for p in parents if p is not None)
+    return tuple((name, tuple(sorted(fed[name]))) for name in sorted(fed))
 
 
 def _weights(operation: Any) -> list[Any]:
@@ -94,6 +115,13 @@ def _first_difference(made_for: ModelFingerprint, here: ModelFingerprint) -> str
             return (
                 f"layer {name!r} has weights of shapes {list(have[name])} here, but the plan was "
                 f"made for {list(shapes)}"
+            )
+    wired = here.inputs_of
+    for name, fed_by in made_for.layer_inputs:
+        if name in wired and wired[name] != fed_by:
+            return (
+                f"layer {name!r} is fed by {list(wired[name])} here, but in the plan's model by "
+                f"{list(fed_by)} (the layers are wired otherwise)"
             )
     return None
 

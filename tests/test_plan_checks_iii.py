@@ -127,6 +127,39 @@ def test_a_changed_dense_width_is_refused_naming_the_layer(
     assert not nothing_built
 
 
+def chain(order: list[str]) -> keras.Model:
+    """``x -> order[0] -> ... -> out``: four Dense(8) named alike, wired in ``order``."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8,), name="x")
+    h = x
+    for name in order:
+        h = keras.layers.Dense(8, name=name)(h)
+    return keras.Model(x, keras.layers.Dense(2, name="out")(h), name="chain")
+
+
+def test_the_same_layers_wired_otherwise_are_refused_naming_the_layer(
+    tmp_path: Path, nothing_built: list[Any]
+) -> None:
+    """Names and weight shapes alike, the graph another (the campaign's rerun, issue 34): the
+    fingerprint records each layer's feeding layers, and the check reads them back from file."""
+    made = partitioner.partition(
+        chain(["d1", "d2", "d3", "d4"]), gpus=2, batch_size=16, solver="even",
+        compare_strategies=False,
+    )  # fmt: skip
+    assert made.fingerprint is not None
+    assert made.fingerprint.inputs_of["d3"] == ("d2",)
+    assert made.fingerprint.inputs_of["d1"] == ()  # fed by the model's input only
+    loaded = load_plan(made.save(tmp_path / "plan.json"))
+    assert loaded.fingerprint == made.fingerprint
+    with pytest.raises(PlanError) as info:
+        loaded.apply(chain(["d4", "d3", "d2", "d1"]), devices=CPUS)
+    message = str(info.value)
+    assert "layer 'd1' is fed by ['d2'] here, but in the plan's model by []" in message
+    assert "wired otherwise" in message and NEXT_STEP in message and "\n" not in message
+    assert not nothing_built
+    loaded.apply(chain(["d1", "d2", "d3", "d4"]), devices=CPUS)  # the same wiring applies
+
+
 def test_an_old_plan_without_a_fingerprint_still_applies_with_a_warning(
     plan: Plan, mlp: keras.Model, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -124,11 +124,20 @@ class ModelFingerprint:
 
     inputs: tuple[InputSignature, ...]
     layer_weights: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
+    layer_inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """``(layer, (layers feeding it, sorted))`` for each layer of a graph model (functional or
+    Sequential) in its Keras graph, the model's inputs left out; empty for a subclassed model
+    and in plans of earlier releases (then the wiring is not compared)."""
 
     @property
     def weights_of(self) -> Mapping[str, tuple[tuple[int, ...], ...]]:
         """Layer name -> its weight shapes."""
         return dict(self.layer_weights)
+
+    @property
+    def inputs_of(self) -> Mapping[str, tuple[str, ...]]:
+        """Layer name -> the layers feeding it."""
+        return dict(self.layer_inputs)
 
 
 @dataclass(frozen=True)
@@ -784,6 +793,7 @@ def _fingerprint_json(fingerprint: ModelFingerprint | None) -> dict[str, Any] | 
         "layer_weights": {
             name: [list(shape) for shape in shapes] for name, shapes in fingerprint.layer_weights
         },
+        "layer_inputs": {name: list(fed_by) for name, fed_by in fingerprint.layer_inputs},
     }
 
 
@@ -794,12 +804,17 @@ def _fingerprint(
     if data is None:
         return None
     known = set(order)
-    stray = [name for name in data["layer_weights"] if name not in known]
-    if stray:
-        raise PlanError(
-            f"{origin}: field 'fingerprint.layer_weights' names layer {stray[0]!r}, which "
-            "'assignment' does not place; make the plan again"
-        )
+    wiring: Mapping[str, Sequence[str]] = data.get("layer_inputs") or {}
+    for key, names in (
+        ("layer_weights", list(data["layer_weights"])),
+        ("layer_inputs", [*wiring, *(n for fed_by in wiring.values() for n in fed_by)]),
+    ):
+        stray = [name for name in names if name not in known]
+        if stray:
+            raise PlanError(
+                f"{origin}: field 'fingerprint.{key}' names layer {stray[0]!r}, which "
+                "'assignment' does not place; make the plan again"
+            )
     return ModelFingerprint(
         inputs=tuple(
             InputSignature(name=i["name"], shape=tuple(i["shape"]), dtype=i["dtype"])
@@ -809,6 +824,7 @@ def _fingerprint(
             (name, tuple(tuple(shape) for shape in shapes))
             for name, shapes in data["layer_weights"].items()
         ),
+        layer_inputs=tuple((name, tuple(fed_by)) for name, fed_by in wiring.items()),
     )
 
 
