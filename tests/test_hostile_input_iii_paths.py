@@ -154,6 +154,62 @@ def test_an_output_that_is_a_module_the_model_imports_is_refused(
     assert snapshot(tmp_path) == before  # byte-identical, and no new file
 
 
+SPEC_LOADED = {
+    "model.py": (
+        "import importlib.util\nimport keras\n\n"
+        "_spec = importlib.util.spec_from_file_location('widths', __file__[:-8] + 'widths.py')\n"
+        "widths = importlib.util.module_from_spec(_spec)\n_spec.loader.exec_module(widths)\n\n"
+        "def build_model():\n"
+        "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(widths.UNITS, "
+        "name='a'), keras.layers.Dense(4, name='b')])\n"
+    ),
+    "widths.py": "UNITS = 16\n",
+}
+RUN_PATH = {
+    "model.py": (
+        "import runpy\nimport keras\n\n"
+        "UNITS = runpy.run_path(__file__[:-8] + 'settings.py')['UNITS']\n\n"
+        "def build_model():\n"
+        "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(UNITS, name='a'),"
+        " keras.layers.Dense(4, name='b')])\n"
+    ),
+    "settings.py": "UNITS = 16\n",
+}
+DATA_FILE = {
+    "model.py": (
+        "import keras\n\n"
+        "def build_model():\n"
+        "    with open(__file__[:-8] + 'units.txt') as f:\n        units = int(f.read())\n"
+        "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(units, name='a'),"
+        " keras.layers.Dense(4, name='b')])\n"
+    ),
+    "units.txt": "16\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("files", "flag", "output"),
+    [
+        (SPEC_LOADED, "--emit", "widths.py"),
+        (RUN_PATH, "--emit", "settings.py"),
+        (DATA_FILE, "--out", "units.txt"),
+    ],
+    ids=["spec-from-file-location", "runpy-run-path", "data-file-read-in-builder"],
+)
+def test_an_output_that_is_a_file_the_models_code_read_is_refused(
+    files: Mapping[str, str], flag: str, output: str, tmp_path: Path
+) -> None:
+    """A module loaded without an import (so not in ``sys.modules``), a file run by ``runpy``,
+    a data file read by the builder: the campaign's rerun overwrote the first two with
+    ``--emit`` (issue 34). Every file the model's code opens for reading is recorded (an audit
+    hook, :func:`partitioner.cli.loader.recording_files_read`) and no output may be one."""
+    write_tree(tmp_path, files)
+    before = snapshot(tmp_path)
+    proc = run_cli(["model.py", "--gpus", "2", "--no-strategies", flag, output], cwd=tmp_path)
+    one_line_error(proc, f"{flag} {output}", f"the file {output} that the model's code read")
+    assert snapshot(tmp_path) == before  # byte-identical, and no new file
+
+
 def test_a_symlink_to_a_module_the_model_imports_is_refused(tmp_path: Path) -> None:
     write_tree(tmp_path, DEP)
     (tmp_path / "link.py").symlink_to(tmp_path / "dep" / "customlayers.py")

@@ -9,6 +9,8 @@ model.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import inspect
 import logging
@@ -17,7 +19,8 @@ import site
 import sys
 import sysconfig
 import traceback
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,7 +29,15 @@ from partitioner.core.errors import ModelLoadError
 from partitioner.core.files import file_kind
 from partitioner.core.units import format_bytes
 
-__all__ = ["BUILDER_NAMES", "check_model_path", "load_model", "split_spec", "user_module_files"]
+__all__ = [
+    "BUILDER_NAMES",
+    "check_model_path",
+    "load_model",
+    "recording_files_read",
+    "split_spec",
+    "user_files_read",
+    "user_module_files",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +65,9 @@ def check_model_path(spec: str) -> Path:
 def _check_path(path: Path) -> None:
     """A ``.py`` regular file (a FIFO or device is refused before anything opens it)."""
     if path.suffix != ".py":
-        raise ModelLoadError(f"{path} is not a .py file; give a Python file that builds a Keras model")
+        raise ModelLoadError(
+            f"{path} is not a .py file; give a Python file that builds a Keras model"
+        )
     if not path.exists():
         raise ModelLoadError(f"no such file: {path}")
     if not path.is_file():
@@ -79,6 +92,55 @@ def user_module_files(before: Collection[str]) -> list[Path]:
         if not any(real.is_relative_to(d) for d in system):
             files.add(Path(os.path.abspath(file)))
     return sorted(files)
+
+
+_FILES_READ: ContextVar[set[str] | None] = ContextVar("partitioner_files_read", default=None)
+"""Where :func:`recording_files_read` collects the files opened for reading (None: not now)."""
+
+
+def _record_open(event: str, args: tuple[Any, ...]) -> None:
+    """The audit hook: an ``open`` for reading while recording adds the file's absolute path."""
+    if event != "open":
+        return
+    files = _FILES_READ.get()
+    if files is None or not args or not isinstance(args[0], (str, bytes)):
+        return
+    mode = args[1] if len(args) > 1 else None
+    if mode is None or "r" in mode or "+" in mode:
+        files.add(os.path.abspath(os.fsdecode(args[0])))
+
+
+@functools.cache
+def _install_audit_hook() -> None:
+    """Once per process (an audit hook cannot be removed): it records only inside
+    :func:`recording_files_read`."""
+    sys.addaudithook(_record_open)
+
+
+@contextlib.contextmanager
+def recording_files_read(into: set[str]) -> Iterator[None]:
+    """Every file this thread opens for reading while inside, added to ``into``: the model's
+    code may load a module without importing it (``spec_from_file_location`` and
+    ``exec_module``, ``runpy.run_path``) or read data files, and an output must not replace
+    any of them (:func:`user_files_read`)."""
+    _install_audit_hook()
+    token = _FILES_READ.set(into)
+    try:
+        yield
+    finally:
+        _FILES_READ.reset(token)
+
+
+def user_files_read(read: Collection[str]) -> list[Path]:
+    """The regular files of ``read`` in the user's tree (not the standard library, installed
+    distributions or this project's packages), sorted."""
+    system = _system_dirs()
+    return sorted(
+        Path(f)
+        for f in set(read)
+        if os.path.isfile(f)
+        and not any(Path(os.path.realpath(f)).is_relative_to(d) for d in system)
+    )
 
 
 def _system_dirs() -> list[Path]:
@@ -242,7 +304,9 @@ def _load(spec: str) -> Any:
         if callable(getattr(module, name, None)):
             logger.debug("using %s() from %s", name, path)
             return _as_model(getattr(module, name), name, path)
-    models = [k for k, v in vars(module).items() if isinstance(v, keras.Model) and not k.startswith("_")]
+    models = [
+        k for k, v in vars(module).items() if isinstance(v, keras.Model) and not k.startswith("_")
+    ]
     if len(models) == 1:
         return getattr(module, models[0])
     if len(models) > 1:

@@ -512,14 +512,28 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path]]) -> None:
         seen.append(out)
 
 
-def _imported(paths: _Paths, before: frozenset[str]) -> list[tuple[str, Path]]:
-    """The run's inputs the model's code brought in: the files of the modules it imported
-    from the user's tree since ``sys.modules`` held ``before``."""
-    from partitioner.cli.loader import user_module_files
+@dataclass(frozen=True)
+class _UserCode:
+    """What the model's code brought in: the names ``sys.modules`` held before it ran, and the
+    files it opened for reading while it ran (filled in as it runs)."""
 
+    before: frozenset[str]
+    read: set[str]
+
+
+def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path]]:
+    """The run's inputs the model's code brought in from the user's tree: the files of the
+    modules it imported since ``sys.modules`` held ``code.before``, and every other file it
+    read (a module loaded without an import, ``runpy``, a data file)."""
+    from partitioner.cli.loader import user_files_read, user_module_files
+
+    modules = user_module_files(code.before)
     return [
-        (f"the module {paths.shown_input(file)} that the model imports", file)
-        for file in user_module_files(before)
+        (f"the module {paths.shown_input(file)} that the model imports", file) for file in modules
+    ] + [
+        (f"the file {paths.shown_input(file)} that the model's code read", file)
+        for file in user_files_read(code.read)
+        if file not in modules
     ]
 
 
@@ -1037,14 +1051,14 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
         inputs.append(("the topology file, an input of this run", paths.topology_file))
     _check_outputs(paths, inputs)
     started = time.perf_counter()
-    model, plan, before = _plan(args, paths, prepared, err, inputs)
+    model, plan, code = _plan(args, paths, prepared, err, inputs)
     from partitioner.report.terminal import escape, render_plan
 
     # Drawn before anything is written, so a report that cannot be drawn fails the run whole.
     with out.capture() as report:
         render_plan(plan, out, verbose=args.verbose)
     # Layers may import more of the user's modules while traced: checked again, then written.
-    _check_outputs(paths, [*inputs, *_imported(paths, before)])
+    _check_outputs(paths, [*inputs, *_imported(paths, code)])
     _write_outputs(args, paths, model, plan)
     # The files first, then stdout: a stdout that fails (a closed pipe, a full disk) loses none.
     what = plan.strategy.describe() if plan.strategy is not None else "the placement"
@@ -1064,10 +1078,11 @@ def _plan(
     prepared: Prepared,
     err: Console,
     inputs: Sequence[tuple[str, Path]],
-) -> tuple[Any, Plan, frozenset[str]]:
+) -> tuple[Any, Plan, _UserCode]:
     """Import TensorFlow, load the model and plan it, with progress on ``err``; the plan's
-    phases start with loading the model. Also the names ``sys.modules`` held before the model
-    was loaded: once it is, no output may be a module it imported (checked before planning)."""
+    phases start with loading the model. Also what the model's code brought in (:class:`_UserCode`):
+    once it is loaded, no output may be a module it imported or a file it read (checked before
+    planning, and again after it)."""
     from dataclasses import replace
 
     from partitioner.report.terminal import PhaseProgress
@@ -1081,23 +1096,25 @@ def _plan(
 
         t0 = time.perf_counter()
         from partitioner.api import partition_prepared
-        from partitioner.cli.loader import load_model
+        from partitioner.cli.loader import load_model, recording_files_read
 
         progress(f"loading {args.model}")
-        before = frozenset(sys.modules)
+        code = _UserCode(frozenset(sys.modules), set())
         # Planning needs shapes, not weight values: the model is built without its weights
         # unless its layers are timed on this machine's devices.
-        model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
+        with recording_files_read(code.read):
+            model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         load_s = time.perf_counter() - t0
-        _check_outputs(paths, [*inputs, *_imported(paths, before)])
+        _check_outputs(paths, [*inputs, *_imported(paths, code)])
 
         def phase(message: str, completed: float | None = None, total: float | None = None) -> None:
             _rearm_interrupt()
             progress(message, completed, total)
 
-        plan = partition_prepared(model, prepared, progress=phase)
+        with recording_files_read(code.read):  # layers may load more while traced
+            plan = partition_prepared(model, prepared, progress=phase)
         _rearm_interrupt()
-    return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), before
+    return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), code
 
 
 def _rearm_interrupt() -> None:
