@@ -64,6 +64,7 @@ comments and the docstring carry only sanitised text.
 from __future__ import annotations
 
 import builtins
+import copy
 import importlib.util
 import inspect
 import json
@@ -73,7 +74,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -335,36 +336,82 @@ def _is_float32_policy(value: Any) -> bool:
     )
 
 
-def _reduced_config(cls: type, config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` without the entries a fresh instance would have anyway (checked by a round trip)."""
+def _without_build_configs(value: Any) -> Any:
+    """``value`` without the ``build_config`` / ``compile_config`` of the objects serialized in it.
+
+    A wrapper's config serializes its built sublayer with its input shapes (``build_config``); the
+    same layer made afresh from the emitted code has none until it is called.
+    """
+    if isinstance(value, dict):
+        serialized = "class_name" in value and "config" in value
+        return {
+            k: _without_build_configs(v)
+            for k, v in value.items()
+            if not (serialized and k in ("build_config", "compile_config"))
+        }
+    if isinstance(value, list):
+        return [_without_build_configs(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_without_build_configs(v) for v in value)
+    return value
+
+
+def _no_layers() -> dict[str, Any]:
+    return {}
+
+
+def _made_config(
+    cls: type, kwargs: Mapping[str, Any], fresh: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """The config of ``cls(**fresh(), **kwargs)``, ``build_config``s left out.
+
+    ``kwargs`` is deep-copied: a constructor or ``from_config`` may change the dicts it is given
+    (``Wrapper.from_config`` pops ``"layer"``), and they are the ones the code is written from.
+    """
+    made = cls(**fresh(), **copy.deepcopy(dict(kwargs)))
+    config = made.get_config()
+    return dict(_without_build_configs(config))
+
+
+def _reduced_config(
+    cls: type, config: dict[str, Any], fresh: Callable[[], dict[str, Any]] = _no_layers
+) -> dict[str, Any]:
+    """``config`` without the entries a fresh instance would have anyway (checked by a round trip).
+
+    ``fresh()`` gives the arguments that are passed as objects, never as config entries (a
+    wrapper's sublayers, made anew for each probe); they are left out of the result.
+    """
+    fixed = set(fresh())
+    rest = {k: v for k, v in config.items() if k not in fixed}
+    want = _without_build_configs(config)
     required = _required_params(cls) | _ALWAYS_KEEP
     try:
-        probe = cls(**{k: v for k, v in config.items() if k in required}).get_config()
+        probe = _made_config(cls, {k: v for k, v in rest.items() if k in required}, fresh)
     except Exception:
-        return dict(config)
+        return rest
     kept = {
         k
-        for k, v in config.items()
+        for k, v in rest.items()
         if k in required
         or k not in probe
-        or probe[k] != v
+        or probe[k] != want[k]
         or (k == "dtype" and not _is_float32_policy(v))
     }
     # Defaults can depend on other arguments (pooling strides default to the pool size): put
     # back whatever the round trip does not reproduce, until it does.
     for _ in range(len(config) + 1):
-        reduced = {k: v for k, v in config.items() if k in kept}
+        reduced = {k: v for k, v in rest.items() if k in kept}
         try:
-            again = cls(**reduced).get_config()
+            again = _made_config(cls, reduced, fresh)
         except Exception:
-            return dict(config)
-        wrong = {k for k, v in config.items() if k not in again or again[k] != v} - kept
-        if again == config:
+            return rest
+        if again == want:
             return reduced
+        wrong = {k for k in rest if k not in again or again[k] != want[k]} - kept
         if not wrong:
-            return dict(config)
+            return rest
         kept |= wrong
-    return dict(config)
+    return rest
 
 
 def _dtype_source(value: Any) -> Any:
@@ -412,14 +459,44 @@ def _value_source(value: Any, indent: int) -> str:
 
 
 def _construction(op: Any, emitter: _Emitter, what: str, indent: int, lead: int = 0) -> str:
-    """Source that makes a fresh copy of ``op`` (a layer or op) from its class and config."""
+    """Source that makes a fresh copy of ``op`` (a layer or op) from its class and config.
+
+    A wrapper (``TimeDistributed``, ``Bidirectional``, an ``RNN`` of a cell: a config entry that
+    serializes one of its sublayers) is written as a call that makes its sublayers the same way
+    (``keras.layers.TimeDistributed(name="td", layer=keras.layers.Dense(...))``), so a sublayer
+    of the user's own class is named like any other. A layer whose call cannot be checked to
+    rebuild its config is written as ``from_config`` of its config.
+    """
     cls = type(op)
     ref = emitter.class_ref(cls, what)
+    config = _config_of(op, what)
+    nested = _nested_layers(op, config)
+    source = None
+    if nested:
+        source = _wrapper_construction(op, nested, config, ref, emitter, what, indent, lead)
+    if source is None:
+        source = _direct_construction(cls, config, ref, indent, lead)
+    if source is not None:
+        return source
+    try:
+        cls.from_config(copy.deepcopy(config))
+    except Exception as exc:
+        raise RewriteError(
+            f"{what}: {cls.__name__}.from_config(get_config()) fails ({type(exc).__name__}: "
+            f"{_safe_text(str(exc), 200)}); implement from_config so the layer can be rebuilt"
+        ) from exc
+    return _call_source(
+        f"{ref.expr}.from_config", [_literal(config, indent + len(INDENT))], indent, lead
+    )
+
+
+def _config_of(op: Any, what: str) -> dict[str, Any]:
+    """``op.get_config()``, refused in one line unless every value can be written as code."""
     try:
         config = op.get_config()
     except Exception as exc:
         raise RewriteError(
-            f"{what}: {cls.__name__}.get_config() failed ({type(exc).__name__}: {exc}); "
+            f"{what}: {type(op).__name__}.get_config() failed ({type(exc).__name__}: {exc}); "
             "implement get_config so the layer can be written out"
         ) from exc
     try:
@@ -429,32 +506,105 @@ def _construction(op: Any, emitter: _Emitter, what: str, indent: int, lead: int 
             f"{what}: its config holds a {exc} value that cannot be written as Python code; "
             "make get_config return plain values"
         ) from None
+    return dict(config)
+
+
+def _direct_construction(
+    cls: type, config: dict[str, Any], ref: _ClassRef, indent: int, lead: int
+) -> str | None:
+    """``cls(key=value, ...)`` with defaults left out, if that remakes ``config``; else None."""
+    want = _without_build_configs(config)
     reduced = _reduced_config(cls, config)
     try:
-        direct = cls(**reduced).get_config() == config
+        direct = _made_config(cls, reduced, _no_layers) == want
     except Exception:
         direct = False
-    if direct:
-        shown = {k: (_dtype_source(v) if k == "dtype" else v) for k, v in reduced.items()}
-        if "dtype" in shown and shown["dtype"] != reduced["dtype"]:
+    if not direct:
+        return None
+    shown = {k: (_dtype_source(v) if k == "dtype" else v) for k, v in reduced.items()}
+    if "dtype" in shown and shown["dtype"] != reduced["dtype"]:
+        try:
+            same = _made_config(cls, shown, _no_layers) == want
+        except Exception:
+            same = False
+        if not same:
+            shown = reduced
+    values = {k: _value_source(v, indent + len(INDENT)) for k, v in shown.items()}
+    return _call_source(ref.expr, _kwargs_source(values), indent, lead)
+
+
+def _is_serialized_layer(value: Any) -> bool:
+    return isinstance(value, dict) and {"class_name", "config"} <= set(value)
+
+
+def _nested_layers(op: Any, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config entries of ``op`` that serialize one of its sublayers, each with that sublayer.
+
+    ``TimeDistributed``: ``layer``; ``Bidirectional``: ``layer`` (its forward layer) and
+    ``backward_layer``; ``RNN``: ``cell``. Found by comparing each sublayer attribute's
+    serialization with the entry, so any wrapper of this form is covered.
+    """
+    if not isinstance(op, keras.layers.Layer):
+        return {}
+    sublayers = [v for v in vars(op).values() if isinstance(v, keras.layers.Layer) and v is not op]
+    found: dict[str, Any] = {}
+    for key, value in config.items():
+        if not _is_serialized_layer(value) or not _is_plain_keyword(key):
+            continue
+        want = _without_build_configs(value)
+        for layer in sublayers:
             try:
-                direct = cls(**shown).get_config() == config
+                same = _without_build_configs(keras.saving.serialize_keras_object(layer)) == want
             except Exception:
-                direct = False
-            if not direct:
-                shown = reduced
-        values = {k: _value_source(v, indent + len(INDENT)) for k, v in shown.items()}
-        return _call_source(ref.expr, _kwargs_source(values), indent, lead)
+                same = False
+            if same:
+                found[key] = layer
+                break
+    return found
+
+
+def _wrapper_construction(
+    op: Any,
+    nested: Mapping[str, Any],
+    config: dict[str, Any],
+    ref: _ClassRef,
+    emitter: _Emitter,
+    what: str,
+    indent: int,
+    lead: int,
+) -> str | None:
+    """``Wrapper(key=<its sublayer made from its class and config>, ...)``, if that remakes
+    ``config`` (checked with sublayers made from their configs, as the emitted code makes them);
+    else None.
+    """
+    cls = type(op)
+
+    def fresh() -> dict[str, Any]:
+        return {
+            k: type(layer).from_config(copy.deepcopy(layer.get_config()))
+            for k, layer in nested.items()
+        }
+
     try:
-        cls.from_config(config)
-    except Exception as exc:
-        raise RewriteError(
-            f"{what}: {cls.__name__}.from_config(get_config()) fails ({type(exc).__name__}: "
-            f"{exc}); implement from_config so the layer can be rebuilt"
-        ) from exc
-    return _call_source(
-        f"{ref.expr}.from_config", [_literal(config, indent + len(INDENT))], indent, lead
-    )
+        fresh()
+    except Exception:
+        return None
+    reduced = _reduced_config(cls, config, fresh)
+    try:
+        rebuilds = _made_config(cls, reduced, fresh) == _without_build_configs(config)
+    except Exception:
+        rebuilds = False
+    if not rebuilds:
+        return None
+    pad = indent + len(INDENT)
+    values: dict[str, str] = {}
+    for key in config:
+        if key in nested:
+            sub_what = f"{what} ({key} {_safe_text(nested[key].name)})"
+            values[key] = _construction(nested[key], emitter, sub_what, pad, lead=len(key) + 1)
+        elif key in reduced:
+            values[key] = _value_source(reduced[key], pad)
+    return _call_source(ref.expr, _kwargs_source(values), indent, lead)
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -1991,7 +2141,7 @@ def _subclassed_checks(model: Any, emitter: _Emitter) -> None:
     try:
         config = model.get_config()
         _flat_literal(config)
-        type(model).from_config(config)
+        type(model).from_config(copy.deepcopy(config))
     except _Unrepresentable as exc:
         raise RewriteError(
             f"{what}: its config holds a {exc} value that cannot be written as Python code; give "
