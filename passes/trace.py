@@ -39,7 +39,7 @@ import keras
 import networkx as nx
 import tensorflow as tf
 
-from partitioner.core.errors import TraceError
+from partitioner.core.errors import TraceError, error_line, quoting
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
 from passes import blocks, weightless
 
@@ -881,26 +881,14 @@ def _trace_failure(
     kinds = {u.name: type(u.operation).__name__ for u in recorder.units}
     if recorder.failed_in is not None:
         where = f"layer {recorder.failed_in!r} ({kinds[recorder.failed_in]}) of {where}"
-    return TraceError(
-        f"{where} raised {type(exc).__name__} while traced: {error_line(exc)}; "
-        f"{_traced_at(model, specs)}"
+    said = error_line(exc)
+    return quoting(
+        TraceError(
+            f"{where} raised {type(exc).__name__} while traced: {said}; "
+            f"{_traced_at(model, specs)}"
+        ),
+        said,
     )
-
-
-_KERAS_CALL_CONTEXT = re.compile(r"Exception encountered when calling [^\n]*\n\s*(?:\x1b\[1m)?")
-"""What Keras puts before a layer call's error message (then the message in bold)."""
-
-
-def error_line(exc: BaseException, empty: str | None = None) -> str:
-    """The first line of ``exc``'s message, of Keras's own message where Keras wrapped it in
-    the layer call's context ("Exception encountered when calling Dense.call()."); ``empty``
-    (default: the exception's type) when there is none."""
-    text = str(exc).strip()
-    context = _KERAS_CALL_CONTEXT.match(text)
-    if context is not None:
-        text = text[context.end() :].split("\x1b[0m", 1)[0].strip()
-    lines = text.splitlines()
-    return lines[0].strip() if lines else (type(exc).__name__ if empty is None else empty)
 
 
 def _traced_at(model: keras.Model, specs: Sequence[tf.TensorSpec]) -> str:

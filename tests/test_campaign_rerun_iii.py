@@ -4,6 +4,8 @@
   --microbatches 4`` advised ``--pipeline``, which was then refused with ``--strategy`` (a circle);
   ``--strategy pipeline --solver single`` planned a pipeline labelled "single"; ``--gpus 1
   --strategy pipeline`` (or ``data-parallel``) planned one device without a word.
+* A Keras layer refusing its input in the builder: Keras's reason was dropped, and the
+  command line must not spell the arguments in Keras's own words as its flags.
 """
 
 from __future__ import annotations
@@ -103,3 +105,39 @@ def test_the_cli_says_it_in_its_flags_and_writes_nothing(
     code, _, err = run_main([MNIST, *flags, "--out", out], capsys)
     one_line_error(code, err, *words)
     assert not out.exists() and os.listdir(tmp_path) == []
+
+
+RESHAPE_10_TO_3X3 = (
+    "import keras\n\n"
+    "def build_model():\n"
+    "    inp = keras.Input(shape=(10,), name='x')\n"
+    "    h = keras.layers.Reshape((3, 3), name='rs')(inp)\n"
+    "    return keras.Model(inp, keras.layers.Dense(2, name='d2')(h))\n"
+)
+
+
+def test_a_layer_refusing_its_input_in_the_builder_says_keras_reason_verbatim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Keras's reason was dropped ("Exception encountered when calling Reshape.call(). (line
+    5)"), and once kept, its ``input_shape=(10,)`` must not be read as the CLI's own argument
+    (``--input-shape 10``): the user's code's words are quoted as they are."""
+    model = tmp_path / "reshape.py"
+    model.write_text(RESHAPE_10_TO_3X3)
+    code, _, err = run_main([model, "--gpus", "2", "--out", tmp_path / "p.json"], capsys)
+    line = one_line_error(
+        code, err, "build_model() failed: ValueError in Reshape.call(): The total size of the "
+        "tensor must be unchanged. Received: input_shape=(10,), target_shape=(3, 3) (line 5)"
+    )  # fmt: skip
+    assert "--input-shape" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reshape.py"]
+
+
+def test_the_cli_spells_flags_outside_quoted_text_only() -> None:
+    from partitioner.cli.main import cli_message
+
+    text = "Keras said input_shape=(10,); give batch_size=8"
+    assert cli_message(text) == "Keras said --input-shape 10; give --batch-size 8"
+    assert cli_message(text, ["Keras said input_shape=(10,)"]) == (
+        "Keras said input_shape=(10,); give --batch-size 8"
+    )

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from partitioner.core.errors import ModelLoadError
+from partitioner.core.errors import ModelLoadError, error_line, keras_call, quoting
 from partitioner.core.files import file_kind
 from partitioner.core.units import format_bytes
 
@@ -199,15 +199,18 @@ def _import_error(exc: BaseException, path: Path) -> ModelLoadError:
             f"importing {path} called sys.exit({exc.code!r}); remove the exit from the model "
             "file (or put it under if __name__ == '__main__':)"
         )
-    return ModelLoadError(f"importing {path} failed: {_brief(exc, path)}")
+    return quoting(
+        ModelLoadError(f"importing {path} failed: {_brief(exc, path)}"), error_line(exc, "")
+    )
 
 
 def _brief(exc: BaseException, path: Path) -> str:
     """``Type: message (file:line)`` with the innermost frame in the user's file."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
     where = f" (line {frames[-1].lineno})" if frames else ""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}{where}"
+    call = keras_call(exc)
+    called = f" in {call}" if call else ""
+    return f"{type(exc).__name__}{called}: {error_line(exc, '')}{where}"
 
 
 def _call_builder(builder: Any, what: str, path: Path) -> Any:
@@ -223,7 +226,9 @@ def _call_builder(builder: Any, what: str, path: Path) -> Any:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        raise ModelLoadError(f"{path}:{what}() failed: {_brief(exc, path)}") from None
+        raise quoting(
+            ModelLoadError(f"{path}:{what}() failed: {_brief(exc, path)}"), error_line(exc, "")
+        ) from None
 
 
 def _as_model(value: Any, what: str, path: Path) -> Any:

@@ -120,11 +120,16 @@ _ARGUMENT = re.compile(
 """``name=value`` of an API argument in a message; the value quoted, bracketed or bare."""
 
 
-def cli_message(message: str) -> str:
+def cli_message(message: str, quoted: Sequence[str] = ()) -> str:
     """``message`` (a library error) with every API argument spelled as the command line
     spells it: ``batch_size=32`` -> ``--batch-size 32``, ``pipeline=True`` -> ``--pipeline``,
-    ``device_type='cpu'`` -> ``--device-type cpu`` (see :data:`FLAGS`)."""
-    return _ARGUMENT.sub(_as_flag, message)
+    ``device_type='cpu'`` -> ``--device-type cpu`` (see :data:`FLAGS`); not inside the
+    ``quoted`` parts (the user's own code's words: Keras's ``input_shape=(10,)`` stays)."""
+    kept = [q for q in quoted if q and q in message]
+    if not kept:
+        return _ARGUMENT.sub(_as_flag, message)
+    parts = re.split("(" + "|".join(map(re.escape, kept)) + ")", message)
+    return "".join(p if k % 2 else _ARGUMENT.sub(_as_flag, p) for k, p in enumerate(parts))
 
 
 def _as_flag(match: re.Match[str]) -> str:
@@ -709,7 +714,7 @@ def _devices(argv: Sequence[str], out: Console) -> int:
 def _error(exc: PartitionError) -> int:
     """Print a library error on one line (control characters escaped), in the command line's
     terms; its exit code."""
-    sys.stderr.write(f"{PROG}: error: {escape_control(cli_message(str(exc)))}\n")
+    sys.stderr.write(f"{PROG}: error: {escape_control(cli_message(str(exc), exc.quoted))}\n")
     sys.stderr.flush()
     return exc.exit_code
 
@@ -1007,7 +1012,7 @@ def _internal_error(exc: BaseException, model_file: str | None = None) -> int:
     where = _user_frame(exc, model_file)
     if where is not None:
         # the model file ran, so TensorFlow is imported (_plan imports it before loading)
-        from passes.trace import error_line
+        from partitioner.core.errors import error_line
 
         return _error(
             ModelLoadError(

@@ -8,11 +8,28 @@ rewrites those to its flags (``--batch-size 32``; ``partitioner.cli.main.FLAGS``
 
 from __future__ import annotations
 
+import re
+from typing import TypeVar
+
 
 class PartitionError(Exception):
-    """Base class of every error `partitioner` raises on purpose."""
+    """Base class of every error `partitioner` raises on purpose.
+
+    ``quoted`` holds the parts of the message quoted from the user's own code (Keras's message
+    for a layer of the model): the command line spells the library's arguments as its flags
+    everywhere else, never inside them (:func:`quoting`)."""
 
     exit_code: int = 2
+    quoted: tuple[str, ...] = ()
+
+
+_E = TypeVar("_E", bound=PartitionError)
+
+
+def quoting(error: _E, *texts: str) -> _E:
+    """``error`` with ``texts`` (parts of its message) marked as quoted from the user's code."""
+    error.quoted = tuple(t for t in texts if t)
+    return error
 
 
 class InvalidGraphError(PartitionError):
@@ -74,3 +91,27 @@ def _escape_char(ch: str) -> str:
     if code < 0x100:
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+_KERAS_CALL_CONTEXT = re.compile(
+    r"Exception encountered when calling (?P<call>[^\n]*?)\.?\n\s*(?:\x1b\[1m)?"
+)
+"""What Keras puts before a layer call's error message (then the message in bold)."""
+
+
+def error_line(exc: BaseException, empty: str | None = None) -> str:
+    """The first line of ``exc``'s message, of Keras's own message where Keras wrapped it in
+    the layer call's context ("Exception encountered when calling Dense.call()."); ``empty``
+    (default: the exception's type) when there is none."""
+    text = str(exc).strip()
+    context = _KERAS_CALL_CONTEXT.match(text)
+    if context is not None:
+        text = text[context.end() :].split("\x1b[0m", 1)[0].strip()
+    lines = text.splitlines()
+    return lines[0].strip() if lines else (type(exc).__name__ if empty is None else empty)
+
+
+def keras_call(exc: BaseException) -> str | None:
+    """The layer call Keras names in ``exc``'s context (``Reshape.call()``), or None."""
+    context = _KERAS_CALL_CONTEXT.match(str(exc).strip())
+    return None if context is None else context.group("call").strip()
