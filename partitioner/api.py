@@ -340,6 +340,7 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
     say: Progress = progress or _no_progress
     phases: list[tuple[str, float]] = []
     inexact = _check_model(model)
+    _check_splittable(model, prepared)
     traced = _trace(model, prepared.target, say, phases)
     costed, cost_notes = _cost(model, traced, prepared, say, phases)
     costed_at = _CostedAt(model, prepared, costed, traced)
@@ -400,6 +401,49 @@ def _check_model(model: Any) -> _Inexact:
         )
     check_model(model)
     return inexact_layers(model)
+
+
+_SPLITTING = {
+    Family.DATA_PARALLEL: "replicas",
+    Family.PIPELINE: "micro-batches",
+    Family.HYBRID: "replicas and micro-batches",
+}
+"""The families that split each batch into shares, and into what."""
+
+
+def _whole_batch_families(
+    model: Any, families: tuple[Family, ...]
+) -> tuple[tuple[Family, ...], tuple[str, ...]]:
+    """``families`` without those that split each batch when ``model`` cannot take a split (a
+    fixed batch, a sparse input), with a note saying why; as given otherwise."""
+    from passes.checks import batch_split_refusal
+
+    splitting = [f for f in families if f in _SPLITTING]
+    why = batch_split_refusal(model, "replicas or micro-batches") if splitting else None
+    kept = tuple(f for f in families if f not in _SPLITTING)
+    if why is None or not kept:
+        return families, ()
+    names = ", ".join(f.value for f in splitting)
+    return kept, (f"not compared: {names} ({why})",)
+
+
+def _check_splittable(model: Any, prepared: Prepared) -> None:
+    """UsageError before the trace when every plan the options allow splits each batch (a
+    family of :data:`_SPLITTING` named, or ``pipeline=True``) and ``model`` cannot take that
+    (:func:`passes.checks.batch_split_refusal`: a fixed batch, a sparse input); the search
+    leaves those families out by itself otherwise."""
+    from passes.checks import batch_split_refusal
+
+    families = prepared.search.strategy_families
+    if prepared.search.pipeline:
+        shares = "micro-batches"
+    elif families is not None and all(f in _SPLITTING for f in families):
+        shares = " or ".join(_SPLITTING[f] for f in families)
+    else:
+        return
+    why = batch_split_refusal(model, shares)
+    if why is not None:
+        raise UsageError(why)
 
 
 def _applyable(model: Any, plan: Plan, costed: CostedGraph) -> Plan:
@@ -523,7 +567,7 @@ class _CostedAt:
     is traced twice, not once per batch the strategy search prices."""
 
     def __init__(self, model: Any, prepared: Prepared, costed: CostedGraph, traced: TraceResult):
-        self._model, self._prepared = model, prepared
+        self.model, self._prepared = model, prepared
         self.graphs = {prepared.target.batch_size: costed}
         self._traced = {prepared.target.batch_size: traced}
         measure = prepared.measure
@@ -536,14 +580,14 @@ class _CostedAt:
             if graph is not None:
                 return replace(self._traced[low], graph=graph, step_function=None)
         target = replace(self._prepared.target, batch_size=batch)
-        self._traced[batch] = _trace(self._model, target, _no_progress, [])
+        self._traced[batch] = _trace(self.model, target, _no_progress, [])
         return self._traced[batch]
 
     def __call__(self, batch: int) -> CostedGraph:
         if batch not in self.graphs:
             at = replace(self._prepared, target=replace(self._prepared.target, batch_size=batch))
             traced = self._traced_at(batch)
-            self.graphs[batch], _ = _cost(self._model, traced, at, _no_progress, [])
+            self.graphs[batch], _ = _cost(self.model, traced, at, _no_progress, [])
         return self.graphs[batch]
 
 
@@ -571,8 +615,9 @@ def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Comp
     solver's split anyway (a warning says why); a forced family's failure raises."""
     batch, families = prepared.target.batch_size, prepared.search.strategy_families
     solver = prepared.solver.name
+    whole, left_out = _whole_batch_families(costed_at.model, families or tuple(Family))
     options = StrategyOptions(
-        families=families or tuple(Family),
+        families=whole,
         placement_solvers=STRATEGY_SOLVERS
         + ((solver,) if solver not in (*STRATEGY_SOLVERS, "auto") else ()),
         seed=prepared.search.seed,
@@ -592,7 +637,7 @@ def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Comp
         rows=family_rows(search),
         graphs=costed_at.graphs,
         applied=applied,
-        notes=search.notes,
+        notes=(*left_out, *search.notes),
         search_time_s=time.perf_counter() - t0,
         idle_advice=idle_advice(search),
     )

@@ -33,9 +33,11 @@ from passes.trace import Unit, input_names, placement_units
 
 __all__ = [
     "OWN_STEPS",
+    "batch_split_refusal",
     "check_applyable",
     "check_batch_split",
     "check_model",
+    "fixed_batch",
     "inexact_layers",
     "join_neighbours",
     "layer_facts",
@@ -198,28 +200,54 @@ def _batch_shares(plan: Plan) -> str | None:
     return " x ".join(parts) or None
 
 
-def check_batch_split(model: Any, plan: Plan) -> None:
-    """RewriteError (one line) when ``plan`` splits each batch into shares (replicas,
-    micro-batches) and ``model`` takes a sparse or ragged input: the rewrites cut a batch's
-    rows with ``tf.split`` and slices, which take dense tensors only."""
-    shares = _batch_shares(plan)
-    if shares is None:
-        return
+def fixed_batch(model: Any) -> int | None:
+    """The batch ``model``'s inputs fix (``keras.Input(batch_shape=(4, ...))``, as a stateful
+    RNN needs), or None."""
+    try:
+        inputs = list(model.inputs or [])
+    except Exception:  # a subclassed model never called: no declared inputs
+        return None
+    fixed = [int(t.shape[0]) for t in inputs if t.shape and t.shape[0] is not None]
+    return fixed[0] if fixed else None
+
+
+def batch_split_refusal(model: Any, shares: str) -> str | None:
+    """Why ``model``'s batch cannot be split into ``shares`` ("2 replicas"), or None: a fixed
+    batch (each share would be another batch), a sparse or ragged input (the rewrites cut a
+    batch's rows with ``tf.split`` and slices, which take dense tensors only)."""
+    fixed = fixed_batch(model)
+    if fixed is not None:
+        return (
+            f"model {model.name!r} has a fixed batch of {fixed} (keras.Input(batch_shape=...), "
+            f"as a stateful layer needs), and the plan splits each batch into {shares}, each "
+            "share another batch; plan with strategy='placed' or strategy='single', which run "
+            "whole batches"
+        )
     try:
         inputs = list(model.inputs or [])
     except Exception:  # a subclassed model never called: no declared inputs, all dense
-        return
+        return None
     odd = [
         f"{name!r} ({'sparse' if getattr(t, 'sparse', False) else 'ragged'})"
         for name, t in zip(input_names(model), inputs)
         if getattr(t, "sparse", False) or getattr(t, "ragged", False)
     ]
-    if odd:
-        raise RewriteError(
-            f"model {model.name!r} takes input {', '.join(odd)}, and the plan splits each batch "
-            f"into {shares}, which the rewrites do for dense inputs only; plan with "
-            "strategy='placed' or strategy='single', or feed the input dense"
-        )
+    if not odd:
+        return None
+    return (
+        f"model {model.name!r} takes input {', '.join(odd)}, and the plan splits each batch "
+        f"into {shares}, which the rewrites do for dense inputs only; plan with "
+        "strategy='placed' or strategy='single', or feed the input dense"
+    )
+
+
+def check_batch_split(model: Any, plan: Plan) -> None:
+    """RewriteError (one line) when ``plan`` splits each batch into shares (replicas,
+    micro-batches) that ``model`` cannot take (:func:`batch_split_refusal`)."""
+    shares = _batch_shares(plan)
+    why = None if shares is None else batch_split_refusal(model, shares)
+    if why is not None:
+        raise RewriteError(why)
 
 
 def check_applyable(model: Any, plan: Plan) -> None:

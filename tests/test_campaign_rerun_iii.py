@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,4 +141,52 @@ def test_the_cli_spells_flags_outside_quoted_text_only() -> None:
     assert cli_message(text) == "Keras said --input-shape 10; give --batch-size 8"
     assert cli_message(text, ["Keras said input_shape=(10,)"]) == (
         "Keras said input_shape=(10,); give --batch-size 8"
+    )
+
+
+def stateful(batch: int = 4) -> Any:
+    """A stateful GRU: the model's inputs fix the batch (``keras.Input(batch_shape=...)``)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input(batch_shape=(batch, 5, 3), name="x")
+    h = keras.layers.GRU(8, stateful=True, name="gru")(inp)
+    out = keras.layers.Dense(2, name="d2")(keras.layers.Dense(8, name="d1")(h))
+    model = keras.Model(inp, out, name="stateful")
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+@pytest.mark.parametrize(
+    ("options", "shares"),
+    [
+        ({"strategy": "data-parallel"}, "replicas"),
+        ({"strategy": "pipeline"}, "micro-batches"),
+        ({"pipeline": True, "solver": "even"}, "micro-batches"),
+    ],
+)
+def test_a_fixed_batch_is_not_split_and_the_reason_is_the_split(
+    options: dict[str, Any], shares: str
+) -> None:
+    """A stateful model planned with data parallelism said "traced at --batch-size 2 ... plan it
+    at --batch-size 4" although 4 was given: the split made the 2. It is refused before the
+    trace, naming the fixed batch, the split and the strategies that run whole batches."""
+    started = time.perf_counter()
+    with pytest.raises(UsageError) as info:
+        partitioner.partition(stateful(), gpus=2, batch_size=4, **options)
+    text = str(info.value)
+    assert "\n" not in text and "traced at" not in text
+    for word in ("has a fixed batch of 4", f"splits each batch into {shares}", "'placed'"):
+        assert word in text, text
+    assert time.perf_counter() - started < AT_ONCE_S
+
+
+def test_a_fixed_batch_plans_whole_batch_strategies_and_says_what_was_left_out() -> None:
+    placed = partitioner.partition(stateful(), gpus=2, batch_size=4, strategy="placed")
+    assert placed.strategy is not None and placed.strategy.replicas == 1
+    auto = partitioner.partition(stateful(), gpus=2, batch_size=4)
+    assert auto.strategy is not None
+    assert (auto.strategy.replicas, auto.strategy.num_microbatches) == (1, 1)
+    assert any("not compared: data_parallel, pipeline, hybrid" in n for n in auto.solver.notes), (
+        auto.solver.notes
     )

@@ -28,7 +28,7 @@ import pytest
 import tensorflow as tf
 
 import partitioner
-from partitioner.core.errors import RewriteError
+from partitioner.core.errors import PartitionError, RewriteError
 from passes.rewrite.codegen import emit_plan_module
 
 CPU = [f"/device:CPU:{i}" for i in range(2)]
@@ -146,8 +146,9 @@ def test_a_sparse_input_model_placed_trains_as_the_original_and_auto_applies() -
 def test_a_batch_split_of_a_sparse_input_is_refused_when_planned_and_applied(
     family: str, shares: str
 ) -> None:
-    words = ["'features' (sparse)", f"splits each batch into {shares}", "strategy='placed'"]
-    with pytest.raises(RewriteError) as planned:
+    # planned: refused before the trace ("into replicas"); applied: the plan's "2 replicas"
+    words = ["'features' (sparse)", f"{shares.split()[-1]}, which", "strategy='placed'"]
+    with pytest.raises(PartitionError) as planned:  # refused before the trace
         partitioner.partition(sparse_model(), gpus=2, batch_size=BATCH, strategy=family)
     # the same plan, made for the dense twin of the model, applied to the sparse one
     plan = partitioner.partition(sparse_model(False), gpus=2, batch_size=BATCH, strategy=family)

@@ -252,10 +252,14 @@ def search_batches(
 def _priced_keys(
     batch_size: int, shapes: list[tuple[int, int]], options: StrategyOptions
 ) -> Iterator[tuple[int, int]]:
-    """``(R, M)``: each replica count of ``shapes`` with each micro-batch count it is scored at."""
+    """``(R, M)``: each replica count of ``shapes`` with each micro-batch count it is scored at
+    (micro-batches only when a pipelining family is asked for: a plain split runs whole
+    batches, and a model with a fixed batch cannot be traced at a micro-batch)."""
+    pipelines = bool({Family.PIPELINE, Family.HYBRID} & set(options.families))
     for replicas, stages in shapes:
         per_replica = batch_size // replicas
-        for m in microbatch_choices(per_replica, stages, options.max_microbatches_per_stage):
+        most = options.max_microbatches_per_stage
+        for m in microbatch_choices(per_replica, stages, most) if pipelines else (1,):
             yield replicas, m
 
 
