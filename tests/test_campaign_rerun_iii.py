@@ -190,3 +190,13 @@ def test_a_fixed_batch_plans_whole_batch_strategies_and_says_what_was_left_out()
     assert any("not compared: data_parallel, pipeline, hybrid" in n for n in auto.solver.notes), (
         auto.solver.notes
     )
+
+
+@pytest.mark.parametrize("text", ["16,,16", ",16", "16,x16", "16,,"])
+def test_an_input_shape_with_an_empty_dimension_is_refused(text: str) -> None:
+    """``--input-shape 16,,16`` was read as (16, 16): a typo planned silently."""
+    from partitioner.cli.main import _parse_shape
+
+    with pytest.raises(UsageError, match="is not a list of integers like 32,32,3"):
+        _parse_shape([text])
+    assert _parse_shape(["784,"]) == (784,)  # a trailing comma is Python's one-tuple

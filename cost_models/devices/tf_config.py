@@ -174,4 +174,24 @@ def check_addresses(
     seen = [a for _, addrs in jobs for a in addrs]
     if len({_address_key(a) for a in seen}) != len(seen):
         raise error(f"{origin}: two tasks share one address: {sorted(seen)}{_spelled(seen)}")
+    _check_task(config, origin, error)
     return TfConfig(jobs=jobs, task_type=config.task_type, task_index=config.task_index)
+
+
+def _check_task(config: TfConfig, origin: str, error: type[PartitionError]) -> None:
+    """``task`` names a job of the cluster and an index among its tasks (an ``evaluator`` may be
+    outside the cluster, as TensorFlow allows)."""
+    job, index = config.task_type, config.task_index
+    if job is None or (job == "evaluator" and job not in config.job_names):
+        return  # TensorFlow's evaluator may run outside the cluster it lists
+    if job not in config.job_names:
+        raise error(
+            f"{origin}: task.type {job!r} is no job of the cluster (jobs: "
+            f"{', '.join(config.job_names)})"
+        )
+    count = len(config.addresses(job))
+    if index is not None and index >= count:
+        raise error(
+            f"{origin}: task.index {index} is past the {count} task(s) of job {job!r}; give "
+            f"0..{count - 1}"
+        )

@@ -397,8 +397,12 @@ def _parse_shape(texts: Sequence[str] | None) -> InputShape | None:
 
 def _dims(text: str, flag_value: str | None = None) -> tuple[int, ...]:
     """``32,32,3`` (or ``32x32x3``) as a tuple of ints; UsageError quoting the flag's value."""
+    parts = text.replace("x", ",").split(",")
+    if parts and not parts[-1].strip():
+        parts = parts[:-1]  # a trailing comma: "784," is (784,)
     try:
-        dims = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+        # every part a number: "16,,16" is a typo, not (16, 16)
+        dims = tuple(int(p) for p in parts) if all(p.strip() for p in parts) else ()
     except ValueError:
         dims = ()
     if not dims:
