@@ -6,7 +6,8 @@
 
 then ``partition model.py --topology calibrated.json --profile-ops``. What is measured and how:
 :mod:`passes.cluster.calibrate`. Progress goes to stderr; errors are one line, exit 2, and no
-file is written.
+file is written. ``--rounds`` and ``--timeout`` are checked against the library's bounds
+(:class:`passes.cluster.calibrate.CalibrationOptions`) before TensorFlow loads.
 """
 
 from __future__ import annotations
@@ -16,19 +17,38 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from partitioner.cli.quiet import import_quietly
-from partitioner.core.errors import PartitionError, UsageError
+from partitioner.core.errors import PartitionError, UsageError, escape_control
 
-__all__ = ["build_parser", "main"]
+if TYPE_CHECKING:
+    from passes.cluster.calibrate import CalibrationOptions
+
+__all__ = ["FLAGS", "build_parser", "cli_message", "main"]
 
 PROG = "partition calibrate"
 QUICK_ROUNDS = 5
 DEFAULT_ROUNDS = 15
 
+FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "rounds": "--rounds {}",
+        "step_timeout_s": "--timeout {}",
+        "timeout_s": "--timeout {}",
+    }
+)
+"""The library's argument names that only this command has -> its flags (the shared ones,
+``device_type='h100'`` -> ``--device-type h100``, are :data:`partitioner.cli.main.FLAGS`)."""
+
+
+
 
 def build_parser() -> argparse.ArgumentParser:
+    from passes.cluster.calibrate import MAX_ROUNDS, MAX_TIMEOUT_S, MIN_ROUNDS
+
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Measure the devices a plan will use (links, the replicas' all-reduce, "
@@ -44,10 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device-type", default=None, help="catalog type of the measured devices (default cpu)"
     )
-    parser.add_argument("--rounds", type=int, default=None, help=f"timed rounds per size ({DEFAULT_ROUNDS})")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"timed rounds per size ({DEFAULT_ROUNDS}; {MIN_ROUNDS} to {MAX_ROUNDS})",
+    )
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds per size")
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds a task may take to answer (30)"
+        "--timeout",
+        type=float,
+        default=30.0,
+        help=f"seconds a task may take to answer (30; at most {MAX_TIMEOUT_S:g})",
     )
     return parser
 
@@ -71,17 +99,36 @@ def _import_quietly() -> None:
     tf.get_logger().setLevel("ERROR")
 
 
-def _run(args: argparse.Namespace) -> int:
-    _check_out(args.out, args.cluster)
-    _import_quietly()
-    from cost_models.devices.tf_config import tf_config_text
-    from passes.cluster.calibrate import CalibrationOptions, calibrate_cluster, calibrate_local
+def cli_message(message: str) -> str:
+    """A library error as this command spells it: ``rounds=0`` -> ``--rounds 0``,
+    ``step_timeout_s=inf`` -> ``--timeout inf`` (:data:`FLAGS`), then the shared names through
+    :func:`partitioner.cli.main.cli_message`."""
+    from partitioner.cli.main import cli_message as shared
+
+    return shared(message, more_flags=FLAGS)
+
+
+def _options(args: argparse.Namespace) -> CalibrationOptions:
+    """The checked options, before TensorFlow loads (the bounds live in the library; this
+    import does not load TensorFlow)."""
+    from passes.cluster.calibrate import CalibrationOptions, check_timeout_s
 
     rounds = args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
     options = CalibrationOptions(
         rounds=rounds, step_timeout_s=args.timeout, device_type=args.device_type
     )
     options.check()
+    check_timeout_s("timeout_s", args.timeout)
+    return options
+
+
+def _run(args: argparse.Namespace) -> int:
+    options = _options(args)
+    _check_out(args.out, args.cluster)
+    _import_quietly()
+    from cost_models.devices.tf_config import tf_config_text
+    from passes.cluster.calibrate import calibrate_cluster, calibrate_local
+
     started = time.monotonic()
 
     def say(line: str) -> None:
@@ -143,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except PartitionError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        sys.stderr.write(f"{PROG}: error: {escape_control(cli_message(str(exc)))}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted; nothing was written\n")

@@ -111,30 +111,46 @@ FLAGS: Mapping[str, str] = MappingProxyType(
 """The library's argument names (as its error messages spell them, ``batch_size=32``) -> the
 command line's spelling: a flag taking the value at ``{}``, or a switch (no ``{}``)."""
 
-_ARGUMENT = re.compile(
-    r"(?<![\w.-])(?P<name>"
-    + "|".join(sorted(map(re.escape, FLAGS), key=len, reverse=True))
-    + r")=(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|\[[^\[\]]*\]|\{[^{}]*\}"
-    r"|[^\s,;()\[\]'\"]*[^\s,;()\[\]'\".:])?"
-)
+
+def _argument_pattern(flags: Mapping[str, str]) -> re.Pattern[str]:
+    """``name=value`` of one of ``flags``' names in a message; the value quoted, bracketed or
+    bare."""
+    return re.compile(
+        r"(?<![\w.-])(?P<name>"
+        + "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+        + r")=(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|\[[^\[\]]*\]|\{[^{}]*\}"
+        r"|[^\s,;()\[\]'\"]*[^\s,;()\[\]'\".:])?"
+    )
+
+
+_ARGUMENT = _argument_pattern(FLAGS)
 """``name=value`` of an API argument in a message; the value quoted, bracketed or bare."""
 
 
-def cli_message(message: str, quoted: Sequence[str] = ()) -> str:
+def cli_message(
+    message: str, quoted: Sequence[str] = (), more_flags: Mapping[str, str] | None = None
+) -> str:
     """``message`` (a library error) with every API argument spelled as the command line
     spells it: ``batch_size=32`` -> ``--batch-size 32``, ``pipeline=True`` -> ``--pipeline``,
-    ``device_type='cpu'`` -> ``--device-type cpu`` (see :data:`FLAGS`); not inside the
-    ``quoted`` parts (the user's own code's words: Keras's ``input_shape=(10,)`` stays)."""
+    ``device_type='cpu'`` -> ``--device-type cpu`` (see :data:`FLAGS`, and ``more_flags`` of a
+    subcommand, e.g. ``rounds=`` -> ``--rounds``); not inside the ``quoted`` parts (the user's
+    own code's words: Keras's ``input_shape=(10,)`` stays)."""
+    flags = FLAGS if not more_flags else {**FLAGS, **more_flags}
+    pattern = _ARGUMENT if not more_flags else _argument_pattern(flags)
+
+    def spelled(text: str) -> str:
+        return pattern.sub(lambda m: _as_flag(m, flags), text)
+
     kept = [q for q in quoted if q and q in message]
     if not kept:
-        return _ARGUMENT.sub(_as_flag, message)
+        return spelled(message)
     parts = re.split("(" + "|".join(map(re.escape, kept)) + ")", message)
-    return "".join(p if k % 2 else _ARGUMENT.sub(_as_flag, p) for k, p in enumerate(parts))
+    return "".join(p if k % 2 else spelled(p) for k, p in enumerate(parts))
 
 
-def _as_flag(match: re.Match[str]) -> str:
+def _as_flag(match: re.Match[str], flags: Mapping[str, str]) -> str:
     """One ``name=value`` match as its flag."""
-    template = FLAGS[match["name"]]
+    template = flags[match["name"]]
     raw = match["value"]
     if "{}" not in template:  # a switch
         return f"no {template}" if raw == "False" else template

@@ -54,8 +54,10 @@ with one line if that cannot be done. A task whose cluster address is not on thi
 loopback is refused in one line under the default; naming another address of this machine
 (``--bind 0.0.0.0``, an interface's IP) serves every interface, with a one-line warning. A
 ``--bind`` that is no such address (empty, a typo like ``127.0.0.l``, a name that does not
-resolve, a host name beyond loopback, an address this machine does not have) is refused in one
-line before anything starts: it never falls back to every interface.
+resolve, a host name beyond loopback, an address this machine does not have, or one that no
+host is: a broadcast address such as ``255.255.255.255``, a multicast or reserved one, which
+the kernel would let a socket bind) is refused in one line before anything starts: it never
+falls back to every interface.
 """
 
 from __future__ import annotations
@@ -98,6 +100,12 @@ LOOPBACK = "127.0.0.1"
 """The default ``--bind``: this machine only."""
 MIN_INTER_OP_THREADS = 4
 """A worker's inter-op threads unless told (or ``--threads`` is larger): see the module docstring."""
+MAX_THREADS = 1024
+"""The most threads in each of a worker's pools (``--threads``, ``--inter-op-threads``).
+TensorFlow starts one OS thread per count when the server starts, each with its stack, so
+``--threads 100000000`` exhausted memory; more threads than cores only take turns on them, and
+1024 is four times the cores of the largest common CPU hosts. A fixed bound, not one from this
+machine's cores, so one command line behaves alike on every host of a cluster."""
 
 WORKER_WARNING = (
     "a TensorFlow worker executes any graph a client sends it, with this process's rights, "
@@ -201,10 +209,10 @@ def check_bind(bind: str) -> bool:
     """Whether ``bind`` keeps the worker to this machine (True) or opens it to every interface
     (False); :class:`UsageError` naming the value when it is no address (empty, a typo like
     ``127.0.0.l``, a name that does not resolve), a host name that is not loopback (give the
-    address itself), or an address that is not this machine's. Fails closed: nothing but an
-    explicit non-loopback address of this machine (``0.0.0.0``, an interface's IP) opens it."""
-    import ipaddress
-
+    address itself), an address that is not this machine's, or one that is no host's
+    (broadcast, multicast, reserved: :func:`_not_unicast`). Fails closed: nothing but an
+    explicit non-loopback address of this machine (``0.0.0.0``, ``::``, an interface's IP)
+    opens it."""
     if not isinstance(bind, str) or not bind.strip():
         raise UsageError(
             f"--bind {bind!r} is not an address; leave it out to serve this machine only "
@@ -223,10 +231,56 @@ def check_bind(bind: str) -> bool:
             f"{'names addresses beyond loopback' if _resolves(host) else 'does not resolve'}; "
             f"give {LOOPBACK} (this machine only) or the IP address to serve, such as 0.0.0.0"
         )
+    if isinstance(literal, ipaddress.IPv6Address) and literal.ipv4_mapped is not None:
+        literal = literal.ipv4_mapped  # ::ffff:a.b.c.d is a.b.c.d
     if literal.is_loopback:
         return True
+    kind = _not_unicast(literal)
+    if kind is not None:
+        raise UsageError(
+            f"--bind {bind!r} is {kind}, not an address of this machine to serve on; give "
+            f"{LOOPBACK} (this machine only), 0.0.0.0 or one of its interfaces' addresses"
+        )
     _check_local_address(bind, literal)
     return False
+
+
+LIMITED_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+
+
+def _not_unicast(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """What ``address`` is when no single host is it (a socket may still bind it on Linux,
+    and TensorFlow would then listen on every interface), else None. The unspecified address
+    (``0.0.0.0``, ``::``) is None: it means every interface, knowingly."""
+    if address.is_unspecified:
+        return None
+    if address == LIMITED_BROADCAST:
+        return "the limited broadcast address"
+    if address.is_multicast:
+        return "a multicast address"
+    if address.is_reserved:
+        return "a reserved address"
+    if address.version == 4 and str(address) in _broadcast_addresses():
+        return "a broadcast address of this machine's networks"
+    return None
+
+
+def _broadcast_addresses() -> frozenset[str]:
+    """This machine's IPv4 network broadcast addresses (``192.0.2.255`` of ``192.0.2.2/24``),
+    from the kernel's routing tables (``/proc/net/fib_trie``, Linux; empty elsewhere)."""
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        return frozenset()
+    found: set[str] = set()
+    last = ""
+    for line in lines:
+        text = line.strip()
+        if text.startswith("|--"):
+            last = text[3:].strip()
+        elif text.endswith(" BROADCAST"):
+            found.add(last)
+    return frozenset(found)
 
 
 def _resolves(host: str) -> bool:
@@ -307,14 +361,22 @@ def restrict_to_loopback(port: int) -> int:
 
 
 def _thread_counts(threads: int, inter_op_threads: int | None) -> int:
-    """Check ``--threads``; the inter-op thread count (default ``max(MIN_INTER_OP_THREADS,
-    threads)``)."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise UsageError(f"--threads {threads!r} must be an integer >= 1")
+    """Check ``--threads`` and ``--inter-op-threads`` (each 1..:data:`MAX_THREADS`); the
+    inter-op thread count (default ``max(MIN_INTER_OP_THREADS, threads)``)."""
+    _check_thread_count("--threads", threads)
     inter_op = max(MIN_INTER_OP_THREADS, threads) if inter_op_threads is None else inter_op_threads
-    if isinstance(inter_op, bool) or not isinstance(inter_op, int) or inter_op < 1:
-        raise UsageError(f"--inter-op-threads {inter_op!r} must be an integer >= 1")
+    _check_thread_count("--inter-op-threads", inter_op)
     return inter_op
+
+
+def _check_thread_count(flag: str, count: object) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise UsageError(f"{flag} {count!r} must be an integer >= 1")
+    if count > MAX_THREADS:
+        raise UsageError(
+            f"{flag} {count!r} is more than {MAX_THREADS}, the most threads a worker starts per "
+            f"pool; give 1..{MAX_THREADS} (this machine has {os.cpu_count() or 1} cores)"
+        )
 
 
 def _task_index(cluster: WorkerCluster, task_index: int | None, job_name: str) -> int:
@@ -399,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"who may connect: {LOOPBACK} (default: this machine only; the task's cluster "
         "address must then be a loopback one) or an IP address of this machine such as 0.0.0.0 "
         "(TensorFlow then listens on every interface: trusted networks only); anything else "
-        "(empty, a name that does not resolve) is refused",
+        "(empty, a name that does not resolve, a broadcast or multicast address) is refused",
     )
     parser.add_argument("--task", type=int, default=None, help="task index (default: TF_CONFIG)")
     parser.add_argument(
@@ -408,13 +470,16 @@ def build_parser() -> argparse.ArgumentParser:
         help='JSON file {"worker": ["host:port", ...]} or TF_CONFIG form (default: $TF_CONFIG)',
     )
     parser.add_argument("--job", default="worker", help="job name (default worker)")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help=f"intra-op threads (default 1; 1..{MAX_THREADS})"
+    )
     parser.add_argument(
         "--inter-op-threads",
         type=int,
         default=None,
-        help=f"inter-op threads (default: max({MIN_INTER_OP_THREADS}, --threads); sends to "
-        "other workers need a free thread, not one queued behind the kernels it runs)",
+        help=f"inter-op threads (default: max({MIN_INTER_OP_THREADS}, --threads); 1.."
+        f"{MAX_THREADS}; sends to other workers need a free thread, not one queued behind the "
+        "kernels it runs)",
     )
     parser.add_argument(
         "--cores", type=_parse_cores, default=None, help="pin to these CPU cores, e.g. 0 or 0,1"
@@ -431,7 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
 
     try:
-        loopback_only = check_bind(args.bind)  # before TensorFlow: a bad --bind starts nothing
+        # Before TensorFlow: a bad --bind or thread count starts nothing.
+        loopback_only = check_bind(args.bind)
+        _thread_counts(args.threads, args.inter_op_threads)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import_quietly("passes.cluster.runtime")  # TensorFlow's start-up lines off the terminal
         if not loopback_only:

@@ -40,31 +40,32 @@ from __future__ import annotations
 import datetime
 import functools
 import itertools
+import math
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import tensorflow as tf
+from typing import TYPE_CHECKING, Any
 
 from cost_models.devices.fits import LatencyBandwidthFit, fit_latency_bandwidth
-from cost_models.measure import transfers
 from partitioner.core.errors import UsageError
-from passes.cluster.runtime import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    ClusterError,
-    ClusterHandle,
-    _bounded,
-    connect,
-    probe_tasks,
-)
+
+if TYPE_CHECKING:
+    from passes.cluster.runtime import ClusterHandle
+
+# TensorFlow (``tf``, :mod:`cost_models.measure.transfers`, :mod:`passes.cluster.runtime`) is
+# imported by the functions that measure, not here: the options and their bounds are checked
+# before it loads, so a bad ``--rounds`` or ``--timeout`` is refused at once.
 
 __all__ = [
     "CALIBRATION_TOOL",
+    "MAX_ROUNDS",
+    "MAX_TIMEOUT_S",
+    "MIN_ROUNDS",
     "Calibration",
     "CalibrationOptions",
     "calibrate_cluster",
     "calibrate_local",
+    "check_timeout_s",
 ]
 
 CALIBRATION_TOOL = "partition calibrate"
@@ -72,10 +73,50 @@ Progress = Callable[[str], None]
 
 _KIB = 1024
 
+MIN_ROUNDS = 3
+"""The fewest timed rounds per size (the fits take the median of each size's rounds)."""
+MAX_ROUNDS = 100
+"""The most timed rounds per size (``rounds``, and ``warmup``): each link's sizes and rounds
+run as one watched call, about 0.1 s per round of the default sizes over loopback gRPC, so
+100 rounds already take ~10 s of the default 30 s ``step_timeout_s``; more add nothing to a
+median but time (``rounds=10**9`` would run for years)."""
+MAX_TIMEOUT_S = 3600.0
+"""The longest ``step_timeout_s`` and connect ``timeout_s``: an hour. A task silent that long
+is down; an infinite bound waits for ever on it."""
+
+
+def check_timeout_s(name: str, value: object) -> float:
+    """``value`` as a number of seconds in (0, :data:`MAX_TIMEOUT_S`]; :class:`UsageError`
+    naming the argument ``name`` otherwise (a bool, a non-number, nan, inf, <= 0, too long)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise UsageError(f"{name}={value!r} must be a positive, finite number of seconds")
+    if value > MAX_TIMEOUT_S:
+        raise UsageError(
+            f"{name}={value!r} is more than {MAX_TIMEOUT_S:g} seconds, the longest calibrate "
+            f"waits for a task; give at most {MAX_TIMEOUT_S:g}"
+        )
+    return float(value)
+
+
+def _check_rounds(name: str, value: object, least: int, what: str) -> None:
+    """``value`` is an integer in ``least``..:data:`MAX_ROUNDS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_ROUNDS:
+        raise UsageError(
+            f"{name}={value!r} must be an integer from {least} to {MAX_ROUNDS} ({what} per size)"
+        )
+
 
 @dataclass(frozen=True)
 class CalibrationOptions:
-    """How much to measure: sizes, rounds and the bound on each timed call."""
+    """How much to measure: sizes, rounds and the bound on each timed call. :meth:`check`
+    bounds them (``rounds`` :data:`MIN_ROUNDS`..:data:`MAX_ROUNDS`, ``warmup``
+    0..:data:`MAX_ROUNDS`, ``step_timeout_s`` at most :data:`MAX_TIMEOUT_S`) without
+    TensorFlow."""
 
     sizes_bytes: tuple[int, ...] = (
         256 * _KIB,
@@ -95,10 +136,9 @@ class CalibrationOptions:
             raise UsageError(
                 f"sizes_bytes={list(self.sizes_bytes)} must hold two or more sizes >= 4 bytes"
             )
-        if self.rounds < 3 or self.warmup < 0:
-            raise UsageError(f"rounds={self.rounds} must be >= 3 and warmup={self.warmup} >= 0")
-        if not self.step_timeout_s > 0:
-            raise UsageError(f"step_timeout_s={self.step_timeout_s!r} must be > 0 seconds")
+        _check_rounds("rounds", self.rounds, MIN_ROUNDS, "timed rounds")
+        _check_rounds("warmup", self.warmup, 0, "untimed rounds")
+        check_timeout_s("step_timeout_s", self.step_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -140,6 +180,8 @@ class _Watch:
     timeout_s: float
 
     def __call__(self, what: str, fn: Callable[[], Any]) -> Any:
+        from passes.cluster.runtime import ClusterError, _bounded, probe_tasks
+
         result = _bounded(what, fn, self.timeout_s)
         if result is not None:
             return result
@@ -157,6 +199,8 @@ def _measure(
     devices: Sequence[str], options: CalibrationOptions, watch: _Watch, say: Progress
 ) -> dict[str, Any]:
     """Every figure of :class:`Calibration` but the where and when."""
+    from cost_models.measure import transfers
+
     sizes, rounds, warmup = options.sizes_bytes, options.rounds, options.warmup
     say(f"compute: {len(devices)} devices and this process, float32 matrix products")
     flops = tuple(
@@ -197,6 +241,8 @@ def _measure_client(
     device: str, options: CalibrationOptions, watch: _Watch, say: Progress
 ) -> dict[str, Any]:
     """The client's cost of a step: feeding a tensor to ``device`` and a no-op Keras step."""
+    from cost_models.measure import transfers
+
     here = "/job:localhost/replica:0/task:0/device:CPU:0"
     say(f"client -> {device}: {len(options.sizes_bytes)} sizes, and a no-op training step")
     points = watch(
@@ -218,6 +264,7 @@ def _no_op_step_s(device: str, options: CalibrationOptions) -> float:
     import keras
     import numpy as np
 
+    from cost_models.measure import transfers
     from passes.rewrite.device_placement import place_model
 
     inputs = keras.Input((4,), name="x")
@@ -264,18 +311,25 @@ def calibrate_cluster(
     cluster: Any,
     options: CalibrationOptions = CalibrationOptions(),
     *,
-    timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    timeout_s: float | None = None,
     progress: Progress | None = None,
 ) -> Calibration:
     """Measure a TensorFlow cluster's tasks from this process (module docstring).
 
     ``cluster`` is what :func:`~passes.cluster.runtime.connect` takes (a cluster file, its
-    mapping, or None for ``TF_CONFIG``) or a connected :class:`ClusterHandle`.
+    mapping, or None for ``TF_CONFIG``) or a connected :class:`ClusterHandle`. ``timeout_s``
+    bounds the connect (None: :data:`~passes.cluster.runtime.DEFAULT_CONNECT_TIMEOUT_S`; at
+    most :data:`MAX_TIMEOUT_S`).
     """
     options.check()
+    bound_s = None if timeout_s is None else check_timeout_s("timeout_s", timeout_s)
+    from passes.cluster.runtime import DEFAULT_CONNECT_TIMEOUT_S, ClusterHandle, connect
+
     say = progress or (lambda _: None)
     handle = (
-        cluster if isinstance(cluster, ClusterHandle) else connect(cluster, timeout_s=timeout_s)
+        cluster
+        if isinstance(cluster, ClusterHandle)
+        else connect(cluster, timeout_s=DEFAULT_CONNECT_TIMEOUT_S if bound_s is None else bound_s)
     )
     if handle.cluster.num_tasks < 2:
         raise UsageError(
@@ -303,6 +357,8 @@ def calibrate_local(
     devices of one process share its memory and TensorFlow copies nothing between them, so
     there is no link to measure; calibrate ``partition worker`` processes instead."""
     options.check()
+    import tensorflow as tf
+
     say = progress or (lambda _: None)
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) < 2:
@@ -346,6 +402,8 @@ def _points(points: Sequence[tuple[int, float]]) -> list[list[float]]:
 def _provenance(cal: Calibration) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
+    import tensorflow as tf
+
     try:
         ours = version("partitioner")
     except PackageNotFoundError:  # run from a checkout that is not installed
@@ -378,6 +436,8 @@ def _provenance(cal: Calibration) -> dict[str, Any]:
 
 
 def _topology_data(cal: Calibration) -> dict[str, Any]:
+    from cost_models.measure import transfers
+
     slowest = max((f for _, _, f in cal.links), key=lambda f: f.predict_s(16 << 20))
     data: dict[str, Any] = {"name": f"calibrated: {cal.where}"}
     if cal.job is not None:
