@@ -9,11 +9,7 @@ original, and the emitted module computes the same outputs.
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import keras
@@ -23,10 +19,10 @@ import pytest
 import partitioner
 from passes.rewrite.codegen import emit_plan_module
 from passes.trace import placement_units
+from tests.emitted import import_emitted
 
 CPU = [f"/device:CPU:{i}" for i in range(2)]
 BATCH = 8
-_counter = itertools.count()
 
 
 def masked_sequential(built: bool = True) -> keras.Model:
@@ -78,15 +74,6 @@ def test_a_masked_sequential_applies_and_trains_as_the_original(family: str) -> 
     for got, want in zip(weights(applied), weights(reference), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
-
-def import_emitted(path: Path) -> ModuleType:
-    name = f"emitted_masked_sequential_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_emitted_module_of_a_masked_sequential_computes_the_same(tmp_path: Path) -> None:

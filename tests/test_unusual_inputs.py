@@ -16,11 +16,7 @@ when planned or applied, while ``auto`` plans a strategy that applies.
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import keras
 import numpy as np
@@ -30,11 +26,11 @@ import tensorflow as tf
 import partitioner
 from partitioner.core.errors import PartitionError, RewriteError
 from passes.rewrite.codegen import emit_plan_module
+from tests.emitted import import_emitted
 
 CPU = [f"/device:CPU:{i}" for i in range(2)]
 BATCH = 8
 WORDS = ["red", "green", "blue", "cyan"]
-_counter = itertools.count()
 
 
 def string_model() -> keras.Model:
@@ -63,15 +59,6 @@ def batch() -> tuple[np.ndarray, np.ndarray]:
     words = np.array([*WORDS, "unknown"], dtype=object)[rng.integers(0, 5, (BATCH, 3))]
     return words, rng.integers(0, 2, (BATCH,)).astype("int32")
 
-
-def import_emitted(path: Path) -> ModuleType:
-    name = f"emitted_string_model_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def weights(model: keras.Model) -> list[np.ndarray]:

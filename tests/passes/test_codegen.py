@@ -13,10 +13,8 @@ checks that inputs from another device are copied before the decoder's loop read
 from __future__ import annotations
 
 import ast
-import importlib.util
 import itertools
 import os
-import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,6 +44,7 @@ from passes.rewrite.codegen import (
     write_placed_module,
 )
 from passes.trace import Unit, _CallRecorder, placement_units
+from tests.emitted import import_emitted
 
 TOL = 1e-5
 COMPUTE_OPS = frozenset({"MatMul", "BatchMatMulV2", "Conv2D", "DepthwiseConv2dNative"})
@@ -77,15 +76,6 @@ ASSIGNMENTS: dict[str, Callable[[keras.Model, int], LayerDevices]] = {
     "round_robin": round_robin,
 }
 
-
-def import_emitted(path: Path) -> ModuleType:
-    name = f"emitted_placed_model_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def emit_and_import(

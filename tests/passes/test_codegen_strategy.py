@@ -13,10 +13,8 @@ to ``realise_strategy``; plans without replicas emit what they emitted before.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import itertools
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +37,7 @@ from passes.rewrite.codegen import (
     write_placed_module,
 )
 from passes.trace import placement_units
+from tests.emitted import import_emitted as import_path
 
 CPU = [f"/device:CPU:{i}" for i in range(4)]
 REL_TOL = 1e-5
@@ -96,13 +95,7 @@ def strategy_plan(model: keras.Model, strategy: Strategy, hosts: tuple[int, ...]
 
 def import_emitted(source: str, tmp_path: Path) -> ModuleType:
     path = write_placed_module(tmp_path / f"strategy_module_{next(_counter)}.py", source)
-    name = f"emitted_strategy_module_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_path(path)
 
 
 def imported_modules(source: str) -> set[str]:

@@ -14,13 +14,10 @@ original's outputs on a random batch.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import keras
@@ -32,6 +29,7 @@ from partitioner.cli.loader import load_model
 from partitioner.core.errors import RewriteError
 from passes.rewrite.codegen import emit_placed_module, emit_plan_module, write_placed_module
 from passes.trace import placement_units
+from tests.emitted import import_emitted
 
 CPU = ["/device:CPU:0", "/device:CPU:1"]
 BATCH = 8
@@ -97,15 +95,6 @@ MODELS: dict[str, Callable[[], keras.Model]] = {
     "rnn_of_a_cell": rnn_of_a_cell,
 }
 
-
-def import_emitted(path: Path) -> ModuleType:
-    name = f"emitted_wrapper_model_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def random_batch(model: keras.Model) -> np.ndarray:
