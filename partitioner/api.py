@@ -46,7 +46,6 @@ from partitioner.core.ir import (
 )
 from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES, InexactLayer
 from partitioner.core.options import (
-    DEFAULT_SCHEDULE,
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
     MeasureOptions,
@@ -246,11 +245,13 @@ def _flat_pipelining(pipeline: Any, schedule: Any, num_microbatches: Any) -> tup
     """``partition``'s ``schedule`` and ``num_microbatches`` as :class:`SearchOptions` takes
     them: the schedule checked, and without pipelining unused (``None``), as is one
     micro-batch, the whole batch (the integer 1 only: ``True`` or ``1.0`` are refused)."""
-    checked = parse_schedule(schedule)
+    checked = None if schedule is None else parse_schedule(schedule)
     if pipeline is not False:
         return checked, num_microbatches
     one = type(num_microbatches) is int and num_microbatches == 1
-    return None, None if one else num_microbatches
+    # a schedule given without pipelining is passed on, to be refused with the reason (with a
+    # strategy too: strategy='pipeline' chooses its own schedule)
+    return checked, None if one else num_microbatches
 
 
 def _check_progress(progress: Any) -> None:
@@ -278,7 +279,7 @@ def partition(
     time_limit_s: float = 5.0,
     pipeline: bool = False,
     num_microbatches: int | None = None,
-    schedule: Schedule | str = DEFAULT_SCHEDULE,
+    schedule: Schedule | str | None = None,
     compare_strategies: bool = True,
     strategy: Family | str | None = None,
     profile: bool = False,
@@ -294,7 +295,7 @@ def partition(
     The keywords are the flat spelling of three option groups (their docstrings say what each
     field does): :class:`~partitioner.core.options.TargetOptions` (what to plan for: ``gpus``
     to ``memory_limit_bytes``), :class:`~partitioner.core.options.SearchOptions` (``solver`` to
-    ``strategy``; the schedule is unused without ``pipeline``) and
+    ``strategy``; a ``schedule`` needs ``pipeline=True``, which defaults it to 1F1B) and
     :class:`~partitioner.core.options.MeasureOptions` (``profile``, ``profile_ops``,
     ``cache_dir``). ``target=``, ``search=`` or ``measure=`` pass a group whole instead;
     :func:`prepare` and :func:`partition_prepared` are the two halves of this call.

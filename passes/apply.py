@@ -24,7 +24,7 @@ import tensorflow as tf
 from partitioner.core.errors import PlanError, TraceError, UsageError
 from partitioner.core.options import InputShape
 from partitioner.core.strategy import Strategy
-from partitioner.plan.model import InputSignature, ModelFingerprint, Plan
+from partitioner.plan.model import INPUT_PREFIX, InputSignature, ModelFingerprint, Plan
 from partitioner.plan.schema import check_plan_matches_model
 from passes.checks import check_batch_split
 from passes.rewrite.device_placement import default_device_strings, place_model
@@ -62,14 +62,38 @@ def model_fingerprint(model: Any, input_shape: InputShape | None = None) -> Mode
         for unit in units
         if getattr(unit.operation, "built", True)
     )
-    wiring = _layer_inputs(model, {id(u.operation): u.name for u in units})
+    wiring = _layer_inputs(
+        model, {**_input_layers(model), **{id(u.operation): u.name for u in units}}
+    )
     return ModelFingerprint(inputs=inputs, layer_weights=weights, layer_inputs=wiring)
 
 
-def _layer_inputs(model: Any, unit_of: Mapping[int, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _input_layers(model: Any) -> dict[int, str]:
+    """``id`` of each of the model's ``InputLayer``s -> ``<input K>``, K its position in
+    ``model.inputs`` (a name Keras made up differs from build to build): which input feeds a
+    layer is part of the wiring (two inputs swapped are another model)."""
+    graph = getattr(model, "_functional", None) or model
+    try:
+        tensors = list(graph.inputs or [])
+    except Exception:  # a subclassed model never called: no graph
+        return {}
+    out: dict[int, str] = {}
+    for k, tensor in enumerate(tensors):
+        history = getattr(tensor, "_keras_history", None)
+        operation = getattr(history, "operation", None)
+        if operation is not None:
+            out[id(operation)] = f"{INPUT_PREFIX}{k}>"
+    return out
+
+
+def _layer_inputs(
+    model: Any, unit_of: Mapping[int, str]
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """Each unit of ``model``'s own Keras graph (a Sequential's: the functional graph Keras
     made of it) with the units feeding it, sorted; () without a graph (a subclassed model).
-    Same names and weights wired in another order are another model (the campaign's rerun)."""
+    Same names and weights wired in another order are another model (the campaign's rerun).
+    ``unit_of`` names the model's inputs too (``<input NAME>``): a layer fed by one is fed by
+    it; only units are listed."""
     graph = getattr(model, "_functional", None) or model
     by_depth = getattr(graph, "_nodes_by_depth", None)
     if not isinstance(by_depth, Mapping):
@@ -78,7 +102,7 @@ def _layer_inputs(model: Any, unit_of: Mapping[int, str]) -> tuple[tuple[str, tu
     for nodes in by_depth.values():
         for node in nodes:
             name = unit_of.get(id(node.operation))
-            if name is None:
+            if name is None or name.startswith(INPUT_PREFIX):
                 continue
             parents = (unit_of.get(id(p.operation)) for p in node.parent_nodes)
             fed.setdefault(name, set()).update(p for p in parents if p is not None)
@@ -208,6 +232,8 @@ def _missing_device(name: str) -> str | None:
         return f"is not a TensorFlow device string ({exc})"
     if wanted.device_type is None:
         return "names no device type (CPU, GPU, ...)"
+    if wanted.device_index is None:
+        return "names no one device (a wildcard or no index: give e.g. '/device:CPU:0')"
     local = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
     if any(_matches(wanted, have) for have in local):
         return None
@@ -372,7 +398,6 @@ def _check_same_cluster(plan: Plan, spec: Any) -> None:
     )
 
 
-
 def _sample_array(spec: Any) -> Any:
     """One sample for a ``tf.TensorSpec``: masks all true, token ids 0 (in every table), empty
     strings for a string input (``np.zeros`` of numpy's object dtype would be the int 0)."""
@@ -381,6 +406,7 @@ def _sample_array(spec: Any) -> Any:
     if spec.dtype == tf.string:
         return np.full(spec.shape, b"", dtype=object)
     return np.zeros(spec.shape, spec.dtype.as_numpy_dtype)
+
 
 def apply_plan(
     plan: Plan,

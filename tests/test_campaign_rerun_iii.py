@@ -33,8 +33,11 @@ AT_ONCE_S = 2.0
         (
             {"strategy": "pipeline", "num_microbatches": 4},
             2,
-            ["num_microbatches=4 needs pipeline=True", "strategy='pipeline' chooses the micro",
-             "give pipeline=True instead of strategy='pipeline'"],
+            [
+                "num_microbatches=4 needs pipeline=True",
+                "strategy='pipeline' chooses the micro",
+                "give pipeline=True instead of strategy='pipeline'",
+            ],
         ),
         (
             {"strategy": "hybrid", "schedule": "gpipe"},
@@ -200,3 +203,103 @@ def test_an_input_shape_with_an_empty_dimension_is_refused(text: str) -> None:
     with pytest.raises(UsageError, match="is not a list of integers like 32,32,3"):
         _parse_shape([text])
     assert _parse_shape(["784,"]) == (784,)  # a trailing comma is Python's one-tuple
+
+
+# -- the third campaign (new cases of the same kinds) ---------------------------------------------
+
+
+@pytest.mark.parametrize("reader", ["cluster", "catalog", "tf_config"])
+def test_json_nested_past_the_bound_is_one_line_in_every_reader(
+    reader: str, tmp_path: Path
+) -> None:
+    """A cluster file, a device catalog or TF_CONFIG nested 50000 deep raised RecursionError
+    (a traceback from the worker and calibrate, "internal error" from planning)."""
+    from cost_models.devices.catalog import load_catalog_from
+    from cost_models.devices.tf_config import parse_tf_config
+    from partitioner.core.errors import PartitionError
+    from passes.cluster.runtime import load_cluster
+
+    deep = "[" * 50000 + "]" * 50000
+    path = tmp_path / "deep.json"
+    path.write_text('{"worker": ' + deep + "}")
+    calls = {
+        "cluster": lambda: load_cluster(path),
+        "catalog": lambda: load_catalog_from(path),
+        "tf_config": lambda: parse_tf_config('{"cluster": {"worker": ' + deep + "}}"),
+    }
+    with pytest.raises(PartitionError, match="nested more than 64 deep") as info:
+        calls[reader]()
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        ["127.1:2222", "127.0.0.1:2222"],
+        ["0x7f000001:2222", "localhost:2222"],
+        ["10.1:2222", "10.0.0.1:2222"],
+    ],
+)
+def test_every_ipv4_spelling_of_one_server_is_one_address(pair: list[str]) -> None:
+    from cost_models.devices.tf_config import check_addresses, parse_tf_config
+    from partitioner.core.errors import PartitionError
+
+    with pytest.raises(PartitionError, match="one server spelled two ways"):
+        check_addresses(parse_tf_config({"cluster": {"worker": pair}}))
+
+
+@pytest.mark.parametrize("port", ["２２２２", "٢٢٢٢"])
+def test_a_port_in_other_digits_is_refused(port: str) -> None:
+    from cost_models.devices.tf_config import check_addresses, parse_tf_config
+    from partitioner.core.errors import PartitionError
+
+    with pytest.raises(PartitionError, match="is not a 'host:port' address"):
+        check_addresses(parse_tf_config({"cluster": {"worker": [f"localhost:{port}"]}}))
+
+
+def test_numpy_integers_in_range_are_taken_as_integers() -> None:
+    import numpy as np
+
+    from partitioner.core.options import TargetOptions
+
+    target = TargetOptions(
+        gpus=np.int64(2), batch_size=np.int32(8), memory_limit_bytes=np.int64(1 << 30)
+    )
+    assert (type(target.gpus), type(target.batch_size)) == (int, int)
+    assert type(SearchOptions(seed=np.int64(7)).seed) is int
+    with pytest.raises(UsageError, match=r"gpus=np\.True_ must be a positive integer"):
+        TargetOptions(gpus=np.bool_(True))
+
+
+def test_a_schedule_beside_a_strategy_is_refused_through_the_api_too() -> None:
+    with pytest.raises(UsageError, match="schedule='gpipe' needs pipeline=True"):
+        partitioner.partition(object(), gpus=2, strategy="pipeline", schedule="gpipe")
+
+
+def test_two_inputs_swapped_are_another_model(tmp_path: Path) -> None:
+    import keras
+
+    from partitioner.core.errors import PlanError
+
+    def two_inputs(swapped: bool) -> Any:
+        a, b = keras.Input((4,), name="a"), keras.Input((4,), name="b")
+        first, second = (b, a) if swapped else (a, b)
+        out = keras.layers.Add(name="add")([keras.layers.Dense(3, name="d1")(first),
+                                  keras.layers.Dense(3, name="d2")(second)])  # fmt: skip
+        return keras.Model([a, b], out, name="two")
+
+    plan = partitioner.partition(two_inputs(False), gpus=2, batch_size=8, solver="even",
+                                 compare_strategies=False)  # fmt: skip
+    with pytest.raises(PlanError, match="layer 'd1' is fed by \\['<input 1>'\\] here"):
+        plan.apply(two_inputs(True), devices=["/device:CPU:0", "/device:CPU:1"])
+
+
+def test_a_device_wildcard_is_refused() -> None:
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d")])
+    plan = partitioner.partition(
+        model, gpus=2, batch_size=8, solver="even", compare_strategies=False
+    )
+    with pytest.raises(UsageError, match="names no one device"):
+        plan.apply(model, devices=["/device:CPU:*", "/device:CPU:*"])

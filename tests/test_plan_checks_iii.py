@@ -148,13 +148,13 @@ def test_the_same_layers_wired_otherwise_are_refused_naming_the_layer(
     )  # fmt: skip
     assert made.fingerprint is not None
     assert made.fingerprint.inputs_of["d3"] == ("d2",)
-    assert made.fingerprint.inputs_of["d1"] == ()  # fed by the model's input only
+    assert made.fingerprint.inputs_of["d1"] == ("<input 0>",)  # fed by the model's input
     loaded = load_plan(made.save(tmp_path / "plan.json"))
     assert loaded.fingerprint == made.fingerprint
     with pytest.raises(PlanError) as info:
         loaded.apply(chain(["d4", "d3", "d2", "d1"]), devices=CPUS)
     message = str(info.value)
-    assert "layer 'd1' is fed by ['d2'] here, but in the plan's model by []" in message
+    assert "layer 'd1' is fed by ['d2'] here, but in the plan's model by ['<input 0>']" in message
     assert "wired otherwise" in message and NEXT_STEP in message and "\n" not in message
     assert not nothing_built
     loaded.apply(chain(["d1", "d2", "d3", "d4"]), devices=CPUS)  # the same wiring applies

@@ -283,6 +283,37 @@ def test_ctrl_c_while_the_console_script_loads_the_cli_is_one_line(tmp_path: Pat
     _one_line(err, "partition: interrupted; nothing was written")
 
 
+QUIETED = """\
+import os
+import signal
+
+import partitioner.cli  # the console script's first import installs the handler
+
+devnull = os.open(os.devnull, os.O_WRONLY)
+os.dup2(devnull, 2)  # as while TensorFlow starts (its native lines kept off the terminal)
+os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
+def test_ctrl_c_while_stderr_is_quieted_still_says_it_on_the_terminal(tmp_path: Path) -> None:
+    """``partition worker`` imports TensorFlow with fd 2 at /dev/null, and a Ctrl-C then exited
+    130 with no line at all (the third campaign, issue 34): the line goes to a copy of the
+    stderr the process started with."""
+    script = tmp_path / "partition"
+    script.write_text(QUIETED)
+    proc = subprocess.Popen(
+        [sys.executable, script],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_default_sigint,
+    )
+    code, err = _finish(proc, 60)
+    assert code == 130, err
+    _one_line(err, "partition: interrupted; nothing was written")
+
+
 # -- a stdout that fails -------------------------------------------------------------------------
 
 

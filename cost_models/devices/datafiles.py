@@ -42,7 +42,13 @@ from jsonschema.exceptions import ValidationError
 
 from partitioner.core.errors import PartitionError, UsageError
 from partitioner.core.files import UnreadableInput, read_regular_text
-from partitioner.core.jsonfiles import error_order, field_path, strict_validator
+from partitioner.core.jsonfiles import (
+    MAX_DEPTH,
+    check_data_bounds,
+    error_order,
+    field_path,
+    strict_validator,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib as _toml
@@ -139,13 +145,18 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def parse_json(
     text: str, origin: str, error: type[PartitionError], hint: str = "fix the file"
 ) -> Any:
-    """``text`` parsed as strict JSON (no duplicate keys, no ``NaN``/``Infinity``)."""
+    """``text`` parsed as strict JSON (no duplicate keys, no ``NaN``/``Infinity``), nesting at
+    most :data:`~partitioner.core.jsonfiles.MAX_DEPTH` deep (never a RecursionError)."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        detail = f"lists/objects nested more than {MAX_DEPTH} deep"
     except ValueError as exc:
         detail = str(exc)
+    else:
+        return check_data_bounds(data, origin, error)
     raise error(f"{origin} is not valid JSON ({detail}); {hint}")
 
 
@@ -157,9 +168,14 @@ def parse_toml(text: str, origin: str, error: type[PartitionError]) -> Any:
             "JSON instead"
         )
     try:
-        return _toml.loads(text)
+        data = _toml.loads(text)
     except _toml.TOMLDecodeError as exc:
         raise error(f"{origin} is not valid TOML ({exc}); fix the file") from None
+    except RecursionError:
+        raise error(
+            f"{origin} is not valid TOML (nested more than {MAX_DEPTH} deep); fix the file"
+        ) from None
+    return check_data_bounds(data, origin, error)
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,7 +40,7 @@ TF_CONFIG_VARIABLE = "TF_CONFIG"
 """The environment variable TensorFlow reads the cluster from."""
 
 _SCHEMA = "devices/tf_config.schema.json"
-_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 """``host:port``: a host name or IPv4 address (letters, digits, ``_.-``), or a bracketed IPv6
 address; the port is checked to be 1..65535."""
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "ip6-localhost"})
@@ -121,11 +122,18 @@ def parse_tf_config(
 
 def address_host(address: str) -> str:
     """The host of a ``host:port`` address (``""`` for ``":2222"``), as one name however it is
-    spelled: without case or a trailing dot, and every loopback name (``127.0.0.1``,
-    ``[::1]``) as ``localhost``; tasks with one host share a machine."""
+    spelled: without case or a trailing dot, an IPv4 address as its dotted quad (``127.1``,
+    ``0x7f000001``), and every loopback name (``127.x.y.z``, ``[::1]``) as ``localhost``;
+    tasks with one host share a machine."""
     text = address.strip()
     name = (text.rsplit(":", 1)[0] if ":" in text else text).lower().rstrip(".")
-    return "localhost" if name in _LOOPBACK_NAMES else name
+    try:  # every IPv4 spelling the resolver takes (127.1, 0x7f000001) as its dotted quad
+        name = socket.inet_ntoa(socket.inet_aton(name))
+    except OSError:
+        pass
+    if name in _LOOPBACK_NAMES or name.startswith("127."):
+        return "localhost"
+    return name
 
 
 def _job_addresses(

@@ -3,11 +3,12 @@
 The ``partition`` script's first import is :mod:`partitioner.cli` (its ``main``), and ``python -m
 partitioner`` runs ``partitioner/__main__.py``; both install :func:`interrupt_exits` from here
 before the CLI's imports, which take a while (rich, jsonschema; a run then imports TensorFlow).
-Only ``os`` and ``signal`` are imported, so the window before it is Python's own start-up.
+Only ``os``, ``signal`` (and ``functools``) are imported, so the window before it is Python's own start-up.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -32,15 +33,26 @@ def interrupt_exits(note: str) -> None:
     ending), where unwinding could only end in a traceback. A SIGINT ignored from the start
     stays ignored (:func:`set_sigint`)."""
     line = f"partition: {note}\n".encode()
+    err = _stderr_fd()
 
     def exit_now(signum: int, frame: object) -> None:
         try:
-            os.write(2, line)
+            os.write(err, line)
         except OSError:
             pass
         os._exit(130)
 
     set_sigint(exit_now)
+
+
+@functools.cache
+def _stderr_fd() -> int:
+    """A copy of file descriptor 2 as the process started with it: the line of a Ctrl-C
+    reaches the terminal while TensorFlow's start-up noise has fd 2 pointed at /dev/null."""
+    try:
+        return os.dup(2)
+    except OSError:
+        return 2
 
 
 def is_console_script() -> bool:

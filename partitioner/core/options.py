@@ -72,16 +72,28 @@ SINGLE_DEVICE_SOLVER = "single"
 """The solver that places every layer on one device: nothing for ``pipeline=True`` to overlap."""
 
 
+def _integer(value: Any) -> int | None:
+    """``value`` as a Python int when it is an integer (``int``, ``numpy.int64``: anything
+    with ``__index__``), not a bool; else None."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _positive_int(name: str, value: Any, limit: int | None = None) -> int:
-    """``value`` when it is an integer >= 1 (not a bool) and at most ``limit``; UsageError
-    naming ``name=value``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` as an int when it is an integer >= 1 (not a bool, :func:`_integer`) and at most
+    ``limit``; UsageError naming ``name=value``."""
+    number = _integer(value)
+    if number is None or number < 1:
         raise UsageError(f"{name}={value!r} must be a positive integer")
-    if limit is not None and value > limit:
+    if limit is not None and number > limit:
         raise UsageError(
-            f"{name}={value} is more than {limit}, the most partition takes; give at most {limit}"
+            f"{name}={number} is more than {limit}, the most partition takes; give at most {limit}"
         )
-    return value
+    return number
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -143,11 +155,12 @@ def parse_memory_limit(text: str) -> int:
         raise UsageError(f"memory_limit={exc}") from None
 
 
-def _check_memory_limit(value: Any) -> None:
-    """``memory_limit_bytes`` is an integer of bytes in 1..:data:`MAX_MEMORY_BYTES`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _check_memory_limit(given: Any) -> int:
+    """``memory_limit_bytes`` as an int: an integer of bytes in 1..:data:`MAX_MEMORY_BYTES`."""
+    value = _integer(given)
+    if value is None or value < 1:
         raise UsageError(
-            f"memory_limit_bytes={value!r} must be a positive integer of bytes "
+            f"memory_limit_bytes={given!r} must be a positive integer of bytes "
             "(17179869184 for 16 GiB)"
         )
     if value > MAX_MEMORY_BYTES:
@@ -155,6 +168,7 @@ def _check_memory_limit(value: Any) -> None:
             f"memory_limit_bytes={value} is more than {MAX_MEMORY_BYTES} (1 EiB), the most "
             f"partition takes; give at most {MAX_MEMORY_BYTES}"
         )
+    return value
 
 
 def _check_sample_values(shape: InputShape) -> None:
@@ -203,8 +217,10 @@ class TargetOptions:
         if self.precision is not None:
             object.__setattr__(self, "precision", _text("precision", self.precision))
         if self.gpus is not None:
-            _positive_int("gpus", self.gpus, MAX_DEVICES)
-        _positive_int("batch_size", self.batch_size, MAX_BATCH_SIZE)
+            object.__setattr__(self, "gpus", _positive_int("gpus", self.gpus, MAX_DEVICES))
+        object.__setattr__(
+            self, "batch_size", _positive_int("batch_size", self.batch_size, MAX_BATCH_SIZE)
+        )
         object.__setattr__(self, "device_type", _text("device_type", self.device_type))
         object.__setattr__(self, "topology", _text("topology", self.topology))
         object.__setattr__(self, "optimizer", _text("optimizer", self.optimizer))
@@ -213,7 +229,8 @@ class TargetOptions:
             _check_sample_values(shape)
             object.__setattr__(self, "input_shape", shape)
         if self.memory_limit_bytes is not None:
-            _check_memory_limit(self.memory_limit_bytes)
+            limit = _check_memory_limit(self.memory_limit_bytes)
+            object.__setattr__(self, "memory_limit_bytes", limit)
 
     @staticmethod
     def _checked_shape(shape: Any) -> InputShape:
@@ -286,15 +303,13 @@ class SearchOptions:
         _flag("pipeline", self.pipeline)
         object.__setattr__(self, "strategy", parse_strategy(self.strategy))
         self._check_strategy()
-        if (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, int)
-            or not 0 <= self.seed <= MAX_SEED
-        ):
+        seed = _integer(self.seed)
+        if seed is None or not 0 <= seed <= MAX_SEED:
             raise UsageError(
                 f"seed={self.seed!r} must be an integer in 0..{MAX_SEED} (the solvers' random "
                 "seed is a 32-bit integer)"
             )
+        object.__setattr__(self, "seed", seed)
         self._check_time_limit()
         if self.schedule is not None:
             object.__setattr__(self, "schedule", parse_schedule(self.schedule))
@@ -348,7 +363,11 @@ class SearchOptions:
         """Micro-batches and schedules only with ``pipeline``, a schedule that pipelines, at
         least 2 micro-batches, and a solver that splits."""
         if self.num_microbatches is not None:
-            _positive_int("num_microbatches", self.num_microbatches, MAX_MICROBATCHES)
+            object.__setattr__(
+                self,
+                "num_microbatches",
+                _positive_int("num_microbatches", self.num_microbatches, MAX_MICROBATCHES),
+            )
         if not self.pipeline:
             for name, value in (
                 ("num_microbatches", self.num_microbatches),

@@ -115,6 +115,11 @@ class InputSignature:
     dtype: str
 
 
+INPUT_PREFIX = "<input "
+"""How :attr:`ModelFingerprint.layer_inputs` names a model input feeding a layer: ``<input K>``,
+K its position in ``model.inputs`` (no layer name can be confused with it)."""
+
+
 @dataclass(frozen=True)
 class ModelFingerprint:
     """What a plan was made for, beyond its layer names: the model's inputs (``model.inputs``
@@ -125,9 +130,10 @@ class ModelFingerprint:
     inputs: tuple[InputSignature, ...]
     layer_weights: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
     layer_inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """``(layer, (layers feeding it, sorted))`` for each layer of a graph model (functional or
-    Sequential) in its Keras graph, the model's inputs left out; empty for a subclassed model
-    and in plans of earlier releases (then the wiring is not compared)."""
+    """``(layer, (layers and inputs feeding it, sorted))`` for each layer of a graph model
+    (functional or Sequential) in its Keras graph, a model input named ``<input K>``
+    (:data:`INPUT_PREFIX`); empty for a subclassed model and in plans of earlier releases (then
+    the wiring is not compared)."""
 
     @property
     def weights_of(self) -> Mapping[str, tuple[tuple[int, ...], ...]]:
@@ -807,7 +813,13 @@ def _fingerprint(
     wiring: Mapping[str, Sequence[str]] = data.get("layer_inputs") or {}
     for key, names in (
         ("layer_weights", list(data["layer_weights"])),
-        ("layer_inputs", [*wiring, *(n for fed_by in wiring.values() for n in fed_by)]),
+        (
+            "layer_inputs",
+            [
+                *wiring,
+                *(n for fed in wiring.values() for n in fed if not n.startswith(INPUT_PREFIX)),
+            ],
+        ),
     ):
         stray = [name for name in names if name not in known]
         if stray:
