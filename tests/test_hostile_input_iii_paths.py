@@ -210,6 +210,35 @@ def test_an_output_that_is_a_file_the_models_code_read_is_refused(
     assert snapshot(tmp_path) == before  # byte-identical, and no new file
 
 
+NATIVE_READS = {
+    "model.py": (
+        "import sqlite3\nimport keras\n\n"
+        "def build_model():\n"
+        "    units = sqlite3.connect(__file__[:-8] + 'hp.db').execute('select u from hp')"
+        ".fetchone()[0]\n"
+        "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(units, name='a'),"
+        " keras.layers.Dense(4, name='b')])\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("flag", ["--out", "--report", "--emit"])
+def test_an_output_that_holds_binary_data_is_not_replaced(flag: str, tmp_path: Path) -> None:
+    """A sqlite database the builder reads through native code (no Python ``open`` the audit
+    hook sees) was replaced by ``--report hp.db`` (the third campaign, issue 34). partitioner
+    writes only text: an existing output holding binary data is refused before the model runs."""
+    import sqlite3
+
+    write_tree(tmp_path, NATIVE_READS)
+    with sqlite3.connect(tmp_path / "hp.db") as db:
+        db.execute("create table hp (u integer)")
+        db.execute("insert into hp values (16)")
+    before = snapshot(tmp_path)
+    proc = run_cli(["model.py", "--gpus", "2", "--no-strategies", flag, "hp.db"], cwd=tmp_path)
+    one_line_error(proc, f"{flag} hp.db exists and holds binary data", "remove it first")
+    assert snapshot(tmp_path) == before  # byte-identical, and no new file
+
+
 def test_a_symlink_to_a_module_the_model_imports_is_refused(tmp_path: Path) -> None:
     write_tree(tmp_path, DEP)
     (tmp_path / "link.py").symlink_to(tmp_path / "dep" / "customlayers.py")
