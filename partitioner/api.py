@@ -241,25 +241,26 @@ def _options(
     return given
 
 
-def _flat_pipelining(pipeline: Any, schedule: Any, num_microbatches: Any) -> tuple[Any, Any]:
+def _flat_pipelining(
+    pipeline: Any, schedule: Any, num_microbatches: Any, strategy: Any
+) -> tuple[Any, Any]:
     """``partition``'s ``schedule`` and ``num_microbatches`` as :class:`SearchOptions` takes
     them: the schedule checked, and without pipelining unused (``None``), as is one
-    micro-batch, the whole batch (the integer 1 only: ``True`` or ``1.0`` are refused)."""
+    micro-batch, the whole batch (the integer 1 only: ``True`` or ``1.0`` are refused). Beside
+    a ``strategy`` a schedule is passed on, to be refused with the reason: the strategy
+    chooses its own, and dropping the one asked for would plan another silently."""
     checked = None if schedule is None else parse_schedule(schedule)
     if pipeline is not False:
         return checked, num_microbatches
     one = type(num_microbatches) is int and num_microbatches == 1
-    # a schedule given without pipelining is passed on, to be refused with the reason (with a
-    # strategy too: strategy='pipeline' chooses its own schedule)
-    return checked, None if one else num_microbatches
+    return (checked if strategy is not None else None), None if one else num_microbatches
 
 
 def _check_progress(progress: Any) -> None:
     """``progress`` is ``None`` or a callable; UsageError naming it otherwise."""
     if progress is not None and not callable(progress):
         raise UsageError(
-            f"progress={progress!r} must be a callable taking (message, completed, total), or "
-            "None"
+            f"progress={progress!r} must be a callable taking (message, completed, total), or None"
         )
 
 
@@ -295,7 +296,8 @@ def partition(
     The keywords are the flat spelling of three option groups (their docstrings say what each
     field does): :class:`~partitioner.core.options.TargetOptions` (what to plan for: ``gpus``
     to ``memory_limit_bytes``), :class:`~partitioner.core.options.SearchOptions` (``solver`` to
-    ``strategy``; a ``schedule`` needs ``pipeline=True``, which defaults it to 1F1B) and
+    ``strategy``; the schedule is unused without ``pipeline``, and refused beside a
+    ``strategy``) and
     :class:`~partitioner.core.options.MeasureOptions` (``profile``, ``profile_ops``,
     ``cache_dir``). ``target=``, ``search=`` or ``measure=`` pass a group whole instead;
     :func:`prepare` and :func:`partition_prepared` are the two halves of this call.
@@ -310,7 +312,7 @@ def partition(
         batch_size=batch_size, input_shape=input_shape,
         optimizer=optimizer, memory_limit_bytes=memory_limit_bytes, precision=precision,
     )  # fmt: skip
-    flat_schedule, microbatches = _flat_pipelining(pipeline, schedule, num_microbatches)
+    flat_schedule, microbatches = _flat_pipelining(pipeline, schedule, num_microbatches, strategy)
     search = _options(
         SearchOptions, search, "search", solver=solver, seed=seed, time_limit_s=time_limit_s,
         pipeline=pipeline, schedule=flat_schedule, num_microbatches=microbatches,
