@@ -303,3 +303,49 @@ def test_a_device_wildcard_is_refused() -> None:
     )
     with pytest.raises(UsageError, match="names no one device"):
         plan.apply(model, devices=["/device:CPU:*", "/device:CPU:*"])
+
+
+# -- the fourth campaign -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        ["[::ffff:127.0.0.1]:2222", "127.0.0.1:2222"],
+        ["[0:0:0:0:0:0:0:1]:2222", "[::1]:2222"],
+        ["[fe80::1]:1", "[FE80:0::1]:1"],
+    ],
+)
+def test_every_ipv6_spelling_of_one_server_is_one_address(pair: list[str]) -> None:
+    from cost_models.devices.tf_config import check_addresses, parse_tf_config
+    from partitioner.core.errors import PartitionError
+
+    with pytest.raises(PartitionError, match="one server spelled two ways"):
+        check_addresses(parse_tf_config({"cluster": {"worker": pair}}))
+
+
+def test_keras_reason_after_error_encountered_is_kept() -> None:
+    """Keras's "Could not automatically infer the output shape ... Error encountered:" puts the
+    reason on a line of its own; the one line ended at the colon."""
+    from partitioner.core.errors import error_line
+
+    wrapped = RuntimeError(
+        "Exception encountered when calling Rec.call().\n\n\x1b[1mCould not automatically infer "
+        "the output shape of 'rec'. Error encountered:\n\nmaximum recursion depth exceeded"
+        "\x1b[0m\n\nArguments received by Rec.call():\n  • args=..."
+    )
+    assert error_line(wrapped) == (
+        "Could not automatically infer the output shape of 'rec'. Error encountered: maximum "
+        "recursion depth exceeded"
+    )
+
+
+def test_a_model_file_past_16_mib_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    from partitioner.cli.loader import load_model
+    from partitioner.core.errors import ModelLoadError
+
+    big = tmp_path / "big.py"
+    with open(big, "wb") as f:
+        f.truncate(17 << 20)  # sparse: nothing is written, and nothing read
+    with pytest.raises(ModelLoadError, match=r"more than 16\.00 MiB, the largest model file"):
+        load_model(str(big))

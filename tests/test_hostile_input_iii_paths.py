@@ -187,15 +187,31 @@ DATA_FILE = {
 }
 
 
+THREAD_READ = {
+    "model.py": (
+        "from concurrent.futures import ThreadPoolExecutor\nimport keras\n\n"
+        "def _units():\n    with open(__file__[:-8] + 'units.txt') as f:\n"
+        "        return int(f.read())\n\n"
+        "def build_model():\n"
+        "    with ThreadPoolExecutor(1) as pool:\n        units = pool.submit(_units).result()\n"
+        "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(units, name='a'),"
+        " keras.layers.Dense(4, name='b')])\n"
+    ),
+    "units.txt": "16\n",
+}
+
+
 @pytest.mark.parametrize(
     ("files", "flag", "output"),
     [
         (SPEC_LOADED, "--emit", "widths.py"),
         (RUN_PATH, "--emit", "settings.py"),
         (DATA_FILE, "--out", "units.txt"),
+        (THREAD_READ, "--out", "units.txt"),
     ],
-    ids=["spec-from-file-location", "runpy-run-path", "data-file-read-in-builder"],
-)
+    ids=["spec-from-file-location", "runpy-run-path", "data-file-read-in-builder",
+         "read-in-a-thread"],
+)  # fmt: skip
 def test_an_output_that_is_a_file_the_models_code_read_is_refused(
     files: Mapping[str, str], flag: str, output: str, tmp_path: Path
 ) -> None:

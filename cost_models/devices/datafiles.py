@@ -258,7 +258,10 @@ def _bounds(schema: Mapping[str, Any], value: object) -> str:
         bound = schema.get(key)
         if bound is not None and isinstance(value, (int, float)):
             fails = {
-                ">": value <= bound, ">=": value < bound, "<": value >= bound, "<=": value > bound
+                ">": value <= bound,
+                ">=": value < bound,
+                "<": value >= bound,
+                "<=": value > bound,
             }[sign]
             if fails:
                 return f"must be {sign} {bound}, got {_number(value)}"
@@ -316,11 +319,11 @@ def schema_problem(
     """The shallowest problem of ``data`` against the schema ``resource`` of ``package`` (or
     its definition ``ref``, e.g. ``"#/$defs/cluster"``), or None when it is valid."""
     instance: Any = data
-    errors = list(_validator(package, resource, ref).iter_errors(instance))
-    if not errors:
-        return None
-    first = min(errors, key=error_order)
-    return _problem(first)
+    # One error held at a time (a list of every error grows with the file's bad entries).
+    first = min(
+        _validator(package, resource, ref).iter_errors(instance), key=error_order, default=None
+    )
+    return None if first is None else _problem(first)
 
 
 def check_schema(

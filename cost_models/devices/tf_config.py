@@ -16,6 +16,7 @@ use them. Errors are one line naming the origin and the field. Pure Python.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -127,13 +128,27 @@ def address_host(address: str) -> str:
     tasks with one host share a machine."""
     text = address.strip()
     name = (text.rsplit(":", 1)[0] if ":" in text else text).lower().rstrip(".")
-    try:  # every IPv4 spelling the resolver takes (127.1, 0x7f000001) as its dotted quad
-        name = socket.inet_ntoa(socket.inet_aton(name))
-    except OSError:
-        pass
+    name = _canonical_ip(name)
     if name in _LOOPBACK_NAMES or name.startswith("127."):
         return "localhost"
     return name
+
+
+def _canonical_ip(name: str) -> str:
+    """An IP address in one spelling: IPv4 as its dotted quad (``127.1``, ``0x7f000001``: what
+    the resolver takes), IPv6 compressed in brackets (``[0:0:0:0:0:0:0:1]`` is ``[::1]``), an
+    IPv4-mapped IPv6 address as its IPv4 (``[::ffff:127.0.0.1]``); a host name as it is."""
+    if name.startswith("[") and name.endswith("]"):
+        try:
+            ip = ipaddress.IPv6Address(name[1:-1])
+        except ValueError:
+            return name
+        mapped = ip.ipv4_mapped
+        return str(mapped) if mapped is not None else f"[{ip.compressed}]"
+    try:
+        return socket.inet_ntoa(socket.inet_aton(name))
+    except OSError:
+        return name
 
 
 def _job_addresses(

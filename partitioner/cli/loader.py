@@ -18,9 +18,9 @@ import os
 import site
 import sys
 import sysconfig
+import threading
 import traceback
 from collections.abc import Collection, Iterator
-from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -62,6 +62,11 @@ def check_model_path(spec: str) -> Path:
     return path
 
 
+MAX_MODEL_FILE_BYTES = 16 << 20
+"""The largest model file read (16 MiB: a model's source is kilobytes; Python compiles a file
+in memory many times its size, and a 600 MB one took 1.9 GB)."""
+
+
 def _check_path(path: Path) -> None:
     """A ``.py`` regular file (a FIFO or device is refused before anything opens it)."""
     if path.suffix != ".py":
@@ -74,6 +79,12 @@ def _check_path(path: Path) -> None:
         raise ModelLoadError(
             f"{path} is not a file (it is {file_kind(path.stat().st_mode)}); give a Python "
             "file that builds a Keras model"
+        )
+    size = path.stat().st_size
+    if size > MAX_MODEL_FILE_BYTES:
+        raise ModelLoadError(
+            f"{path} is {format_bytes(size)}, more than {format_bytes(MAX_MODEL_FILE_BYTES)}, "
+            "the largest model file partition reads; is it the right file?"
         )
 
 
@@ -94,20 +105,29 @@ def user_module_files(before: Collection[str]) -> list[Path]:
     return sorted(files)
 
 
-_FILES_READ: ContextVar[set[str] | None] = ContextVar("partitioner_files_read", default=None)
-"""Where :func:`recording_files_read` collects the files opened for reading (None: not now)."""
+class _FilesRead:
+    """Where :func:`recording_files_read` collects the files opened for reading, by any thread
+    of the process (a model may read its files in a thread pool); ``None``: not now."""
+
+    def __init__(self) -> None:
+        self.files: set[str] | None = None
+        self.lock = threading.Lock()
+
+
+_FILES_READ = _FilesRead()
 
 
 def _record_open(event: str, args: tuple[Any, ...]) -> None:
     """The audit hook: an ``open`` for reading while recording adds the file's absolute path."""
-    if event != "open":
+    if event != "open" or _FILES_READ.files is None:
         return
-    files = _FILES_READ.get()
-    if files is None or not args or not isinstance(args[0], (str, bytes)):
+    if not args or not isinstance(args[0], (str, bytes)):
         return
     mode = args[1] if len(args) > 1 else None
     if mode is None or "r" in mode or "+" in mode:
-        files.add(os.path.abspath(os.fsdecode(args[0])))
+        with _FILES_READ.lock:
+            if _FILES_READ.files is not None:
+                _FILES_READ.files.add(os.path.abspath(os.fsdecode(args[0])))
 
 
 @functools.cache
@@ -119,16 +139,18 @@ def _install_audit_hook() -> None:
 
 @contextlib.contextmanager
 def recording_files_read(into: set[str]) -> Iterator[None]:
-    """Every file this thread opens for reading while inside, added to ``into``: the model's
-    code may load a module without importing it (``spec_from_file_location`` and
+    """Every file the process opens for reading while inside (any thread), added to ``into``:
+    the model's code may load a module without importing it (``spec_from_file_location`` and
     ``exec_module``, ``runpy.run_path``) or read data files, and an output must not replace
     any of them (:func:`user_files_read`)."""
     _install_audit_hook()
-    token = _FILES_READ.set(into)
+    with _FILES_READ.lock:
+        previous, _FILES_READ.files = _FILES_READ.files, into
     try:
         yield
     finally:
-        _FILES_READ.reset(token)
+        with _FILES_READ.lock:
+            _FILES_READ.files = previous
 
 
 def user_files_read(read: Collection[str]) -> list[Path]:

@@ -107,8 +107,13 @@ def error_line(exc: BaseException, empty: str | None = None) -> str:
     context = _KERAS_CALL_CONTEXT.match(text)
     if context is not None:
         text = text[context.end() :].split("\x1b[0m", 1)[0].strip()
-    lines = text.splitlines()
-    return lines[0].strip() if lines else (type(exc).__name__ if empty is None else empty)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__ if empty is None else empty
+    first = lines[0]
+    if first.endswith(":") and len(lines) > 1:  # "... Error encountered:" then the reason
+        first = f"{first} {lines[1]}"
+    return first
 
 
 def keras_call(exc: BaseException) -> str | None:
