@@ -268,19 +268,25 @@ def test_ctrl_c_while_the_console_script_loads_the_cli_is_one_line(tmp_path: Pat
     inside ``partitioner/cli/main.py``, after ``partitioner``'s own imports, and a Ctrl-C 0.05 s
     after start printed a KeyboardInterrupt traceback (the campaign's rerun, issue 34). Here
     the signal arrives deterministically, as the CLI module is looked up."""
-    script = tmp_path / "partition"  # the console script's name, as pip writes it
-    script.write_text(CONSOLE_SCRIPT)
+    code, err = _run_as_console_script(tmp_path, CONSOLE_SCRIPT, "--help")
+    assert code == 130, err
+    _one_line(err, "partition: interrupted; nothing was written")
+
+
+def _run_as_console_script(tmp_path: Path, text: str, *args: str) -> tuple[int, str]:
+    """``text`` run as a script named ``partition`` (the console script's name, as pip writes
+    it, which the CLI's early Ctrl-C handler looks for): its status and stderr."""
+    script = tmp_path / "partition"
+    script.write_text(text)
     proc = subprocess.Popen(
-        [sys.executable, script, "--help"],
+        [sys.executable, script, *args],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=_default_sigint,
     )
-    code, err = _finish(proc, 60)
-    assert code == 130, err
-    _one_line(err, "partition: interrupted; nothing was written")
+    return _finish(proc, 60)
 
 
 QUIETED = """\
@@ -299,17 +305,7 @@ def test_ctrl_c_while_stderr_is_quieted_still_says_it_on_the_terminal(tmp_path: 
     """``partition worker`` imports TensorFlow with fd 2 at /dev/null, and a Ctrl-C then exited
     130 with no line at all (the third campaign, issue 34): the line goes to a copy of the
     stderr the process started with."""
-    script = tmp_path / "partition"
-    script.write_text(QUIETED)
-    proc = subprocess.Popen(
-        [sys.executable, script],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=_default_sigint,
-    )
-    code, err = _finish(proc, 60)
+    code, err = _run_as_console_script(tmp_path, QUIETED)
     assert code == 130, err
     _one_line(err, "partition: interrupted; nothing was written")
 
