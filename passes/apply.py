@@ -133,20 +133,31 @@ def _first_difference(made_for: ModelFingerprint, here: ModelFingerprint) -> str
                 f"input {found.name!r} is {_signature(found)} here, but the plan was made for "
                 f"{_signature(expected)}"
             )
-    have = here.weights_of
-    for name, shapes in made_for.layer_weights:
-        if name in have and have[name] != shapes:
-            return (
-                f"layer {name!r} has weights of shapes {list(have[name])} here, but the plan was "
-                f"made for {list(shapes)}"
-            )
-    wired = here.inputs_of
-    for name, fed_by in made_for.layer_inputs:
-        if name in wired and wired[name] != fed_by:
-            return (
-                f"layer {name!r} is fed by {list(wired[name])} here, but in the plan's model by "
-                f"{list(fed_by)} (the layers are wired otherwise)"
-            )
+    changed = _first_changed(made_for.layer_weights, here.weights_of)
+    if changed is not None:
+        name, found, planned = changed
+        return (
+            f"layer {name!r} has weights of shapes {list(found)} here, but the plan was made for "
+            f"{list(planned)}"
+        )
+    changed = _first_changed(made_for.layer_inputs, here.inputs_of)
+    if changed is not None:
+        name, found, planned = changed
+        return (
+            f"layer {name!r} is fed by {list(found)} here, but in the plan's model by "
+            f"{list(planned)} (the layers are wired otherwise)"
+        )
+    return None
+
+
+def _first_changed(
+    planned: Sequence[tuple[str, Any]], here: Mapping[str, Any]
+) -> tuple[str, Any, Any] | None:
+    """The first layer of ``planned`` (``(layer, value)`` pairs) whose value ``here`` differs:
+    ``(layer, value here, planned value)``; layers missing on either side are not compared."""
+    for name, value in planned:
+        if name in here and here[name] != value:
+            return name, here[name], value
     return None
 
 
