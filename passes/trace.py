@@ -9,6 +9,9 @@ every Keras layer and functional-API op goes through) and records, for every op 
 creates, which *placement unit* was innermost on the call stack at the time. Backward ops are built
 with ``tf.gradients``, which colocates every gradient op with its forward op (its ``_class``
 attribute reads ``loc:@<forward op>``), so a backward op's owner is its forward op's owner.
+Layers still unbuilt (a subclassed model built with ``model.build(shape)``) are built first, by
+one symbolic call outside the step (:func:`build_sublayers`): built inside it, their variables
+would be made there and TensorFlow would trace the step twice.
 
 Placement units are the leaves of the model's container structure: the layers (and functional-API
 ops) of Sequential and Functional models, recursing into nested models, and the tracked sublayers
@@ -54,6 +57,7 @@ __all__ = [
     "ShapeArg",
     "TraceResult",
     "Unit",
+    "build_sublayers",
     "error_line",
     "input_names",
     "input_specs",
@@ -61,6 +65,7 @@ __all__ = [
     "model_input",
     "placement_units",
     "trace_model",
+    "unbuilt_layers",
 ]
 
 
@@ -125,7 +130,6 @@ def _children(model: keras.Model) -> list[Any]:
     return list(model.layers)
 
 
-
 def _sequential_children(model: keras.Sequential) -> list[Any]:
     """A built Sequential runs the functional graph Keras made of it, which also holds the ops
     its layers' masks were computed with (``Masking`` adds ``not_equal`` and ``any``): those
@@ -137,6 +141,63 @@ def _sequential_children(model: keras.Sequential) -> list[Any]:
     if len(graph) > len(layers) and {id(x) for x in layers} <= {id(op) for op in graph}:
         return graph
     return layers
+
+
+def unbuilt_layers(model: keras.Model) -> list[str]:
+    """The names of the layers inside ``model``, at any depth, that are not built yet.
+
+    ``model.build(shape)`` on a subclassed model whose ``build`` does not build the layers its
+    ``__init__`` made marks the model built and leaves those layers unbuilt (Keras warns); Keras
+    then builds each on the model's first call, which inside a traced step creates variables
+    there (TensorFlow traces the step again) and charges their initializers to the layer.
+    """
+    return [layer.name for layer in model._flatten_layers(include_self=False) if not layer.built]
+
+
+def _own_specs(model: keras.Model) -> list[tf.TensorSpec] | None:
+    """Specs of the model's own inputs, the batch left unknown (None when it has none)."""
+    inputs = _declared_inputs(model)
+    if inputs:
+        return [tf.TensorSpec(tuple(t.shape), str(t.dtype)) for t in inputs]
+    try:
+        shapes = _built_shapes(model)
+    except TraceError:  # a dict of inputs: the trace refuses it in its own words
+        return None
+    return None if shapes is None else [tf.TensorSpec((None, *s[1:]), "float32") for s in shapes]
+
+
+def build_sublayers(
+    model: keras.Model, specs: Sequence[tf.TensorSpec] | None = None
+) -> keras.Model:
+    """``model`` with its unbuilt layers (:func:`unbuilt_layers`) built by one symbolic call
+    (``model(x, training=True)`` in Keras's scratch graph, as Keras builds a layer it cannot
+    build otherwise), outside any trace, on inputs of ``specs`` (default: the model's own input
+    shapes, batch unknown). Nothing is computed; variables made for a model without weights
+    (:mod:`passes.weightless`) stay without values. Where the symbolic call fails, the layers
+    are left as they are: the trace calls the model again and reports what fails.
+    """
+    unbuilt = unbuilt_layers(model)
+    specs = _own_specs(model) if specs is None and unbuilt else specs
+    if not unbuilt or not specs:
+        return model
+    from keras.src import backend
+
+    symbolic = [keras.KerasTensor(tuple(s.shape), dtype=s.dtype.name) for s in specs]
+    deferred = weightless.is_weightless(model)
+    scope = weightless.without_weights() if deferred else contextlib.nullcontext()
+    try:
+        with scope:
+            backend.compute_output_spec(
+                lambda x: model(x, training=True), model_input(model, symbolic)
+            )
+    except TraceError:
+        raise
+    except Exception as exc:  # the user's call() failed symbolically: the trace says why
+        logger.debug("building %s of %s symbolically failed: %s", unbuilt, model.name, exc)
+        return model
+    logger.debug("built %d unbuilt layers of %s before its trace", len(unbuilt), model.name)
+    return model
+
 
 def placement_units(model: keras.Model) -> tuple[Unit, ...]:
     """The placement units of ``model`` in a deterministic order (see the module docstring).
@@ -197,10 +258,18 @@ class _CallRecorder:
 
         Both are wrapped: ``Layer.__call__`` creates ops (casts, masks) before it reaches
         ``Operation.__call__``, and functional-API ops that are not layers only pass the latter.
+
+        A new ``graph`` starts the record afresh: TensorFlow traces a step again when its first
+        trace created variables (a layer built inside the step), and the op positions of the
+        discarded first graph would otherwise be read against the second.
         """
         from keras.src.layers.layer import Layer
         from keras.src.ops.operation import Operation
 
+        if graph is not self._graph:
+            self._stack = [None]
+            self.segments = [(0, None)]
+            self.failed_in = None
         with KERAS_CALL_LOCK:
             with self._wrapped(graph, (Layer, Operation)):
                 yield
@@ -785,6 +854,7 @@ def _trace_step(
 
     def step(*inputs: tf.Tensor) -> Any:
         graph = tf.compat.v1.get_default_graph()
+        sparse.clear()  # a retrace (see _CallRecorder.recording) starts over
         with recorder.recording(graph):
             outputs = model(model_input(model, inputs), training=True)
         loss = _synthetic_loss(outputs)
@@ -801,7 +871,7 @@ def _trace_step(
         raise
     except Exception as exc:
         raise _trace_failure(model, specs, exc, recorder) from exc
-    return concrete, boundary[0] if boundary else None, sparse
+    return concrete, boundary[-1] if boundary else None, sparse
 
 
 def _weightless_step(
@@ -812,11 +882,10 @@ def _weightless_step(
 ) -> tuple[Any, int | None, tuple[dict[str, tuple[str, str]], dict[int, SparseGradient]]]:
     """:func:`_trace_step` for a model without weights (:mod:`passes.weightless`): every variable
     is a ``tf.TensorSpec`` argument, mapped onto its variable by a ``StatelessScope`` while the
-    forward runs, and the gradients are taken with respect to those arguments. Also returns
-    each variable argument's op name -> the unit holding the variable (so its bytes belong to
-    that layer, as a read op's would). With ``repeat``, the model runs with its repeated blocks
-    past the second skipped (:func:`passes.blocks.reduced_call`), and only the variables of the
-    layers that run are arguments; the owners come with the sparse gradients."""
+    forward runs; the gradients are taken with respect to those arguments. Also returns each
+    variable argument's op name -> the unit holding it (its bytes are that layer's, as a read op's
+    would be), with the sparse gradients. With ``repeat``, the blocks past the second are skipped
+    (:func:`passes.blocks.reduced_call`): only the variables of the layers that run are arguments."""
     skipped = blocks.skipped_variables(model, repeat) if repeat is not None else set()
     trainable = [v for v in model.trainable_variables if id(v) not in skipped]
     frozen = [v for v in model.non_trainable_variables if id(v) not in skipped]
@@ -829,6 +898,8 @@ def _weightless_step(
 
     def step(inputs: list[tf.Tensor], values: list[tf.Tensor]) -> Any:
         graph = tf.compat.v1.get_default_graph()
+        assigns.clear()  # a retrace (see _CallRecorder.recording) starts over
+        sparse.clear()
         mapping = list(zip(variables, values))
         with keras.StatelessScope(mapping, initialize_variables=False) as scope:
             with recorder.recording(graph):
@@ -862,7 +933,7 @@ def _weightless_step(
         for name, v in assigns.items()
         if id(v) in owner_of_var
     )
-    return concrete, boundary[0] if boundary else None, (owners, sparse)
+    return concrete, boundary[-1] if boundary else None, (owners, sparse)
 
 
 def _trace_failure(
@@ -884,8 +955,7 @@ def _trace_failure(
     said = error_line(exc)
     return quoting(
         TraceError(
-            f"{where} raised {type(exc).__name__} while traced: {said}; "
-            f"{_traced_at(model, specs)}"
+            f"{where} raised {type(exc).__name__} while traced: {said}; {_traced_at(model, specs)}"
         ),
         said,
     )
@@ -1068,6 +1138,7 @@ def trace_model(
 def _trace_model(model: keras.Model, batch_size: int, input_shape: ShapeArg | None) -> TraceResult:
     t0 = time.perf_counter()
     specs = input_specs(model, batch_size, input_shape)
+    build_sublayers(model, specs)  # not inside the step: see unbuilt_layers
     units = placement_units(model)
     if not units:
         raise TraceError(f"model {model.name!r} has no layers to place")

@@ -296,14 +296,15 @@ def load_model(spec: str, *, weightless: bool = False) -> Any:
     """
     if not weightless:
         return _load(spec)
+    from passes.trace import build_sublayers
     from passes.weightless import (
         WeightlessBuildError,
         available_memory_bytes,
         build_without_weights,
     )
 
-    try:
-        return build_without_weights(lambda: _load(spec), what=spec)
+    try:  # layers a subclassed model's build() left unbuilt are built here, without weights too
+        return build_without_weights(lambda: build_sublayers(_load(spec)), what=spec)
     except WeightlessBuildError as exc:
         failure = exc
     free = available_memory_bytes()
