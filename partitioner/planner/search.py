@@ -82,6 +82,7 @@ __all__ = [
     "StrategyCandidate",
     "StrategyOptions",
     "StrategySearch",
+    "accepted_replicas",
     "device_layouts",
     "microbatch_choices",
     "search_batches",
@@ -601,8 +602,11 @@ def search_strategies(
     for strategy, placement in options.also_score:
         if strategy.family in options.families and strategy not in _scored(scorer):
             scorer.score(strategy, placement, prune=False)
-    if not scorer.candidates and not scorer.rejected:
-        raise UsageError(_microbatch_message(batch_size, num_devices, options))
+    if not scorer.candidates and not scorer.rejected:  # accepted_replicas said there would be
+        raise PlanError(
+            f"no strategy of strategy={_forced(options)!r} was scored at batch_size={batch_size} "
+            f"on {num_devices} devices (accepted_replicas disagrees with the search: a bug)"
+        )
     if not scorer.candidates:
         why = "; ".join(f"{what}: {reason}" for what, reason in scorer.rejected[:4])
         raise PlanError(f"no strategy of the families asked for could be scored ({why})")
@@ -786,13 +790,17 @@ def _forced(options: StrategyOptions) -> str:
 def _checked_shapes(
     num_devices: int, batch_size: int, options: StrategyOptions, num_layers: int
 ) -> list[tuple[int, int]]:
-    """The shapes to score; a one-line error when the families asked for leave none."""
+    """The shapes to score; a one-line error when the families asked for leave none, or when
+    none of them yields a candidate at this batch (:func:`accepted_replicas`)."""
     shapes = list(_shapes(num_devices, batch_size, options.families, num_layers))
-    if shapes:
+    if shapes and accepted_replicas(num_devices, batch_size, options, num_layers):
         return shapes
+    if shapes:
+        raise UsageError(_microbatch_message(batch_size, num_devices, options, num_layers))
     counts = sorted({r for r, _ in _all_shapes(num_devices, options.families, num_layers)})
     if counts:
-        raise UsageError(_divisibility_message(batch_size, counts, num_devices, options))
+        message = _divisibility_message(batch_size, counts, num_devices, options, num_layers)
+        raise UsageError(message)
     if not options.families:
         raise UsageError("StrategyOptions(families=()) asks for no strategy: name one or more")
     fewest = next(
@@ -810,42 +818,132 @@ def _checked_shapes(
     )
 
 
+def accepted_replicas(
+    num_devices: int, batch_size: int, options: StrategyOptions, num_layers: int
+) -> tuple[int, ...]:
+    """The replica counts ``R`` with which :func:`search_strategies` scores a candidate of
+    ``options.families`` at ``batch_size`` on ``num_devices`` devices (``num_layers``, the
+    model's placement units, bound the stages): ``R`` divides the batch and, with stages, the
+    families get a micro-batch count of the per-replica batch (:func:`microbatch_choices`:
+    ``M > 1`` for a pipeline or hybrid, none for a plain split). Empty: the search refuses the
+    batch, and its advice names the nearest batch sizes for which this is not empty."""
+    shapes = _stages_by_replicas(num_devices, options, num_layers)
+    found = {r for r, stages in shapes.items() if _accepts(batch_size, r, stages, options)}
+    found |= {s.replicas for s, _ in options.also_score if s.family in options.families}
+    return tuple(sorted(found))
+
+
+def _stages_by_replicas(
+    num_devices: int, options: StrategyOptions, num_layers: int
+) -> dict[int, list[int]]:
+    """Each replica count of the families asked for, with its stage counts (any batch)."""
+    out: dict[int, list[int]] = {}
+    for replicas, stages in _all_shapes(num_devices, options.families, num_layers):
+        out.setdefault(replicas, []).append(stages)
+    return out
+
+
+def _accepts(batch_size: int, replicas: int, stages: list[int], options: StrategyOptions) -> bool:
+    """Whether ``replicas`` replicas of one of ``stages`` stages yield a candidate of the families
+    asked for at ``batch_size`` (the families :func:`_item_bounds` and :func:`_score_placements`
+    score: one stage is data parallel or single; with stages, ``M = 1`` is a plain split of one
+    replica, ``M > 1`` a pipeline, or a hybrid of several replicas)."""
+    if batch_size % replicas:
+        return False
+    wanted = set(options.families)
+    for s in stages:
+        if s == 1:
+            found = set(_families_of(replicas, 1))
+        else:
+            per_replica = batch_size // replicas
+            micro = microbatch_choices(per_replica, s, options.max_microbatches_per_stage)
+            found = {Family.PLACED} if replicas == 1 else set()
+            if any(m > 1 for m in micro):
+                found.add(Family.PIPELINE if replicas == 1 else Family.HYBRID)
+        if found & wanted:
+            return True
+    return False
+
+
+ADVICE_REACH = 64
+"""How many multiples of a replica count on each side of a refused batch the advice tries."""
+
+
 def _nearest_batches(
-    batch_size: int, counts: list[int], most: int = 3
+    batch_size: int, num_devices: int, options: StrategyOptions, num_layers: int, most: int = 3
 ) -> list[tuple[int, list[int]]]:
-    """The batch sizes nearest ``batch_size`` that some of ``counts`` divide, with those counts."""
-    near = {m for r in counts for m in (batch_size // r * r, batch_size // r * r + r) if m >= r}
-    near.discard(batch_size)
+    """The batch sizes nearest ``batch_size`` that the search accepts (:func:`_accepts`, the rule
+    :func:`accepted_replicas` applies), with the replica counts that accept each: for each
+    replica count, its nearest accepted multiple below the batch and above it."""
+    shapes = _stages_by_replicas(num_devices, options, num_layers)
+    near: set[int] = set()
+    for r, stages in shapes.items():
+        base = batch_size // r * r
+        below = range(base, max(0, base - ADVICE_REACH * r), -r)
+        above = range(base + r, base + (ADVICE_REACH + 1) * r, r)
+        for side in (below, above):
+            ok = (m for m in side if m != batch_size and _accepts(m, r, stages, options))
+            found = next(ok, None)
+            if found is not None:
+                near.add(found)
     chosen = sorted(near, key=lambda m: (abs(m - batch_size), m))[:most]
-    return [(m, [r for r in counts if m % r == 0]) for m in chosen]
+    return [(m, [r for r, st in shapes.items() if _accepts(m, r, st, options)]) for m in chosen]
+
+
+def _advice(near: list[str]) -> str:
+    return f"use batch_size={_words(near)}, or strategy='auto'" if near else "use strategy='auto'"
 
 
 def _divisibility_message(
-    batch_size: int, counts: list[int], num_devices: int, options: StrategyOptions
+    batch_size: int,
+    counts: list[int],
+    num_devices: int,
+    options: StrategyOptions,
+    num_layers: int,
 ) -> str:
     """No replica count of the families asked for divides the batch."""
-    near = [f"{m} ({_words(rs)} replicas)" for m, rs in _nearest_batches(batch_size, counts)]
+    nearest = _nearest_batches(batch_size, num_devices, options, num_layers)
+    near = [f"{m} ({_words(rs)} replicas)" for m, rs in nearest]
     return (
         f"batch_size={batch_size} cannot be split evenly over {_words(counts)} data-parallel "
         f"replicas (tf.distribute gives each an equal share), the replica counts "
-        f"strategy={_forced(options)!r} can use on {num_devices} devices: use "
-        f"batch_size={_words(near)}, or strategy='auto'"
+        f"strategy={_forced(options)!r} can use on {num_devices} devices: {_advice(near)}"
     )
 
 
-def _microbatch_message(batch_size: int, num_devices: int, options: StrategyOptions) -> str:
-    """A pipeline was asked for and no micro-batch count from 2 up divides the batch."""
-    most = options.max_microbatches_per_stage * num_devices
-    near = [
-        b
-        for b in (batch_size - 1, batch_size + 1)
-        if any(b % m == 0 for m in range(2, min(b, most) + 1))
-    ]
+def _microbatch_message(
+    batch_size: int, num_devices: int, options: StrategyOptions, num_layers: int
+) -> str:
+    """Replica counts divide the batch, but no shape of the families asked for gets a
+    micro-batch count of its per-replica batch (only a pipeline or hybrid is refused so)."""
+    per_stage = options.max_microbatches_per_stage
+    shapes = _stages_by_replicas(num_devices, options, num_layers)
+    dividing = {r: max(st) for r, st in shapes.items() if batch_size % r == 0}
+    nearest = _nearest_batches(batch_size, num_devices, options, num_layers)
+    forced = _forced(options)
+    if set(dividing) == {1}:
+        most = per_stage * dividing[1]
+        return (
+            f"batch_size={batch_size} has no divisor from 2 to {most} to split into equal "
+            f"micro-batches (at most {per_stage} per stage, up to {dividing[1]} stages), so "
+            f"strategy={forced!r} cannot pipeline it: {_advice([str(m) for m, _ in nearest])}"
+        )
+    parts = []
+    for r, stages in sorted(dividing.items()):
+        share = batch_size // r
+        samples = f"{share} sample{'s' if share > 1 else ''}"
+        whose = f"{r} replicas get {samples} each" if r > 1 else f"one replica gets {samples}"
+        parts.append(
+            f"{whose}, too few to split into micro-batches"
+            if share == 1
+            else f"{whose}, which has no divisor from 2 to {per_stage * stages}"
+        )
+    near = [f"{m} ({_words(rs)} replicas)" for m, rs in nearest]
     return (
-        f"batch_size={batch_size} has no divisor from 2 to {most} to split into equal "
-        f"micro-batches (at most {options.max_microbatches_per_stage} per stage, up to "
-        f"{num_devices} stages), so strategy={_forced(options)!r} cannot pipeline it: use "
-        f"batch_size={_words(near)}, or strategy='auto'"
+        f"batch_size={batch_size} cannot be split into equal micro-batches for "
+        f"strategy={forced!r} on {num_devices} devices: {'; '.join(parts)} (tf.distribute gives "
+        f"each replica an equal share; at most {per_stage} micro-batches per stage): "
+        f"{_advice(near)}"
     )
 
 

@@ -1346,6 +1346,60 @@ def on_device(method: Any, device: str) -> Any:
 
     return run_on_device'''
 
+_DEVICE_CHECK = '''
+
+def check_devices(table: str, devices: Any) -> None:
+    """Raise RuntimeError when a device of ``devices`` (the dict or list named ``table``) is not
+    one TensorFlow sees in this process: tf.device would run its work on another device without
+    a word (every variable on CPU:0 on a machine without the plan's GPUs). A device of a
+    cluster's task (a job other than localhost) is left to the cluster."""
+    entries = devices.items() if isinstance(devices, dict) else enumerate(devices)
+    wanted = [(key, name, tf.DeviceSpec.from_string(name)) for key, name in entries]
+    local = [w for w in wanted if w[2].job in (None, "localhost") and w[2].device_type]
+    if not local:
+        return
+    here = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
+    for key, name, spec in local:
+        if any(is_device(spec, have) for have in here):
+            continue
+        seen = [f"/device:{h.device_type}:{h.device_index}" for h in here]
+        gpus = sum(h.device_type == "GPU" for h in here)
+        again = (
+            f", or plan again for its {gpus} GPU(s) (partition MODEL.py --gpus {gpus} --emit ...)"
+            if gpus
+            else " (this machine has no GPU)"
+        )
+        raise RuntimeError(
+            f"{table}[{key!r}] is {name!r}, a device TensorFlow does not see on this machine "
+            f"(it sees {seen}), so its work would silently run on another device: run this "
+            f"module on a machine that has the plan's devices, edit {table} to devices it "
+            f"sees{again}"
+        )
+
+
+def is_device(wanted: Any, have: Any) -> bool:
+    """Whether ``have`` (a device of this process) is the one ``wanted`` names: each part that
+    ``wanted`` names (job, replica, task, index) is ``have``'s, and the type in any case."""
+    this_process = {"job": "localhost", "replica": 0, "task": 0}
+    for part in ("job", "replica", "task", "device_index"):
+        value, here = getattr(wanted, part), getattr(have, part)
+        if here is None:
+            here = this_process.get(part)
+        if value is not None and value != here:
+            return False
+    return str(wanted.device_type).upper() == str(have.device_type).upper()'''
+
+
+def _checking_devices(build: str, table: str) -> str:
+    """``build`` (emitted code defining ``build_model``) with ``build_model`` checking the
+    devices of ``table`` first (the emitted ``check_devices``, defined after it)."""
+    start = build.index("def build_model")
+    opening = build.index('"""', start)
+    body = build.index('"""', opening + 3) + len('"""\n')
+    check = f"{INDENT}check_devices({table!r}, {table})\n"
+    return build[:body] + check + build[body:] + _DEVICE_CHECK
+
+
 _LOAD_WEIGHTS = '''
 
 def load_original_weights(model: keras.Model, original: Any) -> None:
@@ -1458,9 +1512,9 @@ def emit_placed_module(
         text += "\n" + _SOURCE_LOADER
     text += "\n" + _SAMPLE_FUNCTION + "\n" + _ON_DEVICE
     if graph_model:
-        text += "\n\n\n" + "\n".join(body) + "\n" + _GRAPH_BUILD
+        text += "\n\n\n" + "\n".join(body) + "\n" + _checking_devices(_GRAPH_BUILD, "DEVICES")
     else:
-        text += "\n" + _SUBCLASSED_BUILD
+        text += "\n" + _checking_devices(_SUBCLASSED_BUILD, "DEVICES")
     text += "\n" + _LOAD_WEIGHTS + "\n"
     _compile_check(text, "<emitted module>")
     return text
@@ -1999,7 +2053,8 @@ def emit_replicated_module(
     devices = (replica_devices, cluster)
     text = _replicated_text(model, plan, emitter, graph_model, imports, strategy, devices)
     text += "\n\n\n" + "\n".join(body) + "\n" if graph_model else "\n"
-    text += _REPLICA_GRAPH_BUILD if graph_model else _REPLICA_SUBCLASSED_BUILD
+    build = _REPLICA_GRAPH_BUILD if graph_model else _REPLICA_SUBCLASSED_BUILD
+    text += build if cluster else _checking_devices(build, "REPLICA_DEVICES")
     text += "\n" + (_MULTI_WORKER_STRATEGY if cluster else _MIRRORED_STRATEGY)
     text += "\n" + _LOAD_WEIGHTS + "\n" + (_TRAIN_LOOP if cluster else _TRAIN) + "\n"
     _compile_check(text, "<emitted module>")
