@@ -437,4 +437,4 @@ def expand_repeat(graph: Graph, repeat: Repeat) -> Graph | None:
     ordered = _in_trace_order(graph.ops, graph.edges, plan)
     if not _is_topological(ordered, edges):
         return None
-    return Graph(graph.name, tuple(ordered), tuple(edges), graph.layers, graph.batch_size)
+    return replace(graph, ops=tuple(ordered), edges=tuple(edges))

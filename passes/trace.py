@@ -542,16 +542,34 @@ def integer_input_bounds(model: keras.Model) -> tuple[int | None, ...]:
     return tuple(bounds)
 
 
+_TARGETS_SCOPE = "partitioner_targets"
+"""The name scope of :func:`_synthetic_loss`'s ops, by which :func:`_target_bytes` finds them."""
+
+
 def _synthetic_loss(outputs: Any) -> tf.Tensor:
-    """A scalar that depends on every float output, so the backward pass covers the model."""
-    terms = [
-        tf.reduce_mean(tf.square(tf.cast(t, tf.float32)))
-        for t in tf.nest.flatten(outputs)
-        if tf.is_tensor(t) and t.dtype.is_floating
-    ]
+    """A scalar that depends on every float output, so the backward pass covers the model. Its
+    ``Square`` ops (one per output, in :data:`_TARGETS_SCOPE`) stand where a loss would compare
+    each output with its target."""
+    with tf.name_scope(_TARGETS_SCOPE):
+        terms = [
+            tf.reduce_mean(tf.square(tf.cast(t, tf.float32)))
+            for t in tf.nest.flatten(outputs)
+            if tf.is_tensor(t) and t.dtype.is_floating
+        ]
     if not terms:
         raise TraceError("the model has no floating-point output to train on")
     return tf.add_n(terms) if len(terms) > 1 else terms[0]
+
+
+def _target_bytes(tf_ops: Sequence[Any]) -> int:
+    """Bytes of the targets a step feeds (:attr:`Graph.target_bytes`): float32 of each output's
+    size, read off :func:`_synthetic_loss`'s ``Square`` ops (an output of unknown size adds 0)."""
+    total = 0
+    for op in tf_ops:
+        if op.type == "Square" and op.name.split("/")[0].startswith(_TARGETS_SCOPE):
+            count = op.outputs[0].shape.num_elements()
+            total += 4 * count if count is not None else 0
+    return total
 
 
 def _tensor_bytes(t: Any) -> tuple[tuple[int, ...], str, int]:
@@ -1081,6 +1099,7 @@ def _graph_of(
         edges=tuple(edges),
         layers=tuple(_layer_info(u, sparse_of.get(u.name, ())) for u in units),
         batch_size=batch_size,
+        target_bytes=_target_bytes(tf_ops[:end]),
     )
     return graph, flops_time_s
 

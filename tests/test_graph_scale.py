@@ -82,15 +82,17 @@ def test_pipeline_simulation_is_unchanged(
 
 
 def test_strategy_simulation_is_unchanged(costed: CostedGraph) -> None:
+    # digests of 29624b8's results with Graph.target_bytes=0 and other_shares_feed_s=0.0 added
+    # to their reprs (the figures are unchanged: without those fields the digests are 29624b8's)
     micro = microbatch_costed(costed, make_costed(6, costed.topology, batch=4), 4)
-    assert digest(micro) == "cd5d4d0b7ca184b0"
+    assert digest(micro) == "16c15d1cfaddf160"
     groups = ((0, 1, 2, 3), (8, 9, 10, 11), (4, 5, 6, 7), (12, 13, 14, 15))
     hybrid = Strategy(groups, split(costed, 4), 4, Schedule.ONE_F_ONE_B)
-    assert digest(simulate_strategy(micro, hybrid)) == "5d93b2f129351947"
+    assert digest(simulate_strategy(micro, hybrid)) == "cd0800c920494bcd"
     data_parallel = Strategy(tuple((d,) for d in range(16)), (0,) * len(costed.layer_memory))
-    assert digest(simulate_strategy(costed, data_parallel)) == "2684777cfebf76ee"
+    assert digest(simulate_strategy(costed, data_parallel)) == "ba81bba37cc589cc"
     mixed = Strategy(((0, 8), (1, 2), (3, 9)), split(costed, 2))
-    assert digest(simulate_strategy(costed, mixed)) == "a80aaf5cdeacda0f"
+    assert digest(simulate_strategy(costed, mixed)) == "fc67f2af24eb6726"
 
 
 @pytest.mark.parametrize(

@@ -143,9 +143,16 @@ def all_reduce_points(
     )
 
 
-def matmul_flops_per_s(device: str, *, size: int = 512, repeats: int = 8, rounds: int = 5) -> float:
+def matmul_flops_per_s(
+    device: str, *, size: int = 512, repeats: int = 24, rounds: int = 9
+) -> float:
     """FLOP/s of ``repeats`` chained ``size x size`` float32 matrix products on ``device``
-    (the median call, less a call that makes the inputs alone)."""
+    (the median call, less a call that makes the inputs alone).
+
+    The planner scales op times profiled here by the ratio of two such figures (this process's
+    and a device's), so each must be steady: at the former 8 products (about 11 ms a call on
+    one core) and 5 rounds, figures of one core taken minutes apart ranged 162-200 GFLOP/s,
+    moving predictions by up to 20%; 24 products (about 35 ms) over 9 rounds cost about 0.4 s."""
 
     def chain(products: int) -> Callable[[], Any]:
         def body() -> Any:

@@ -123,6 +123,7 @@ def graph_at_batch(a: Graph, b: Graph, batch: int) -> Graph | None:
             for e, f in zip(a.edges, b.edges)
         )
         layers = a.layers if a.layers == b.layers else _layers_at(a, b, line)
+        targets = line(a.target_bytes, b.target_bytes)
     except _NotAffine:
         return None
-    return Graph(name=a.name, ops=ops, edges=edges, layers=layers, batch_size=batch)
+    return Graph(a.name, ops, edges, layers, batch_size=batch, target_bytes=targets)

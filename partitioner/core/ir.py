@@ -291,6 +291,11 @@ class Graph:
     edges: tuple[Edge, ...]
     layers: tuple[LayerInfo, ...]
     batch_size: int = 1
+    target_bytes: int = 0
+    """Bytes of the training targets one step feeds besides the model's inputs: a target the
+    size of each floating-point output (a loss compares each output with a target of its
+    shape), at ``batch_size``. The trace's loss stands in for the user's, so no op reads them;
+    a client feeding a remote step sends them with the inputs."""
 
     def __post_init__(self) -> None:
         position: dict[str, int] = {}
@@ -323,6 +328,8 @@ class Graph:
                 )
         if self.batch_size < 1:
             raise InvalidGraphError(f"graph {self.name!r}: batch_size={self.batch_size} < 1")
+        if self.target_bytes < 0:
+            raise InvalidGraphError(f"graph {self.name!r}: target_bytes={self.target_bytes} < 0")
 
     @cached_property
     def op_index(self) -> Mapping[str, int]:

@@ -17,8 +17,9 @@ step's ops scale linearly with the micro-batch, the simulator's assumption).
 
 Both add the **client's cost of a step** when the topology was measured on a cluster
 (``partition calibrate``): ``topology.client_step_s`` (Keras's call and the remote dispatch, a
-no-op step timed from the client) plus the batch's inputs fed over ``topology.client_link``
-(:func:`client_s`). On devices of this process both are 0.
+no-op step timed from the client) plus the batch's inputs and targets fed over
+``topology.client_link`` (:func:`client_s`, :func:`fed_bytes`). On devices of this process
+both are 0.
 
 ``solve`` runs a solver on ``costed.problem()``, timing it into ``SolverResult.solve_time_s``,
 and evaluates its answer.
@@ -41,6 +42,7 @@ __all__ = [
     "client_s",
     "evaluate",
     "evaluate_pipeline",
+    "fed_bytes",
     "lower_bound_s",
 ]
 
@@ -97,10 +99,16 @@ def input_bytes(costed: CostedGraph) -> int:
     )
 
 
+def fed_bytes(costed: CostedGraph) -> int:
+    """Bytes the client feeds one step: the batch's inputs and its targets
+    (:attr:`~partitioner.core.ir.Graph.target_bytes`)."""
+    return input_bytes(costed) + costed.graph.target_bytes
+
+
 def client_s(costed: CostedGraph) -> float:
     """The client's cost of one step on a measured cluster (module docstring); 0 otherwise."""
     topology = costed.topology
-    feed = topology.client_link.transfer_time_s(input_bytes(costed)) if topology.client_link else 0.0
+    feed = topology.client_link.transfer_time_s(fed_bytes(costed)) if topology.client_link else 0.0
     return topology.client_step_s + feed
 
 

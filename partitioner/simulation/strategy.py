@@ -18,7 +18,10 @@ hybrid rewrite's explicit sum) -- :func:`all_reduce_algorithm`. Keras's
 batched all-reduce inside ``optimizer.apply``), so the all-reduce is **not** overlapped with
 the backward here::
 
-    step_s = max over replicas (replica step) + all_reduce_s
+    step_s = max over replicas (replica step) + all_reduce_s + other_shares_feed_s
+
+(on a measured cluster the client feeds the whole batch: each replica's step pays its own share,
+``other_shares_feed_s`` the rest, through the client's one link).
 
 An embedding's gradient is ``tf.IndexedSlices`` (the rows a replica looked up): the replicas
 all-gather it rather than all-reduce the table
@@ -44,7 +47,12 @@ from partitioner.core.errors import PlanError
 from partitioner.core.ir import CostedGraph, LayerMemory, Link, Topology
 from partitioner.core.strategy import Strategy
 from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
-from partitioner.simulation.evaluate import PlanEvaluation, evaluate, evaluate_pipeline
+from partitioner.simulation.evaluate import (
+    PlanEvaluation,
+    evaluate,
+    evaluate_pipeline,
+    fed_bytes,
+)
 
 __all__ = [
     "StrategySimulation",
@@ -52,6 +60,7 @@ __all__ = [
     "gradient_bytes_per_stage",
     "keeps_sparse_gradients",
     "microbatch_costed",
+    "other_shares_feed_s",
     "simulate_strategy",
     "sparse_gradient_bytes_per_stage",
     "static_overflow",
@@ -78,11 +87,15 @@ class StrategySimulation:
     sparse_gradient_bytes: tuple[int, ...] = ()
     """Of ``gradient_bytes``, the ``IndexedSlices`` each stage's replica all-gathers (empty:
     none)."""
+    other_shares_feed_s: float = 0.0
+    """On a measured cluster, the client's feed of every replica's share but the first (whose
+    feed a replica's step has): :func:`other_shares_feed_s`."""
 
     @property
     def step_time_s(self) -> float:
-        """The predicted training step: the slowest replica, then the all-reduce."""
-        return max(self.replica_step_s) + self.all_reduce_s
+        """The predicted training step: the slowest replica, then the all-reduce, and the
+        client's feed of the other replicas' shares."""
+        return max(self.replica_step_s) + self.all_reduce_s + self.other_shares_feed_s
 
     @property
     def over_memory(self) -> tuple[tuple[int, int, int], ...]:
@@ -186,6 +199,18 @@ def sparse_gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> 
     for memory, stage in zip(_stage_memory(costed, strategy), strategy.stage_of_layer):
         per_stage[stage] += memory.sparse_gradient_bytes
     return tuple(per_stage)
+
+
+def other_shares_feed_s(costed: CostedGraph, strategy: Strategy) -> float:
+    """The client feeds the whole batch, every replica's share of inputs and targets, through
+    its one link (``topology.client_link``, serially); a replica's simulated step pays for its
+    own share (:func:`~partitioner.simulation.evaluate.client_s`), this is the rest. 0 without a
+    measured client link or with one replica."""
+    link = costed.topology.client_link
+    if link is None or strategy.replicas == 1:
+        return 0.0
+    share = fed_bytes(costed)
+    return link.transfer_time_s(share * strategy.replicas) - link.transfer_time_s(share)
 
 
 def all_reduce_algorithm(topology: Topology, strategy: Strategy) -> AllReduceAlgorithm:
@@ -345,4 +370,5 @@ def simulate_strategy(
         memory_limit_bytes=tuple(d.memory_bytes for d in topology.devices),
         replica=first,
         sparse_gradient_bytes=sparse if any(sparse) else (),
+        other_shares_feed_s=other_shares_feed_s(costed, strategy),
     )

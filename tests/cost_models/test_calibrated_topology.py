@@ -128,6 +128,38 @@ def test_every_step_on_a_measured_cluster_pays_the_clients_cost() -> None:
         )
 
 
+def test_the_client_feeds_targets_and_every_replicas_share() -> None:
+    """A step's feed is its inputs and its targets (``Graph.target_bytes``); data-parallel
+    replicas each pay their own share, and the step the rest of the batch's feed, serially
+    through the client's one link."""
+    from cost_model_graphs import mlp
+
+    from cost_models.estimate.costs import cost_graph
+    from partitioner.core.strategy import Strategy
+    from partitioner.simulation.evaluate import client_s, fed_bytes, input_bytes
+    from partitioner.simulation.strategy import other_shares_feed_s, simulate_strategy
+
+    graph = mlp()
+    targeted = replace(graph, target_bytes=3 << 20)
+    topo = parse_topology(_calibrated(), origin="t")
+    measured, with_targets = cost_graph(graph, topology=topo), cost_graph(targeted, topology=topo)
+    assert fed_bytes(with_targets) == input_bytes(with_targets) + (3 << 20)
+    assert client_s(with_targets) - client_s(measured) == pytest.approx((3 << 20) / 2e9)
+    layers = len(with_targets.layer_memory)
+    one = Strategy(((0,),), (0,) * layers)
+    two = Strategy(((0,), (1,)), (0,) * layers)
+    assert other_shares_feed_s(with_targets, one) == 0.0
+    share = fed_bytes(with_targets)
+    assert other_shares_feed_s(with_targets, two) == pytest.approx(share / 2e9)
+    sim = simulate_strategy(with_targets, two)
+    assert sim.other_shares_feed_s == pytest.approx(share / 2e9)
+    assert sim.step_time_s == pytest.approx(
+        max(sim.replica_step_s) + sim.all_reduce_s + share / 2e9
+    )
+    local = replace(with_targets, topology=replace(topo, client_step_s=0.0, client_link=None))
+    assert other_shares_feed_s(local, two) == 0.0
+
+
 def test_profiled_op_times_move_to_each_devices_measured_speed() -> None:
     from cost_model_graphs import mlp
 
