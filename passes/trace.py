@@ -823,7 +823,7 @@ def _sparse_by_unit(
 def _layer_info(unit: Unit, sparse: tuple[SparseGradient, ...] = ()) -> LayerInfo:
     weights = list(getattr(unit.operation, "weights", []) or [])
     trainable_ids = {id(w) for w in getattr(unit.operation, "trainable_weights", []) or []}
-    num = trainable = nbytes = tbytes = 0
+    num = trainable = nbytes = tbytes = tensors = 0
     for w in weights:
         count = math.prod(int(d) for d in w.shape)
         size = count * tf.as_dtype(w.dtype).size
@@ -832,6 +832,7 @@ def _layer_info(unit: Unit, sparse: tuple[SparseGradient, ...] = ()) -> LayerInf
         if id(w) in trainable_ids:
             trainable += count
             tbytes += size
+            tensors += 1
     return LayerInfo(
         name=unit.name,
         class_name=type(unit.operation).__name__,
@@ -840,6 +841,7 @@ def _layer_info(unit: Unit, sparse: tuple[SparseGradient, ...] = ()) -> LayerInf
         param_bytes=nbytes,
         trainable_param_bytes=tbytes,
         sparse_gradients=sparse,
+        trainable_tensors=tensors,
     )
 
 

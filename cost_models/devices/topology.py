@@ -39,6 +39,9 @@ Topology file format (TOML shown; JSON has the same structure, see ``examples/to
     members = 2                   # the number of devices it was measured among (>= 2)
     source = "MWMS on 2 loopback workers"   # how it was measured
     algorithm = "ring"            # optional: ring | reduce_to_one; omitted: whichever ran
+    tensors = 8                   # optional: tensors per measured all-reduce
+    many_tensors = { tensors = 64, latency_s = 4e-3, bandwidth_bytes_per_s = 4e8 }
+                                  # optional: the same with more tensors (needs tensors)
 
 Instead of ``hosts``, a single-host file may list ``devices`` at the top level. A link is a
 catalog kind (string) or a table with ``latency_s`` (>= 0), ``bandwidth_bytes_per_s`` (> 0) and an
@@ -96,7 +99,7 @@ from cost_models.devices.tf_config import (
 )
 from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError, UsageError
 from partitioner.core.files import read_input_text
-from partitioner.core.ir import AllReduceFit, Device, Link, Topology
+from partitioner.core.ir import AllReduceFit, Device, Link, TensorCountFit, Topology
 from partitioner.core.options import MAX_DEVICES
 from partitioner.core.units import parse_bytes
 
@@ -475,12 +478,28 @@ def _all_reduce_fit(where: _Where, value: Mapping[str, Any], num_devices: int) -
         raise where.fail(
             "all_reduce.members", f"is {members}, more than the topology's {num_devices} devices"
         )
+    many = value.get("many_tensors")
+    tensors = int(value.get("tensors", 0))
+    if many is not None and not 1 <= tensors < int(many["tensors"]):
+        raise where.fail(
+            "all_reduce.tensors",
+            f"is {tensors or 'missing'}; beside many_tensors.tensors = {many['tensors']} it must "
+            "be the fit's own tensor count, from 1 to fewer than that",
+        )
     return AllReduceFit(
         latency_s=float(value["latency_s"]),
         bandwidth_bytes_per_s=float(value["bandwidth_bytes_per_s"]),
         members=members,
         source=str(value["source"]).strip(),
         algorithm=value.get("algorithm"),
+        tensors=tensors,
+        many=None
+        if many is None
+        else TensorCountFit(
+            tensors=int(many["tensors"]),
+            latency_s=float(many["latency_s"]),
+            bandwidth_bytes_per_s=float(many["bandwidth_bytes_per_s"]),
+        ),
     )
 
 
@@ -495,6 +514,14 @@ def all_reduce_fit_to_dict(fit: AllReduceFit) -> dict[str, Any]:
     }
     if fit.algorithm is not None:
         out["algorithm"] = fit.algorithm
+    if fit.tensors:
+        out["tensors"] = fit.tensors
+    if fit.many is not None:
+        out["many_tensors"] = {
+            "tensors": fit.many.tensors,
+            "latency_s": fit.many.latency_s,
+            "bandwidth_bytes_per_s": fit.many.bandwidth_bytes_per_s,
+        }
     return out
 
 
@@ -614,6 +641,32 @@ def _check_calibration(where: _Where, top: Mapping[str, Any], num_devices: int) 
     fit = fit_latency_bandwidth(points, f"{where.origin}: calibration.all_reduce")
     if not _same_figures(top["all_reduce"], fit):
         raise _edited(where, "all_reduce", fit)
+    _check_many_tensors(where, top["all_reduce"], cal["all_reduce"])
+
+
+def _check_many_tensors(where: _Where, table: Mapping[str, Any], cal: Mapping[str, Any]) -> None:
+    """The ``all_reduce`` table's tensor counts and ``many_tensors`` fit are those of the
+    calibration's ``many_tensors`` points (both present, or neither)."""
+    measured, written = cal.get("many_tensors"), table.get("many_tensors")
+    if (measured is None) != (written is None):
+        missing = "all_reduce.many_tensors" if written is None else "calibration.all_reduce"
+        raise where.fail(
+            missing,
+            "is missing beside the other's many_tensors; run partition calibrate again",
+        )
+    if measured is None or written is None:
+        return
+    counts = (cal.get("tensors"), measured["tensors"])
+    if counts != (table.get("tensors"), written["tensors"]):
+        raise where.fail(
+            "all_reduce.tensors",
+            f"differs from the calibration's tensor counts {list(counts)}; run partition "
+            "calibrate again",
+        )
+    points = [(int(b), float(s)) for b, s in measured["points"]]
+    fit = fit_latency_bandwidth(points, f"{where.origin}: calibration.all_reduce.many_tensors")
+    if not _same_figures(written, fit):
+        raise _edited(where, "all_reduce.many_tensors", fit)
 
 
 MAX_TOPOLOGY_BYTES = 1 << 20

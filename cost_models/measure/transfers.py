@@ -15,7 +15,7 @@ seconds they take falls on both alike), and a point is the median over the round
   (:mod:`passes.rewrite.replicate`, reduce to one device then broadcast): each member makes
   :data:`NUM_TENSORS` tensors of the size (a model's gradients are a list), the first member sums
   each with ``tf.add_n`` and divides by the member count, and every member reads every sum, less
-  the same tensors made and read on their own member.
+  the same tensors made and read on their own member (also with :data:`MANY_TENSORS`).
 * :func:`matmul_flops_per_s`: ``n x n`` float32 matrix products on one device, FLOP/s.
 * :func:`dispatch_s`: one no-op step over the devices: the client's fixed cost of a step.
 
@@ -33,6 +33,7 @@ from typing import Any
 import tensorflow as tf
 
 __all__ = [
+    "MANY_TENSORS",
     "NUM_TENSORS",
     "all_reduce_points",
     "dispatch_s",
@@ -43,6 +44,11 @@ __all__ = [
 
 NUM_TENSORS = 8
 """Tensors per all-reduce (a model's gradients are a list; the rewrite reduces each)."""
+
+MANY_TENSORS = 64
+"""Tensors per all-reduce of the second measurement: each tensor is its own transfer and sum,
+so a model's list of tens of gradients costs more than the same bytes in :data:`NUM_TENSORS`
+(:mod:`cost_models.estimate.collectives`)."""
 
 
 def time_interleaved(
@@ -100,7 +106,9 @@ def transfer_points(
     )
 
 
-def _reduce(num_floats: int, members: Sequence[str], *, exchange: bool) -> Callable[[], Any]:
+def _reduce(
+    num_floats: int, members: Sequence[str], *, exchange: bool, tensors: int
+) -> Callable[[], Any]:
     """One call: every member makes its tensors; with ``exchange`` the first member sums them
     over the members (``add_n``, divided by their count) and every member reads the sums,
     without it every member reads its own."""
@@ -110,7 +118,7 @@ def _reduce(num_floats: int, members: Sequence[str], *, exchange: bool) -> Calla
         made = []
         for device in members:
             with tf.device(device):
-                made.append([tf.random.uniform([num_floats]) for _ in range(NUM_TENSORS)])
+                made.append([tf.random.uniform([num_floats]) for _ in range(tensors)])
         if exchange:
             with tf.device(members[0]):
                 sums = [tf.add_n(list(parts)) / count for parts in zip(*made)]
@@ -118,9 +126,9 @@ def _reduce(num_floats: int, members: Sequence[str], *, exchange: bool) -> Calla
         else:
             read = made
         totals = []
-        for device, tensors in zip(members, read):
+        for device, held in zip(members, read):
             with tf.device(device):
-                totals.append(tf.add_n([tf.reduce_sum(t) for t in tensors]))
+                totals.append(tf.add_n([tf.reduce_sum(t) for t in held]))
         return tf.add_n(totals)
 
     step = tf.function(body, jit_compile=False)
@@ -128,15 +136,20 @@ def _reduce(num_floats: int, members: Sequence[str], *, exchange: bool) -> Calla
 
 
 def all_reduce_points(
-    members: Sequence[str], sizes_bytes: Sequence[int], *, rounds: int, warmup: int = 2
+    members: Sequence[str],
+    sizes_bytes: Sequence[int],
+    *,
+    rounds: int,
+    warmup: int = 2,
+    tensors: int = NUM_TENSORS,
 ) -> tuple[tuple[int, float], ...]:
-    """``(total bytes, seconds)`` of the rewrite's all-reduce of :data:`NUM_TENSORS` float32
-    tensors of that total size among ``members`` (the first is the root)."""
+    """``(total bytes, seconds)`` of the rewrite's all-reduce of ``tensors`` float32 tensors of
+    that total size among ``members`` (the first is the root)."""
     steps: dict[str, Callable[[], Any]] = {}
     for size in sizes_bytes:
-        n = max(1, size // (4 * NUM_TENSORS))
-        steps[f"{size} reduced"] = _reduce(n, members, exchange=True)
-        steps[f"{size} local"] = _reduce(n, members, exchange=False)
+        n = max(1, size // (4 * tensors))
+        steps[f"{size} reduced"] = _reduce(n, members, exchange=True, tensors=tensors)
+        steps[f"{size} local"] = _reduce(n, members, exchange=False, tensors=tensors)
     samples = time_interleaved(steps, rounds, warmup)
     return tuple(
         (size, _difference_s(samples, f"{size} reduced", f"{size} local")) for size in sizes_bytes

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from partitioner.cli.quiet import import_quietly
 from partitioner.core.errors import PartitionError, UsageError, escape_control
@@ -166,11 +166,18 @@ def _summary(data: dict[str, object], out: str, seconds: float) -> str:
             f"{format_seconds(link['latency_s'])}, "
             f"{format_bytes(link['bandwidth_bytes_per_s'])}/s"
         )
-    fit = data["all_reduce"]
+    fit: dict[str, Any] = data["all_reduce"]  # type: ignore[assignment]
     lines.append(
-        f"all-reduce among {fit['members']}: latency {format_seconds(fit['latency_s'])}, "  # type: ignore[index]
-        f"{format_bytes(fit['bandwidth_bytes_per_s'])}/s"  # type: ignore[index]
+        f"all-reduce among {fit['members']}: latency {format_seconds(fit['latency_s'])}, "
+        f"{format_bytes(fit['bandwidth_bytes_per_s'])}/s"
+        + (f" ({fit['tensors']} tensors)" if "tensors" in fit else "")
     )
+    many = fit.get("many_tensors")
+    if many is not None:
+        lines.append(
+            f"all-reduce of {many['tensors']} tensors: latency "
+            f"{format_seconds(many['latency_s'])}, {format_bytes(many['bandwidth_bytes_per_s'])}/s"
+        )
     client = data["calibration"].get("client")  # type: ignore[attr-defined]
     if client is not None:
         lines.append(

@@ -40,6 +40,7 @@ __all__ = [
     "SolveStatus",
     "SolverResult",
     "SparseGradient",
+    "TensorCountFit",
     "TimelineEvent",
     "Topology",
     "peak_bytes",
@@ -209,6 +210,13 @@ class LayerInfo:
     sparse_gradients: tuple[SparseGradient, ...] = ()
     """The trainable variables of this layer whose gradients are ``tf.IndexedSlices`` (the rest
     of ``trainable_param_bytes`` has dense gradients)."""
+    trainable_tensors: int = 0
+    """How many trainable variables (gradient tensors) the layer has, sparse ones included."""
+
+    @property
+    def dense_gradient_tensors(self) -> int:
+        """How many of this layer's gradients replicas all-reduce (the dense ones)."""
+        return max(0, self.trainable_tensors - len(self.sparse_gradients))
 
     @property
     def dense_gradient_bytes(self) -> int:
@@ -522,6 +530,24 @@ class Device:
 
 
 @dataclass(frozen=True)
+class TensorCountFit:
+    """The same measured all-reduce of ``tensors`` tensors at a time: ``latency_s + bytes /
+    bandwidth`` (:attr:`AllReduceFit.many`)."""
+
+    tensors: int
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.tensors >= 1 and self.latency_s >= 0 and self.bandwidth_bytes_per_s > 0):
+            raise InvalidGraphError(
+                f"all-reduce fit of {self.tensors} tensors: tensors must be >= 1, "
+                f"latency_s={self.latency_s} >= 0 and bandwidth_bytes_per_s="
+                f"{self.bandwidth_bytes_per_s} > 0"
+            )
+
+
+@dataclass(frozen=True)
 class AllReduceFit:
     """A measured all-reduce among ``members`` devices: ``latency_s + bytes / bandwidth``.
 
@@ -529,6 +555,11 @@ class AllReduceFit:
     runs them (e.g. ``MultiWorkerMirroredStrategy``'s batched collective); ``algorithm`` is the
     algorithm it measured (``"ring"``, ``"reduce_to_one"``) or ``None`` for whichever the runtime
     chose. :mod:`cost_models.estimate.collectives` uses it instead of the link-derived estimate.
+
+    ``tensors`` is how many tensors each measured all-reduce held (0: not recorded), and
+    ``many`` the same all-reduce measured with more tensors: each tensor is its own transfer and
+    sum, so a model's gradient list of ``n`` tensors is priced between the two
+    (:func:`cost_models.estimate.collectives.measured_all_reduce_s`).
     """
 
     latency_s: float
@@ -536,6 +567,8 @@ class AllReduceFit:
     members: int
     source: str
     algorithm: str | None = None
+    tensors: int = 0
+    many: TensorCountFit | None = None
 
     def __post_init__(self) -> None:
         if not (self.latency_s >= 0 and self.bandwidth_bytes_per_s > 0 and self.members >= 2):
@@ -548,6 +581,11 @@ class AllReduceFit:
             raise InvalidGraphError(
                 f"all-reduce fit: algorithm={self.algorithm!r} must be 'ring', 'reduce_to_one' "
                 "or None"
+            )
+        if self.many is not None and not 1 <= self.tensors < self.many.tensors:
+            raise InvalidGraphError(
+                f"all-reduce fit: a fit of {self.many.tensors} tensors needs the base fit's "
+                f"tensors ({self.tensors}) from 1 to fewer than that"
             )
 
 

@@ -57,6 +57,7 @@ from partitioner.simulation.evaluate import (
 __all__ = [
     "StrategySimulation",
     "all_reduce_algorithm",
+    "dense_gradient_tensors",
     "gradient_bytes_per_stage",
     "keeps_sparse_gradients",
     "microbatch_costed",
@@ -302,7 +303,18 @@ def _all_reduce(
         (tuple(group[s] for group in strategy.device_groups), grads[s] - sparse[s], sparse[s])
         for s in range(strategy.stages)
     ]
-    return grads, sparse, algorithm, gradient_exchange_s(topology, groups, algorithm)
+    tensors = dense_gradient_tensors(costed, strategy)
+    exchange_s = gradient_exchange_s(topology, groups, algorithm, dense_tensors=tensors)
+    return grads, sparse, algorithm, exchange_s
+
+
+def dense_gradient_tensors(costed: CostedGraph, strategy: Strategy) -> int:
+    """How many gradient tensors ``strategy``'s replicas all-reduce, every stage's in all: each
+    trainable variable's, less the ``IndexedSlices`` ones where the rewrite keeps them sparse
+    (:func:`keeps_sparse_gradients`; they are all-gathered)."""
+    if keeps_sparse_gradients(strategy):
+        return sum(info.dense_gradient_tensors for info in costed.graph.layers)
+    return sum(info.trainable_tensors for info in costed.graph.layers)
 
 
 def strategy_lower_bound_s(costed: CostedGraph, strategy: Strategy, bounds: LowerBounds) -> float:

@@ -10,7 +10,9 @@ process connects as the client (:func:`passes.cluster.runtime.connect`) and time
   (:func:`cost_models.devices.fits.fit_latency_bandwidth`);
 * the replicas' all-reduce among all measured devices as partitioner's replica rewrite runs it
   (reduce to the first device, then broadcast: :mod:`passes.rewrite.replica`), fitted the same
-  way and written as the topology's ``[all_reduce]`` (``algorithm = "reduce_to_one"``);
+  way and written as the topology's ``[all_reduce]`` (``algorithm = "reduce_to_one"``), of 8
+  tensors at a time and again of 64 (``many_tensors``: a model's gradients are tens of tensors,
+  each its own transfer and sum);
 * each device's float32 matrix-product speed, this process's too (the machine that profiles
   the model with ``--profile-ops``), and the client's fixed cost of one step over the devices.
 
@@ -152,6 +154,7 @@ class Calibration:
     device_type: str
     links: tuple[tuple[int, int, LatencyBandwidthFit], ...]
     all_reduce: LatencyBandwidthFit
+    """Of :data:`~cost_models.measure.transfers.NUM_TENSORS` tensors at a time."""
     matmul_flops_per_s: tuple[float, ...]
     client_matmul_flops_per_s: float
     dispatch_s: float
@@ -163,6 +166,8 @@ class Calibration:
     """A no-op Keras training step on the first device, from this process (cluster only)."""
     client_link_points: tuple[tuple[int, float], ...] = ()
     """Copies of a tensor from this process to the first device (cluster only)."""
+    all_reduce_many: LatencyBandwidthFit | None = None
+    """The same all-reduce of :data:`~cost_models.measure.transfers.MANY_TENSORS` tensors."""
 
     def topology_data(self) -> dict[str, Any]:
         """The topology file (JSON-able), its ``calibration`` provenance included."""
@@ -223,14 +228,24 @@ def _measure(
             ),
         )
         links.append((a, b, fit_latency_bandwidth(points, f"link {a}-{b}")))
-    say(f"all-reduce among {len(devices)} devices: {len(sizes)} sizes x {rounds} rounds")
-    reduced = watch(
-        "the all-reduce",
-        lambda: transfers.all_reduce_points(devices, sizes, rounds=rounds, warmup=warmup),
-    )
+    fits = []
+    for tensors in (transfers.NUM_TENSORS, transfers.MANY_TENSORS):
+        say(
+            f"all-reduce of {tensors} tensors among {len(devices)} devices: {len(sizes)} sizes x "
+            f"{rounds} rounds"
+        )
+        reduced = watch(
+            f"the all-reduce of {tensors} tensors",
+            functools.partial(
+                transfers.all_reduce_points, devices, sizes,
+                rounds=rounds, warmup=warmup, tensors=tensors,
+            ),
+        )  # fmt: skip
+        fits.append(fit_latency_bandwidth(reduced, f"all-reduce of {tensors} tensors"))
     return {
         "links": tuple(links),
-        "all_reduce": fit_latency_bandwidth(reduced, "all-reduce"),
+        "all_reduce": fits[0],
+        "all_reduce_many": fits[1],
         "matmul_flops_per_s": flops,
         "client_matmul_flops_per_s": client,
         "dispatch_s": watch("a no-op step", lambda: transfers.dispatch_s(devices)),
@@ -399,6 +414,47 @@ def _points(points: Sequence[tuple[int, float]]) -> list[list[float]]:
     return [[int(b), float(s)] for b, s in points]
 
 
+def _all_reduce_points(cal: Calibration) -> dict[str, Any]:
+    """The ``calibration.all_reduce`` table: the raw points, of how many tensors each."""
+    from cost_models.measure import transfers
+
+    table: dict[str, Any] = {"points": _points(cal.all_reduce.points)}
+    if cal.all_reduce_many is not None:
+        table["tensors"] = transfers.NUM_TENSORS
+        table["many_tensors"] = {
+            "tensors": transfers.MANY_TENSORS,
+            "points": _points(cal.all_reduce_many.points),
+        }
+    return table
+
+
+def _all_reduce_table(cal: Calibration) -> dict[str, Any]:
+    """The topology's ``all_reduce`` table: the fit of :data:`NUM_TENSORS` tensors, with that
+    count and the fit of :data:`MANY_TENSORS` tensors when measured."""
+    from cost_models.measure import transfers
+
+    table: dict[str, Any] = {
+        "latency_s": cal.all_reduce.latency_s,
+        "bandwidth_bytes_per_s": cal.all_reduce.bandwidth_bytes_per_s,
+        "members": len(cal.devices),
+        "algorithm": "reduce_to_one",
+        "source": (
+            f"{CALIBRATION_TOOL} {cal.when}: partitioner's all-reduce (reduce to one, "
+            f"broadcast) of {transfers.NUM_TENSORS} float32 tensors among {len(cal.devices)} "
+            f"devices of {cal.where}"
+        ),
+    }
+    many = cal.all_reduce_many
+    if many is not None:
+        table["tensors"] = transfers.NUM_TENSORS
+        table["many_tensors"] = {
+            "tensors": transfers.MANY_TENSORS,
+            "latency_s": many.latency_s,
+            "bandwidth_bytes_per_s": many.bandwidth_bytes_per_s,
+        }
+    return table
+
+
 def _provenance(cal: Calibration) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -418,7 +474,7 @@ def _provenance(cal: Calibration) -> dict[str, Any]:
         "cluster": list(cal.cluster_addresses),
         "measured_devices": list(cal.devices),
         "links": [{"devices": [a, b], "points": _points(f.points)} for a, b, f in cal.links],
-        "all_reduce": {"points": _points(cal.all_reduce.points)},
+        "all_reduce": _all_reduce_points(cal),
         "matmul_flops_per_s": list(cal.matmul_flops_per_s),
         "client_matmul_flops_per_s": cal.client_matmul_flops_per_s,
         "dispatch_s": cal.dispatch_s,
@@ -436,8 +492,6 @@ def _provenance(cal: Calibration) -> dict[str, Any]:
 
 
 def _topology_data(cal: Calibration) -> dict[str, Any]:
-    from cost_models.measure import transfers
-
     slowest = max((f for _, _, f in cal.links), key=lambda f: f.predict_s(16 << 20))
     data: dict[str, Any] = {"name": f"calibrated: {cal.where}"}
     if cal.job is not None:
@@ -451,16 +505,6 @@ def _topology_data(cal: Calibration) -> dict[str, Any]:
     data["links"] = [
         {"devices": [a, b], "link": _link_table(f, f"measured {a}<->{b}")} for a, b, f in cal.links
     ]
-    data["all_reduce"] = {
-        "latency_s": cal.all_reduce.latency_s,
-        "bandwidth_bytes_per_s": cal.all_reduce.bandwidth_bytes_per_s,
-        "members": len(cal.devices),
-        "algorithm": "reduce_to_one",
-        "source": (
-            f"{CALIBRATION_TOOL} {cal.when}: partitioner's all-reduce (reduce to one, "
-            f"broadcast) of {transfers.NUM_TENSORS} float32 tensors among {len(cal.devices)} "
-            f"devices of {cal.where}"
-        ),
-    }
+    data["all_reduce"] = _all_reduce_table(cal)
     data["calibration"] = _provenance(cal)
     return data

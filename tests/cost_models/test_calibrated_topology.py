@@ -219,3 +219,90 @@ def test_a_calibration_needs_its_all_reduce() -> None:
     del data["all_reduce"]
     with pytest.raises(CatalogError, match="all_reduce: is missing, though the calibration"):
         parse_topology(data, origin="t")
+
+
+def _with_many_tensors() -> dict[str, Any]:
+    """:func:`_calibrated` with the all-reduce measured again at 64 tensors (as calibrate does)."""
+    data = _calibrated()
+    many_points = _line(4.5e-3, 6e8)
+    many = fit_latency_bandwidth([(int(b), s) for b, s in many_points], "many")
+    data["all_reduce"]["tensors"] = 8
+    data["all_reduce"]["many_tensors"] = {
+        "tensors": 64,
+        "latency_s": many.latency_s,
+        "bandwidth_bytes_per_s": many.bandwidth_bytes_per_s,
+    }
+    data["calibration"]["all_reduce"]["tensors"] = 8
+    data["calibration"]["all_reduce"]["many_tensors"] = {"tensors": 64, "points": many_points}
+    return data
+
+
+def test_a_gradient_list_is_priced_by_its_tensor_count() -> None:
+    from cost_models.estimate.collectives import measured_all_reduce_s
+
+    fit = parse_topology(_with_many_tensors(), origin="t").all_reduce
+    assert fit is not None and fit.tensors == 8 and fit.many is not None
+    assert fit.many.tensors == 64 and fit.many.bandwidth_bytes_per_s == pytest.approx(6e8)
+    size = 1 << 24
+    few, many = 1.5e-3 + size / 8e8, 4.5e-3 + size / 6e8
+    assert measured_all_reduce_s(fit, 2, size) == pytest.approx(few)  # count not known
+    assert measured_all_reduce_s(fit, 2, size, 3) == pytest.approx(few)  # fewer than measured
+    assert measured_all_reduce_s(fit, 2, size, 8) == pytest.approx(few)
+    assert measured_all_reduce_s(fit, 2, size, 64) == pytest.approx(many)
+    assert measured_all_reduce_s(fit, 2, size, 500) == pytest.approx(many)  # levels off
+    # between the two by log n: 16 tensors is a third of the way from 8 to 64 (2 = 8^(1/3))
+    assert measured_all_reduce_s(fit, 2, size, 16) == pytest.approx(few + (many - few) / 3)
+    without = replace(fit, tensors=0, many=None)
+    assert measured_all_reduce_s(without, 2, size, 64) == pytest.approx(few)
+
+
+def test_the_strategy_all_reduces_the_models_gradient_tensors() -> None:
+    from cost_model_graphs import mlp
+
+    from cost_models.estimate.collectives import AllReduceAlgorithm, gradient_exchange_s
+    from cost_models.estimate.costs import cost_graph
+    from partitioner.core.strategy import Strategy
+    from partitioner.simulation.strategy import dense_gradient_tensors, simulate_strategy
+
+    topo = parse_topology(_with_many_tensors(), origin="t")
+    graph = mlp()
+    layers = tuple(replace(info, trainable_tensors=20) for info in graph.layers)
+    costed = cost_graph(replace(graph, layers=layers), topology=topo)
+    two = Strategy(((0,), (1,)), (0,) * len(layers))
+    assert dense_gradient_tensors(costed, two) == 20 * len(layers) > 8
+    sim = simulate_strategy(costed, two)
+    group = [((0, 1), sim.gradient_bytes[0], 0)]
+    algorithm = AllReduceAlgorithm.REDUCE_TO_ONE
+    assert sim.all_reduce_s == pytest.approx(
+        gradient_exchange_s(topo, group, algorithm, dense_tensors=20 * len(layers))
+    )
+    assert sim.all_reduce_s > gradient_exchange_s(topo, group, algorithm)
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda d: d["all_reduce"]["many_tensors"].update(latency_s=0.5),
+         "all_reduce.many_tensors: differs from the fit of its calibration points"),
+        (lambda d: d["all_reduce"].pop("tensors"),
+         "all_reduce.tensors: differs from the calibration's tensor counts [8, 64]"),
+        (lambda d: (d["all_reduce"].pop("tensors"), d.pop("calibration")),
+         "all_reduce.tensors: is missing; beside many_tensors.tensors = 64"),
+        (lambda d: (d["all_reduce"].update(tensors=64), d.pop("calibration")),
+         "from 1 to fewer than that"),
+        (lambda d: d["calibration"]["all_reduce"].pop("many_tensors"),
+         "calibration.all_reduce: is missing beside the other's many_tensors"),
+        (lambda d: d["all_reduce"].pop("many_tensors"),
+         "all_reduce.many_tensors: is missing beside the other's many_tensors"),
+        (lambda d: d["all_reduce"]["many_tensors"].update(tensors=32),
+         "differs from the calibration's tensor counts [8, 64]"),
+        (lambda d: d["all_reduce"]["many_tensors"].update(tensors=0), "(>= 2), got 0"),
+    ],
+)  # fmt: skip
+def test_an_edited_tensor_count_fit_fails_with_one_line(edit: Any, needle: str) -> None:
+    data = _with_many_tensors()
+    edit(data)
+    with pytest.raises(CatalogError) as info:
+        parse_topology(data, origin="topology file 'c.json'")
+    message = str(info.value)
+    assert needle in message and "\n" not in message, message

@@ -57,6 +57,11 @@ def test_calibrate_two_workers_then_plan_with_the_file(tmp_path: Path) -> None:
     assert cal["cluster"] == list(workers.addresses)
     assert cal["tensorflow"] and cal["when"] and len(cal["links"][0]["points"]) == 5
     assert data["all_reduce"]["algorithm"] == "reduce_to_one" and data["all_reduce"]["members"] == 2
+    # measured again with a model-like gradient list: 64 tensors cost more than 8 of one size
+    assert (
+        data["all_reduce"]["tensors"] == 8 and data["all_reduce"]["many_tensors"]["tensors"] == 64
+    )
+    assert len(cal["all_reduce"]["many_tensors"]["points"]) == 5
     assert cal["client"]["step_s"] > 0 and len(cal["client"]["link_points"]) == 5
     link = data["links"][0]["link"]
     # loopback gRPC: far slower than the catalog's shared-memory 'host' copy (10 GB/s, 2 us)
