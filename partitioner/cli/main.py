@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import contextlib
 import logging
 import math
@@ -794,15 +795,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     Without ``argv`` it runs this process's own command line (the ``partition`` script,
     ``python -m partitioner``) and owns the process: Ctrl-C at any moment is one line and status
     130 (at once outside the run, where nothing is being written; inside it a
-    ``KeyboardInterrupt`` unwinds, so atomic writers remove their temporary files), a stdout
-    that fails leaves no traceback (:func:`_print_out`, :func:`_flush_or_drop`), and threads
-    the model's code left running do not keep the process alive (:func:`_leave`). With
+    ``KeyboardInterrupt`` unwinds, so atomic writers remove their temporary files; after the
+    plan is written, up to the process's very end: :func:`_end_process`), a stdout or stderr
+    that fails leaves no traceback and changes no status (:func:`_print_out`,
+    :func:`_flush_or_drop`, :func:`_own_stderr`), and threads and child processes the model's
+    code left running do not keep the process (or a pipe from it) alive (:func:`_leave`). With
     ``argv`` (tests, another program calling it) it only returns the status: signals, streams
     and threads are the caller's.
     """
     if argv is not None:
         return _main(list(argv), process=False)
     _interrupt_exits(INTERRUPTED_EARLY)
+    _own_stderr()
+    os.register_at_fork(after_in_child=_default_signals)
     args = sys.argv[1:]
     try:
         try:
@@ -953,42 +958,119 @@ def _flush_or_drop(stream: TextIO | None) -> None:
             stream.flush()
 
 
+def _own_stderr() -> None:
+    """Stderr for a ``partition`` process, which every error's line goes to: a file descriptor 2
+    that was closed (``2>&-``) is /dev/null from here on (before, ``sys.stderr`` was None and a
+    plan failed at its start with status 1 and no file), and a stderr that fails (a full disk,
+    a closed pipe) is dropped (:class:`_StderrOrNothing`), so an error still ends with its own
+    status (2), not 1 from a traceback nobody can see."""
+    try:
+        os.fstat(2)
+    except OSError:
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != 2:
+                os.dup2(devnull, 2)
+                os.close(devnull)
+            sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+    sys.stderr = cast(TextIO, _StderrOrNothing(sys.stderr))
+
+
+def _default_signals() -> None:
+    """SIGINT and SIGTERM at their default actions (unless ignored) in a child the model's code
+    forks (``os.fork``, ``multiprocessing``): the CLI's handlers there would run the CLI's own
+    ending in the copy (its ``interrupted`` line, a second one) when it is stopped."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            with contextlib.suppress(ValueError):  # not Python's main thread
+                signal.signal(signum, signal.SIG_DFL)
+
+
+class _StderrOrNothing:
+    """``sys.stderr`` of a ``partition`` process: a write or flush that fails drops stderr
+    (:func:`_flush_or_drop`: file descriptor 2 at /dev/null) instead of raising."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if self._stream is not None:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError):
+                _flush_or_drop(self._stream)
+        return len(text)
+
+    def flush(self) -> None:
+        _flush_or_drop(self._stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def _leave(status: int, *, model_ran: bool) -> int:
     """The end of a ``partition`` process with ``status``: stdout and stderr flushed (or
-    dropped, :func:`_flush_or_drop`). After an interrupt, or when the model's code
-    (``model_ran``) left threads running that do not end within :data:`THREAD_GRACE_S`, the
-    process ends here (``os._exit``) instead of waiting at the interpreter's exit, which would
-    wait for those threads forever; the second says so in one line."""
+    dropped, :func:`_flush_or_drop`). After an interrupt the process ends at once; a subcommand
+    returns ``status`` to the interpreter's exit. After a plan (``model_ran``) it waits up to
+    :data:`THREAD_GRACE_S` for the threads and the child processes the model's code started
+    (``threading``, ``multiprocessing``, ``subprocess``, ``os.fork``: :func:`_children_left`),
+    names those still running in one line, stops the children (:func:`_stop_children`: they
+    hold stdout and stderr, so ``partition ... | tee log`` would wait for them) and ends at once
+    (``os._exit``: the interpreter's exit would wait for those threads for ever); with nothing
+    left it ends by :func:`_end_process`, where Ctrl-C is one line and 130 to the last moment.
+    An interrupted plan's children are sent SIGTERM on the way out, without a wait."""
     if status == 130:  # interrupted: nothing to wait for (a stdout nobody reads would block)
+        if model_ran:
+            _signal_all(_with_descendants(_live_children()), signal.SIGTERM)
         _flush_or_drop(sys.stderr)
         os._exit(status)
     _flush_or_drop(sys.stdout)  # blocks while a pipe is full and unread; Ctrl-C still ends it
     _flush_or_drop(sys.stderr)
-    left = _threads_left(THREAD_GRACE_S) if model_ran else []
-    children = _children_left(THREAD_GRACE_S) if model_ran else []
-    if not left and not children:
+    if not model_ran:
         return status
+    deadline = time.monotonic() + THREAD_GRACE_S  # one wait for the threads and the children
+    left = _threads_left(THREAD_GRACE_S)
+    children = _children_left(max(0.0, deadline - time.monotonic()))
+    if not left and not children:
+        _end_process(status)
     _say(f"{PROG}: note: {_left_running(left, children)}\n")
-    for child in children:  # the interpreter's exit would join them for ever
-        with contextlib.suppress(Exception):
-            child.terminate()
+    _stop_children(children)
     _flush_or_drop(sys.stderr)
     os._exit(status)
 
 
-def _left_running(threads: list[threading.Thread], children: list[Any]) -> str:
+def _end_process(status: int) -> NoReturn:
+    """End a plan's process with ``status``, its threads done: the exit handlers (``atexit``:
+    the model's, ``multiprocessing``'s, logging's) run with Ctrl-C still one line and status 130,
+    stdout and stderr are flushed, and the process ends (``os._exit``). The interpreter's own
+    teardown is skipped: Python puts SIGINT back to its default action before it frees its
+    modules (a second or more once TensorFlow is loaded), so a Ctrl-C just after "Plan written
+    to ..." killed the process without a word. Objects still alive are not finalised, which
+    Python's exit does not promise either (a file the model's code opened, wrote and never
+    closed may keep its last buffered lines)."""
+    atexit._run_exitfuncs()
+    _interrupt_exits("interrupted")  # again: an exit handler may have replaced it
+    _flush_or_drop(sys.stdout)
+    _flush_or_drop(sys.stderr)
+    os._exit(status)
+
+
+def _left_running(threads: Sequence[threading.Thread], children: Sequence[_Child]) -> str:
     """``the model's code left 1 thread running ('spinner'); exiting anyway after 2 s``, with
-    the child processes it started too (they are stopped)."""
+    the child processes it started too, by name and pid (they are stopped)."""
     parts = []
-    kinds: list[tuple[str, str, list[Any]]] = [
-        ("thread", "threads", list(threads)),
-        ("child process", "child processes", children),
-    ]
-    for one, many, items in kinds:
-        if items:
-            names = ", ".join(escape_control(repr(x.name)) for x in items[:5])
-            more = f" and {len(items) - 5} more" if len(items) > 5 else ""
-            parts.append(f"{len(items)} {one if len(items) == 1 else many} running ({names}{more})")
+    kinds = (
+        ("thread", "threads", [t.name for t in threads]),
+        ("child process", "child processes", [c.name for c in children]),
+    )
+    for one, many, names in kinds:
+        if names:
+            shown = ", ".join(escape_control(repr(name)) for name in names[:5])
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            parts.append(f"{len(names)} {one if len(names) == 1 else many} running ({shown}{more})")
+    if children:
+        pids = ", ".join(str(c.pid) for c in children[:5]) + (", ..." if len(children) > 5 else "")
+        parts[-1] += f" as pid{'s' if len(children) > 1 else ''} {pids}"
     stopped = "; the child processes are stopped" if children else ""
     return (
         f"the model's code left {' and '.join(parts)}; exiting anyway after "
@@ -996,20 +1078,158 @@ def _left_running(threads: list[threading.Thread], children: list[Any]) -> str:
     )
 
 
-def _children_left(grace_s: float) -> list[Any]:
-    """The model's ``multiprocessing`` children still alive that are not daemons (the
-    interpreter's exit joins them), after waiting up to ``grace_s`` for them to end; none when
-    the model never imported ``multiprocessing``."""
-    mp = sys.modules.get("multiprocessing")
-    if mp is None:
-        return []
+PROC = "/proc"
+"""Where Linux lists its processes; without it (another system) only the ``multiprocessing``
+children of the model's code are known."""
+
+STOP_GRACE_S = 1.0
+"""How long a child process the model's code left running has to end after SIGTERM before it is
+killed (SIGKILL)."""
+
+
+@dataclass(frozen=True)
+class _Child:
+    """A child process of this one: its pid and its name (a ``multiprocessing`` Process's own,
+    else the command name /proc gives)."""
+
+    pid: int
+    name: str
+
+
+def _children_left(grace_s: float) -> list[_Child]:
+    """The model's child processes still running after waiting up to ``grace_s`` for them to
+    end (:func:`_live_children`)."""
     deadline = time.monotonic() + grace_s
     while True:
-        left = [p for p in mp.active_children() if not p.daemon and p.is_alive()]
+        left = _live_children()
         remaining = deadline - time.monotonic()
         if not left or remaining <= 0:
             return left
-        left[0].join(timeout=min(0.1, remaining))
+        time.sleep(min(0.1, remaining))
+
+
+def _live_children() -> list[_Child]:
+    """Every running child of this process that /proc lists, however it was started
+    (``subprocess``, ``os.fork``, ``multiprocessing``), but ``multiprocessing``'s daemons (its
+    exit handler stops them) and the helpers that end with this process (:func:`_helper_pids`);
+    the product's own children that it waited for are gone. Without /proc, the
+    ``multiprocessing`` children that are not daemons (the interpreter's exit joins them)."""
+    mp = sys.modules.get("multiprocessing")
+    processes = list(mp.active_children()) if mp is not None else []
+    table = _process_table()
+    if table is None:
+        return [_Child(p.pid, p.name) for p in processes if not p.daemon and p.is_alive()]
+    names = {p.pid: str(p.name) for p in processes}
+    skip = _helper_pids() | {p.pid for p in processes if p.daemon}
+    me = os.getpid()
+    return [
+        _Child(pid, names.get(pid, name))
+        for pid, (parent, name, state) in sorted(table.items())
+        if parent == me and state not in ("Z", "X") and pid not in skip
+    ]
+
+
+def _helper_pids() -> set[int]:
+    """Child processes started for this one's own use, which end when it does (each reads a
+    pipe from it): ``multiprocessing``'s resource tracker and fork server, and the ``ilp``
+    solver's CP-SAT worker. Read from private attributes, defensively: where they are not found
+    the process is named and stopped like any other."""
+    found: set[int] = set()
+    for module, path in (
+        ("multiprocessing.resource_tracker", ("_resource_tracker", "_pid")),
+        ("multiprocessing.forkserver", ("_forkserver", "_forkserver_pid")),
+        ("partitioner.solvers.ilp", ("_WORKER", "_proc", "pid")),
+    ):
+        value: Any = sys.modules.get(module)
+        for attr in path:
+            value = getattr(value, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            found.add(value)
+    return found
+
+
+def _process_table() -> dict[int, tuple[int, str, str]] | None:
+    """Every process /proc lists: pid -> (parent pid, command name, state letter); None
+    without a /proc that lists this process."""
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return None
+    table: dict[int, tuple[int, str, str]] = {}
+    for entry in entries:
+        stat = _proc_stat(entry) if entry.isdigit() else None
+        if stat is None:
+            continue
+        # "PID (NAME) STATE PPID ...": the name may hold spaces and parentheses
+        end = stat.rfind(")")
+        name, fields = stat[stat.find("(") + 1 : end], stat[end + 1 :].split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            table[int(entry)] = (int(fields[1]), name, fields[0])
+    return table if os.getpid() in table else None
+
+
+def _proc_stat(pid: int | str) -> str | None:
+    """The /proc stat line of process ``pid``; None when it is gone (or there is no /proc)."""
+    try:
+        with open(os.path.join(PROC, str(pid), "stat"), "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def _stop_children(children: Sequence[_Child]) -> None:
+    """Stop ``children`` and every process under them (a shell's command holds stdout too):
+    SIGTERM, then SIGKILL for those still running after :data:`STOP_GRACE_S`, waiting up to as
+    long again for them to end; this process's children are reaped."""
+    pids = _with_descendants(children)
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        _signal_all(pids, signum)
+        deadline = time.monotonic() + STOP_GRACE_S
+        pids = _still_running(pids)
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pids = _still_running(pids)
+
+
+def _with_descendants(children: Sequence[_Child]) -> list[int]:
+    """The pids of ``children`` and of every process under them that /proc lists."""
+    pids = [c.pid for c in children]
+    table = _process_table() if pids else None
+    return pids if table is None else pids + _descendants(table, pids)
+
+
+def _descendants(table: Mapping[int, tuple[int, str, str]], roots: Sequence[int]) -> list[int]:
+    """The processes under ``roots`` in ``table`` (children, their children, ...)."""
+    seen = set(roots)
+    found: list[int] = []
+    frontier = set(roots)
+    while frontier:
+        frontier = {pid for pid, row in table.items() if row[0] in frontier and pid not in seen}
+        seen |= frontier
+        found += sorted(frontier)
+    return found
+
+
+def _signal_all(pids: Sequence[int], signum: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+
+def _still_running(pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` that have not ended; this process's children that ended are reaped.
+    (Without /proc the pids are all this process's children.)"""
+    alive = []
+    for pid in pids:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                continue  # ended, and now reaped
+        except ChildProcessError:  # not a child of this process, or reaped already
+            stat = _proc_stat(pid)
+            if stat is None or stat[stat.rfind(")") + 2 :][:1] in ("Z", "X"):
+                continue
+        alive.append(pid)
+    return alive
 
 
 def _threads_left(grace_s: float) -> list[threading.Thread]:
@@ -1150,29 +1370,32 @@ def _plan(
 
         progress(f"loading {args.model}")
         code = _UserCode(frozenset(sys.modules), set())
+        own_sigint = signal.getsignal(signal.SIGINT)  # the model's code may install its own
         # Planning needs shapes, not weight values: the model is built without its weights
         # unless its layers are timed on this machine's devices.
         with recording_files_read(code.read):
             model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
+        _rearm_interrupt(own_sigint)
         load_s = time.perf_counter() - t0
         _check_outputs(paths, [*inputs, *_imported(paths, code)])
 
         def phase(message: str, completed: float | None = None, total: float | None = None) -> None:
-            _rearm_interrupt()
+            _rearm_interrupt(own_sigint)
             progress(message, completed, total)
 
         with recording_files_read(code.read):  # layers may load more while traced
             plan = partition_prepared(model, prepared, progress=phase)
-        _rearm_interrupt()
+        _rearm_interrupt(own_sigint)
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), code
 
 
-def _rearm_interrupt() -> None:
-    """Install the SIGINT handler Python has again (at each phase of the plan, and after it): a
-    native library may have replaced it underneath. OR-Tools' CP-SAT catches Ctrl-C while it
-    solves (to stop its search) and leaves SIGINT at its default action, which would end the
-    run without a word."""
-    handler = signal.getsignal(signal.SIGINT)
+def _rearm_interrupt(handler: Any) -> None:
+    """Install ``handler``, the SIGINT handler of the run before the model's code ran, again
+    (after the model is loaded, at each phase of the plan, and after it). A native library may
+    have replaced it underneath: OR-Tools' CP-SAT catches Ctrl-C while it solves (to stop its
+    search) and leaves SIGINT at its default action, which would end the run without a word.
+    And a model file may install its own (``signal.signal(SIGINT, ...)`` at import), which made
+    Ctrl-C the model's error (status 2) instead of the run's one line and 130."""
     if handler is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, handler)
 
