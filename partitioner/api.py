@@ -1132,7 +1132,7 @@ def _at_device_speeds(costed: CostedGraph, rows: list[int]) -> tuple[CostedGraph
     (the same matrix-product benchmark timed in this process)."""
     if not costed.topology.device_flops_per_s:
         return costed, ()
-    from cost_models.estimate.costs import scale_to_device_speeds
+    from cost_models.estimate.costs import SAME_SPEED_BAND, scale_to_device_speeds
     from cost_models.measure.transfers import matmul_flops_per_s
 
     here = matmul_flops_per_s("/device:CPU:0")
@@ -1143,7 +1143,8 @@ def _at_device_speeds(costed: CostedGraph, rows: list[int]) -> tuple[CostedGraph
     )
     return scaled, (
         f"op times scaled to each device's measured speed against this process's "
-        f"{here / 1e9:.0f} GFLOP/s (float32 matrix products): {each}",
+        f"{here / 1e9:.0f} GFLOP/s (float32 matrix products; a device within "
+        f"{SAME_SPEED_BAND:.0%} of it is taken as this speed, x1.00): {each}",
     )
 
 

@@ -27,7 +27,7 @@ from cost_models.estimate.precision import PrecisionPolicy, parse_precision
 from partitioner.core.errors import CatalogError
 from partitioner.core.ir import CostedGraph, Device, Graph, Phase, Topology
 
-__all__ = ["cost_graph", "scale_to_device_speeds", "with_update_time"]
+__all__ = ["SAME_SPEED_BAND", "cost_graph", "scale_to_device_speeds", "with_update_time"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,21 +173,34 @@ def _op_time_rows(
     return rows
 
 
+SAME_SPEED_BAND = 0.15
+"""A device whose measured speed is within this fraction of this process's is taken as this
+speed (factor 1): the figure of one core moves that much between processes and minutes (one
+core of the two-core test machine, pinned, one thread: 174-201 GFLOP/s within an hour, the
+same benchmark at 24 products x 9 rounds), so a smaller ratio is no evidence of another speed,
+and scaling by it put every prediction of a run 6-12% low or high."""
+
+
 def scale_to_device_speeds(
     costed: CostedGraph, rows: Sequence[int], measured_here_flops_per_s: float
 ) -> tuple[CostedGraph, dict[int, float]]:
     """Op times measured on this machine, moved to each device of ``rows`` by its measured
     speed: row ``d`` times ``measured_here_flops_per_s / topology.device_flops_per_s[d]`` (both
-    the same float32 matrix-product benchmark, :mod:`cost_models.measure.transfers`); the factor
-    of each scaled device. Unchanged when the topology measured no speeds."""
+    the same float32 matrix-product benchmark, :mod:`cost_models.measure.transfers`), or 1 when
+    that is within :data:`SAME_SPEED_BAND` of 1; the factor of each device. Unchanged when the
+    topology measured no speeds."""
     speeds = costed.topology.device_flops_per_s
     if not speeds or not measured_here_flops_per_s > 0:
         return costed, {}
-    factors = {d: measured_here_flops_per_s / speeds[d] for d in rows}
+    factors = {d: _speed_factor(measured_here_flops_per_s / speeds[d]) for d in rows}
     table = list(costed.op_compute_time_s)
     for d, factor in factors.items():
         table[d] = tuple(t * factor for t in table[d])
     return replace(costed, op_compute_time_s=tuple(table)), factors
+
+
+def _speed_factor(ratio: float) -> float:
+    return 1.0 if abs(ratio - 1.0) <= SAME_SPEED_BAND else ratio
 
 
 def with_update_time(costed: CostedGraph, rows: Sequence[int], update_s: float) -> CostedGraph:

@@ -179,6 +179,27 @@ def test_profiled_op_times_move_to_each_devices_measured_speed() -> None:
     assert scale_to_device_speeds(plain, [0, 1], 3e11) == (plain, {})
 
 
+def test_a_device_within_the_measurements_spread_is_taken_as_this_speed() -> None:
+    """One core measured 174-201 GFLOP/s across processes: a ratio within SAME_SPEED_BAND of 1
+    is no evidence of another speed, so the profiled times are kept; beyond it they scale."""
+    from cost_model_graphs import mlp
+
+    from cost_models.estimate.costs import SAME_SPEED_BAND, cost_graph, scale_to_device_speeds
+
+    data = _calibrated()
+    data["calibration"]["matmul_flops_per_s"] = [1.9e11, 1.5e11]
+    costed = cost_graph(mlp(), topology=parse_topology(data, origin="t"))
+    here = 2.0e11  # device 0 is 5% slower (the same speed), device 1 33% slower
+    scaled, factors = scale_to_device_speeds(costed, [0, 1], here)
+    assert factors == {0: 1.0, 1: pytest.approx(here / 1.5e11)}
+    assert scaled.op_compute_time_s[0] == costed.op_compute_time_s[0]
+    assert scaled.op_compute_time_s[1] == pytest.approx(
+        tuple(t * here / 1.5e11 for t in costed.op_compute_time_s[1])
+    )
+    edge = 1.9e11 * (1 + SAME_SPEED_BAND) * 1.001  # just outside the band
+    assert scale_to_device_speeds(costed, [0], edge)[1][0] == pytest.approx(edge / 1.9e11)
+
+
 def _edit(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
     data = copy.deepcopy(_calibrated())
     node: Any = data
