@@ -82,10 +82,11 @@ def test_pipeline_simulation_is_unchanged(
 
 
 def test_strategy_simulation_is_unchanged(costed: CostedGraph) -> None:
-    # digests of 29624b8's results with target_bytes=0, trainable_tensors=0 and
-    # other_shares_feed_s=0.0 added to their reprs (without those the digests are 29624b8's)
+    # digests of 29624b8's results with target_bytes=0, trainable_tensors=0,
+    # concurrent_compute_factor=1.0 and other_shares_feed_s=0.0 added to their reprs (without
+    # those the digests are 29624b8's)
     micro = microbatch_costed(costed, make_costed(6, costed.topology, batch=4), 4)
-    assert digest(micro) == "4f9a195bc6263a53"
+    assert digest(micro) == "641c0bee632d6282"
     groups = ((0, 1, 2, 3), (8, 9, 10, 11), (4, 5, 6, 7), (12, 13, 14, 15))
     hybrid = Strategy(groups, split(costed, 4), 4, Schedule.ONE_F_ONE_B)
     assert digest(simulate_strategy(micro, hybrid)) == "cd0800c920494bcd"

@@ -584,6 +584,9 @@ def _measured_extras(where: _Where, cal: Mapping[str, Any], topology: Topology) 
         "device_flops_per_s": flops,
         "cluster_addresses": tuple(str(a) for a in cal.get("cluster", ())),
     }
+    concurrent = cal.get("concurrent_compute")
+    if concurrent is not None:
+        extras["concurrent_compute_factor"] = _concurrent_factor(where, concurrent, topology)
     client = cal.get("client")
     if client is not None:
         points = [(int(b), float(t)) for b, t in client["link_points"]]
@@ -593,6 +596,19 @@ def _measured_extras(where: _Where, cal: Mapping[str, Any], topology: Topology) 
             "measured client->device 0", fit.latency_s, fit.bandwidth_bytes_per_s
         )
     return extras
+
+
+def _concurrent_factor(where: _Where, table: Mapping[str, Any], topology: Topology) -> float:
+    """``calibration.concurrent_compute``'s factor: the step of every device at once over the
+    slowest device's step alone (at least 1: running together is never taken as faster)."""
+    alone = [float(t) for t in table["alone_s"]]
+    if len(alone) != topology.num_devices:
+        raise where.fail(
+            "calibration.concurrent_compute.alone_s",
+            f"gives {len(alone)} times for {topology.num_devices} devices; run partition "
+            "calibrate again",
+        )
+    return max(1.0, float(table["together_s"]) / max(alone))
 
 
 def _same_figures(table: Mapping[str, Any], fit: LatencyBandwidthFit) -> bool:

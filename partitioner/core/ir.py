@@ -625,6 +625,11 @@ class Topology:
     remote function's dispatch), measured by ``partition calibrate``; 0 when not measured."""
     client_link: Link | None = None
     """The link the client feeds each step's input batch over (measured), or None."""
+    concurrent_compute_factor: float = 1.0
+    """How much longer a training step's compute takes on each device while every device
+    computes at once than on one alone (their cores share a machine's memory bandwidth and
+    caches), measured by ``partition calibrate``; 1 when not measured. Data-parallel replicas
+    compute at once for their whole step (:func:`~partitioner.simulation.strategy.simulate_strategy`)."""
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -646,6 +651,10 @@ class Topology:
             )
         if not 0.0 <= self.client_step_s < math.inf:
             raise InvalidGraphError(f"client_step_s={self.client_step_s} must be >= 0 seconds")
+        if not 1.0 <= self.concurrent_compute_factor < math.inf:
+            raise InvalidGraphError(
+                f"concurrent_compute_factor={self.concurrent_compute_factor} must be >= 1"
+            )
         if self.device_flops_per_s and (
             len(self.device_flops_per_s) != n or not all(f > 0 for f in self.device_flops_per_s)
         ):

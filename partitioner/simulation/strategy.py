@@ -21,7 +21,13 @@ the backward here::
     step_s = max over replicas (replica step) + all_reduce_s + other_shares_feed_s
 
 (on a measured cluster the client feeds the whole batch: each replica's step pays its own share,
-``other_shares_feed_s`` the rest, through the client's one link).
+``other_shares_feed_s`` the rest, through the client's one link). Replicas compute at once for
+their whole step, on cores that may share a machine's memory bandwidth and caches: a topology
+measured by ``partition calibrate`` carries how much slower a reference training step runs on
+every device at once than alone (``concurrent_compute_factor``; x1.06 on two loopback workers
+of the two-core test machine), and each replica's step, its client part aside, is stretched by
+it. The stages of one replica overlap only in part (a pipeline's bubbles, a plain split's
+sequence), so a single replica is not stretched.
 
 An embedding's gradient is ``tf.IndexedSlices`` (the rows a replica looked up): the replicas
 all-gather it rather than all-reduce the table
@@ -49,6 +55,7 @@ from partitioner.core.strategy import Strategy
 from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.evaluate import (
     PlanEvaluation,
+    client_s,
     evaluate,
     evaluate_pipeline,
     fed_bytes,
@@ -200,6 +207,20 @@ def sparse_gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> 
     for memory, stage in zip(_stage_memory(costed, strategy), strategy.stage_of_layer):
         per_stage[stage] += memory.sparse_gradient_bytes
     return tuple(per_stage)
+
+
+def _computing_together(
+    costed: CostedGraph, strategy: Strategy, replica_step_s: tuple[float, ...]
+) -> tuple[float, ...]:
+    """Each replica's step, its client part aside, stretched by the topology's measured
+    ``concurrent_compute_factor`` when there are replicas: they compute at once for their whole
+    step, on cores that share a machine's memory bandwidth (module docstring). A replica's own
+    stages overlap only in part, so one replica is left as simulated."""
+    factor = costed.topology.concurrent_compute_factor
+    if strategy.replicas == 1 or factor == 1.0:
+        return replica_step_s
+    fixed = client_s(costed)
+    return tuple(fixed + (step - fixed) * factor for step in replica_step_s)
 
 
 def other_shares_feed_s(costed: CostedGraph, strategy: Strategy) -> float:
@@ -371,6 +392,7 @@ def simulate_strategy(
     topology = costed.topology
     bounds = bounds or costed_lower_bounds(costed)
     replica_step_s, peak, first = _replicas(_as_run(costed, strategy), strategy, bounds)
+    replica_step_s = _computing_together(costed, strategy, replica_step_s)
     grads, sparse, algorithm, all_reduce_s = _all_reduce(costed, strategy)
     return StrategySimulation(
         strategy=strategy,

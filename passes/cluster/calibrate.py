@@ -14,7 +14,9 @@ process connects as the client (:func:`passes.cluster.runtime.connect`) and time
   tensors at a time and again of 64 (``many_tensors``: a model's gradients are tens of tensors,
   each its own transfer and sum);
 * each device's float32 matrix-product speed, this process's too (the machine that profiles
-  the model with ``--profile-ops``), and the client's fixed cost of one step over the devices.
+  the model with ``--profile-ops``), and the client's fixed cost of one step over the devices;
+* a reference training step on each device alone and on every device at once: cores of one
+  machine share its memory bandwidth, so replicas computing together each run slower.
 
 On this host (no cluster) the same among its GPUs. Logical CPU devices of one process are
 refused: they share the process's memory and TensorFlow copies nothing between them (timed,
@@ -168,6 +170,9 @@ class Calibration:
     """Copies of a tensor from this process to the first device (cluster only)."""
     all_reduce_many: LatencyBandwidthFit | None = None
     """The same all-reduce of :data:`~cost_models.measure.transfers.MANY_TENSORS` tensors."""
+    concurrent_compute: tuple[tuple[float, ...], float] | None = None
+    """A reference step's seconds on each device alone, and on all at once
+    (:func:`~cost_models.measure.transfers.concurrent_compute_s`)."""
 
     def topology_data(self) -> dict[str, Any]:
         """The topology file (JSON-able), its ``calibration`` provenance included."""
@@ -242,10 +247,15 @@ def _measure(
             ),
         )  # fmt: skip
         fits.append(fit_latency_bandwidth(reduced, f"all-reduce of {tensors} tensors"))
+    say(f"compute on {len(devices)} devices at once and alone: a reference training step")
+    concurrent = watch(
+        "the reference step on every device", lambda: transfers.concurrent_compute_s(devices)
+    )
     return {
         "links": tuple(links),
         "all_reduce": fits[0],
         "all_reduce_many": fits[1],
+        "concurrent_compute": concurrent,
         "matmul_flops_per_s": flops,
         "client_matmul_flops_per_s": client,
         "dispatch_s": watch("a no-op step", lambda: transfers.dispatch_s(devices)),
@@ -455,6 +465,22 @@ def _all_reduce_table(cal: Calibration) -> dict[str, Any]:
     return table
 
 
+def _concurrent_table(cal: Calibration) -> dict[str, Any]:
+    """``calibration.concurrent_compute`` when it was measured."""
+    from cost_models.measure import transfers
+
+    if cal.concurrent_compute is None:
+        return {}
+    alone, together = cal.concurrent_compute
+    return {
+        "concurrent_compute": {
+            "alone_s": list(alone),
+            "together_s": together,
+            "reference": transfers.CONCURRENT_REFERENCE,
+        }
+    }
+
+
 def _provenance(cal: Calibration) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -478,6 +504,7 @@ def _provenance(cal: Calibration) -> dict[str, Any]:
         "matmul_flops_per_s": list(cal.matmul_flops_per_s),
         "client_matmul_flops_per_s": cal.client_matmul_flops_per_s,
         "dispatch_s": cal.dispatch_s,
+        **_concurrent_table(cal),
         **(
             {}
             if cal.client_step_s is None

@@ -327,3 +327,45 @@ def test_an_edited_tensor_count_fit_fails_with_one_line(edit: Any, needle: str) 
         parse_topology(data, origin="topology file 'c.json'")
     message = str(info.value)
     assert needle in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("alone", "together", "factor"),
+    [([0.128, 0.127], 0.136, 0.136 / 0.128), ([0.128, 0.127], 0.120, 1.0)],
+)
+def test_replicas_computing_at_once_are_stretched_by_the_measured_factor(
+    alone: list[float], together: float, factor: float
+) -> None:
+    """``calibration.concurrent_compute``: the reference step on every device at once over the
+    slowest alone (never below 1); data-parallel replicas' steps, their client part aside, are
+    stretched by it, a single replica is not."""
+    from cost_model_graphs import mlp
+
+    from cost_models.estimate.costs import cost_graph
+    from partitioner.core.strategy import Strategy
+    from partitioner.simulation.evaluate import client_s
+    from partitioner.simulation.strategy import simulate_strategy
+
+    data = _calibrated()
+    data["calibration"]["concurrent_compute"] = {"alone_s": alone, "together_s": together}
+    topo = parse_topology(data, origin="t")
+    assert topo.concurrent_compute_factor == pytest.approx(factor)
+    costed = cost_graph(mlp(), topology=topo)
+    plain = replace(costed, topology=replace(topo, concurrent_compute_factor=1.0))
+    layers = len(costed.layer_memory)
+    two, one = Strategy(((0,), (1,)), (0,) * layers), Strategy(((0,),), (0,) * layers)
+    fixed = client_s(costed)
+    stretched = simulate_strategy(costed, two).replica_step_s
+    as_alone = simulate_strategy(plain, two).replica_step_s
+    assert stretched == pytest.approx(tuple(fixed + (s - fixed) * factor for s in as_alone))
+    assert simulate_strategy(costed, one).step_time_s == simulate_strategy(plain, one).step_time_s
+
+
+def test_a_concurrent_compute_table_of_another_device_count_fails_in_one_line() -> None:
+    data = _calibrated()
+    data["calibration"]["concurrent_compute"] = {"alone_s": [0.1], "together_s": 0.11}
+    with pytest.raises(CatalogError, match="alone_s: gives 1 times for 2 devices"):
+        parse_topology(data, origin="t")
+    data["calibration"]["concurrent_compute"] = {"alone_s": [0.1, -1], "together_s": 0.11}
+    with pytest.raises(CatalogError, match="concurrent_compute"):
+        parse_topology(data, origin="t")

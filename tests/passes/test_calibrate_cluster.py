@@ -62,6 +62,8 @@ def test_calibrate_two_workers_then_plan_with_the_file(tmp_path: Path) -> None:
         data["all_reduce"]["tensors"] == 8 and data["all_reduce"]["many_tensors"]["tensors"] == 64
     )
     assert len(cal["all_reduce"]["many_tensors"]["points"]) == 5
+    together = cal["concurrent_compute"]
+    assert len(together["alone_s"]) == 2 and together["together_s"] > 0
     assert cal["client"]["step_s"] > 0 and len(cal["client"]["link_points"]) == 5
     link = data["links"][0]["link"]
     # loopback gRPC: far slower than the catalog's shared-memory 'host' copy (10 GB/s, 2 us)
