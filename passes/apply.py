@@ -259,7 +259,7 @@ def _check_local_devices(device_strings: Sequence[str], given: bool) -> None:
         if why is None:
             continue
         seen = _local_names()
-        example = [seen[k % len(seen)] for k in range(len(device_strings))] if seen else []
+        example = seen[: len(device_strings)]
         if given:
             raise UsageError(
                 f"devices[{i}]={_shown(name)} {why} (TensorFlow sees {seen}); pass devices= from "
@@ -270,6 +270,32 @@ def _check_local_devices(device_strings: Sequence[str], given: bool) -> None:
             f"{seen}); "
             f"pass devices=[...] to apply(), e.g. devices={example}"
         )
+
+
+def _check_distinct(device_strings: Sequence[str], used: Sequence[int], given: bool) -> None:
+    """UsageError (``devices=``) or PlanError (the plan's own names) when two devices that
+    hold layers are one TensorFlow device, however spelled (``/cpu:0``, ``/device:CPU:0``): the
+    stages would run one after another there, not as planned and predicted."""
+    first: dict[str, int] = {}
+    for i in used:
+        name = device_strings[i]
+        try:
+            key = tf.DeviceSpec.from_string(name).to_string() if name else ""
+        except ValueError:
+            key = name
+        if not key:
+            continue
+        if key in first:
+            where = "devices=" if given else "the plan's device names"
+            error = UsageError if given else PlanError
+            raise error(
+                f"{where} put plan devices {first[key]} and {i} on one device "
+                f"({_shown(device_strings[first[key]])} and {_shown(name)}): their layers would "
+                "run one after another there, not as planned; give distinct devices (more "
+                "logical devices can be made before TensorFlow starts: "
+                "tf.config.set_logical_device_configuration), or plan for fewer devices"
+            )
+        first[key] = i
 
 
 def _replicas(plan: Plan) -> Strategy | None:
@@ -432,11 +458,19 @@ def apply_plan(
     checked first (the module docstring)."""
     given = _given_devices(devices)
     strategy = _replicas(plan)
+    if cluster is not None:  # before connecting: an unbounded wait on a down task is refused
+        from passes.cluster.calibrate import check_timeout_s
+
+        check_timeout_s("timeout_s", timeout_s)
+        if step_timeout_s is not None:
+            check_timeout_s("step_timeout_s", step_timeout_s)
     handle = _connected(plan, cluster, timeout_s)
     if strategy is not None and handle is not None:
         _check_cluster_holds(strategy, handle)
     used = strategy.devices if strategy is not None else None
     device_strings = _device_strings(plan, given, handle, used)
+    if strategy is None:  # replicas check theirs where they are made (realise_strategy)
+        _check_distinct(device_strings, sorted(set(plan.assignment.values())), given is not None)
     check_plan_matches_model(
         plan.layer_order,
         [u.name for u in placement_units(model)],

@@ -325,6 +325,14 @@ class SearchOptions:
                 f"strategy={shown!r} is chosen by comparing strategies: it needs "
                 "compare_strategies=True"
             )
+        unsplit = (Family.SINGLE, Family.DATA_PARALLEL)
+        if self.strategy in unsplit and self.solver not in ("auto", SINGLE_DEVICE_SOLVER):
+            spelled = shown.replace("_", "-")
+            raise UsageError(
+                f"solver={self.solver!r} places a model's stages, and strategy={spelled!r} has "
+                f"none (the whole model on each device): drop solver={self.solver!r}, or use "
+                "strategy='placed' (or 'pipeline', 'hybrid') to have it place them"
+            )
         if self.pipeline:
             raise UsageError(
                 f"strategy={shown!r} and pipeline=True: pipeline=True pipelines the solver's "

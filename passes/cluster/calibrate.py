@@ -101,7 +101,7 @@ def check_timeout_s(name: str, value: object) -> float:
         raise UsageError(f"{name}={value!r} must be a positive, finite number of seconds")
     if value > MAX_TIMEOUT_S:
         raise UsageError(
-            f"{name}={value!r} is more than {MAX_TIMEOUT_S:g} seconds, the longest calibrate "
+            f"{name}={value!r} is more than {MAX_TIMEOUT_S:g} seconds, the longest partitioner "
             f"waits for a task; give at most {MAX_TIMEOUT_S:g}"
         )
     return float(value)

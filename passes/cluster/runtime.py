@@ -56,7 +56,7 @@ import keras
 import tensorflow as tf
 
 from cost_models.devices.catalog import DeviceKind
-from cost_models.devices.datafiles import parse_json, read_text
+from cost_models.devices.datafiles import check_text_size, parse_json, read_text
 from cost_models.devices.tf_config import (
     TF_CONFIG_VARIABLE,
     TfConfig,
@@ -151,15 +151,18 @@ def _read_cluster_data(
     """The parsed cluster description and where it came from (for messages)."""
     if isinstance(cluster, Mapping):
         return dict(cluster), "cluster"
-    if cluster is None:
-        text = bounded_tf_config_text()
-        if text is None:
+    if isinstance(cluster, str) and cluster.lstrip().startswith("{"):
+        text = check_text_size(cluster, "the cluster= string", UsageError, MAX_CLUSTER_BYTES)
+        source = "the cluster= string (TF_CONFIG form)"
+    elif cluster is None:
+        variable = bounded_tf_config_text()
+        if variable is None:
             raise UsageError(
                 "no cluster given and TF_CONFIG is not set; give a cluster file (JSON like "
                 f"{_CLUSTER_EXAMPLE}) or set TF_CONFIG"
             )
-        source = TF_CONFIG_VARIABLE
-    else:
+        text, source = variable, TF_CONFIG_VARIABLE
+    elif isinstance(cluster, (str, os.PathLike)):
         path = Path(cluster)
         source = f"cluster file {str(path)!r}"
         text = read_text(
@@ -169,7 +172,18 @@ def _read_cluster_data(
             hint=f"pass a JSON file like {_CLUSTER_EXAMPLE}",
             max_bytes=MAX_CLUSTER_BYTES,
         )
+    else:
+        raise UsageError(
+            f"cluster={_short_repr(cluster)} ({type(cluster).__name__}) is no cluster; give a "
+            f"cluster file, a mapping like {_CLUSTER_EXAMPLE}, a TF_CONFIG JSON string, or None "
+            "for TF_CONFIG"
+        )
     return parse_json(text, source, UsageError, hint=f"it should look like {_CLUSTER_EXAMPLE}"), source
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _cluster_config(data: object, source: str) -> TfConfig:
@@ -361,8 +375,9 @@ def connect(
     answer. Connecting again (to the same or another cluster) invalidates tensors and
     variables on the old remote devices.
     """
-    if not timeout_s > 0:
-        raise UsageError(f"timeout_s={timeout_s!r} must be > 0 seconds")
+    from passes.cluster.calibrate import check_timeout_s
+
+    timeout_s = check_timeout_s("timeout_s", timeout_s)
     spec = (
         cluster if isinstance(cluster, WorkerCluster) else load_cluster(cluster, job_name=job_name)
     )
@@ -644,8 +659,10 @@ def guard_model(
     finishing within ``step_timeout_s`` (None turns the watchdog off). Meant for the fresh
     copy :func:`place_on_cluster` makes; returns ``model``.
     """
-    if step_timeout_s is not None and not step_timeout_s > 0:
-        raise UsageError(f"step_timeout_s={step_timeout_s!r} must be > 0 seconds or None")
+    if step_timeout_s is not None:
+        from passes.cluster.calibrate import check_timeout_s
+
+        step_timeout_s = check_timeout_s("step_timeout_s", step_timeout_s)
     for name in (*_WATCHED_WITH_CALLBACKS, *_WATCHED_PLAIN):
         method = getattr(model, name)
         watched = _watch(handle, name, method, step_timeout_s, name in _WATCHED_WITH_CALLBACKS)

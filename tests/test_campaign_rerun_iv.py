@@ -1,0 +1,129 @@
+"""Hostile input III (issue 34), the fifth campaign's findings: a plan's devices, a cluster's
+timeouts and forms, and options that would be ignored.
+
+- Two plan devices that hold layers, given (or named in the plan) as one TensorFlow device in
+  any spelling, are refused: the stages would run one after another on it, not as planned.
+  Before, a 2-device placed or pipelined plan trained on CPU:0 alone without a word.
+- ``plan.apply(cluster=..., timeout_s=inf)`` (or past an hour, or ``step_timeout_s=inf``) is
+  refused before any connection; before, a down cluster made it wait for ever.
+- ``cluster=`` of another type is one ``UsageError`` naming it (was a raw ``TypeError``), and a
+  ``TF_CONFIG`` JSON string is read as one, as documented (was taken for a file name).
+- ``solver=`` beside ``strategy='single'`` or ``'data-parallel'``, which place no stages, is
+  refused (was ignored, the plan labelled with the solver's name).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import keras
+import pytest
+
+import partitioner
+from partitioner.cli.loader import load_model
+from partitioner.core.errors import PlanError, UsageError
+from partitioner.core.options import SearchOptions
+from partitioner.plan.model import Plan
+from passes.cluster.runtime import load_cluster
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mlp() -> keras.Model:
+    return load_model(str(REPO / "examples" / "mnist_mlp.py"))
+
+
+@pytest.fixture(scope="module")
+def plan(mlp: keras.Model) -> Plan:
+    return partitioner.partition(
+        mlp, gpus=2, batch_size=16, solver="even", compare_strategies=False
+    )
+
+
+@pytest.mark.parametrize("devices", [["/cpu:0", "/device:CPU:0"], ["/device:CPU:1"] * 2])
+def test_two_plan_devices_given_as_one_device_are_refused(
+    plan: Plan, mlp: keras.Model, devices: list[str]
+) -> None:
+    assert len(set(plan.assignment.values())) == 2  # both devices hold layers
+    with pytest.raises(UsageError) as info:
+        plan.apply(mlp, devices)
+    message = str(info.value)
+    assert message.startswith("devices= put plan devices 0 and 1 on one device") and (
+        "\n" not in message
+    )
+    placed = plan.apply(mlp, ["/device:CPU:0", "/cpu:1"])  # distinct, in any spelling
+    devices = {v.value.device.split("/")[-1] for v in placed.weights}
+    assert devices == {"device:CPU:0", "device:CPU:1"}
+
+
+def test_a_plan_naming_one_device_twice_is_refused(plan: Plan, mlp: keras.Model) -> None:
+    named = replace(plan, devices=tuple(replace(d, name="/device:CPU:0") for d in plan.devices))
+    with pytest.raises(PlanError, match=r"^the plan's device names put plan devices 0 and 1"):
+        named.apply(mlp)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"timeout_s": float("inf")}, "timeout_s=inf must be a positive, finite number"),
+        ({"timeout_s": 1e300}, r"timeout_s=1e\+300 is more than 3600 seconds"),
+        ({"timeout_s": 86401}, "timeout_s=86401 is more than 3600 seconds"),
+        ({"step_timeout_s": float("inf")}, "step_timeout_s=inf must be a positive, finite"),
+    ],
+)
+def test_an_unbounded_wait_on_a_cluster_is_refused_before_connecting(
+    plan: Plan, mlp: keras.Model, tmp_path: Path, kwargs: dict[str, float], needle: str
+) -> None:
+    cluster = tmp_path / "down.json"
+    cluster.write_text(json.dumps({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}))
+    started = time.monotonic()
+    with pytest.raises(UsageError, match=needle):
+        plan.apply(mlp, cluster=str(cluster), **kwargs)
+    assert time.monotonic() - started < 5  # refused, not a wait on the down tasks
+
+
+@pytest.mark.parametrize("cluster", [["localhost:2222", "localhost:2223"], 7, 2.5])
+def test_a_cluster_of_another_type_is_one_usage_error(cluster: object) -> None:
+    with pytest.raises(UsageError, match=r"^cluster=.* is no cluster; give a cluster file"):
+        load_cluster(cluster)  # type: ignore[arg-type]
+
+
+def test_a_tf_config_string_is_read_as_one() -> None:
+    text = json.dumps(
+        {"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
+         "task": {"type": "worker", "index": 0}}
+    )  # fmt: skip
+    spec = load_cluster(text)
+    assert spec.addresses == ("127.0.0.1:2222", "127.0.0.1:2223")
+    with pytest.raises(UsageError, match=r"JSON"):
+        load_cluster("{not json")
+
+
+@pytest.mark.parametrize("strategy", ["single", "data-parallel"])
+@pytest.mark.parametrize("solver", ["metis", "ilp", "even"])
+def test_a_solver_beside_a_strategy_without_stages_is_refused(strategy: str, solver: str) -> None:
+    with pytest.raises(UsageError, match=f"^solver='{solver}' places a model's stages"):
+        SearchOptions(strategy=strategy, solver=solver)
+    SearchOptions(strategy=strategy, solver="auto")
+    SearchOptions(strategy="placed", solver=solver)
+
+
+def test_the_cli_says_it_in_its_flags(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "partitioner", str(REPO / "examples" / "mnist_mlp.py"),
+         "--gpus", "2", "--strategy", "data-parallel", "--solver", "metis", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and not out.exists()
+    assert done.stderr.strip().splitlines()[-1] == (
+        "partition: error: --solver metis places a model's stages, and --strategy data-parallel "
+        "has none (the whole model on each device): drop --solver metis, or use --strategy "
+        "placed (or 'pipeline', 'hybrid') to have it place them"
+    )
