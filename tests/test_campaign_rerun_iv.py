@@ -58,8 +58,8 @@ def test_two_plan_devices_given_as_one_device_are_refused(
         "\n" not in message
     )
     placed = plan.apply(mlp, ["/device:CPU:0", "/cpu:1"])  # distinct, in any spelling
-    devices = {v.value.device.split("/")[-1] for v in placed.weights}
-    assert devices == {"device:CPU:0", "device:CPU:1"}
+    held = {v.value.device.split("/")[-1] for v in placed.weights}
+    assert held == {"device:CPU:0", "device:CPU:1"}
 
 
 def test_a_plan_naming_one_device_twice_is_refused(plan: Plan, mlp: keras.Model) -> None:
@@ -84,7 +84,7 @@ def test_an_unbounded_wait_on_a_cluster_is_refused_before_connecting(
     cluster.write_text(json.dumps({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}))
     started = time.monotonic()
     with pytest.raises(UsageError, match=needle):
-        plan.apply(mlp, cluster=str(cluster), **kwargs)
+        plan.apply(mlp, cluster=str(cluster), **kwargs)  # type: ignore[arg-type]
     assert time.monotonic() - started < 5  # refused, not a wait on the down tasks
 
 
