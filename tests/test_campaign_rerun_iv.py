@@ -127,3 +127,41 @@ def test_the_cli_says_it_in_its_flags(tmp_path: Path) -> None:
         "has none (the whole model on each device): drop --solver metis, or use --strategy "
         "placed (or 'pipeline', 'hybrid') to have it place them"
     )
+
+
+# -- clusters: one check for cluster files, TF_CONFIG and a topology read from either ----------
+
+
+@pytest.mark.parametrize(
+    ("jobs", "needle"),
+    [
+        ({"worker": ["h:1"], "a/b": ["h:2"]}, "job 'a/b' is not a TensorFlow job name"),
+        ({"worker": ["h:1"], "": ["h:2"]}, "job '' is not a TensorFlow job name"),
+        ({"worker": ["h:1"], "w\x1b[31m": ["h:2"]}, r"job 'w\x1b[31m' is not a TensorFlow job"),
+        ({"chief": ["h:1", "h:2"], "worker": ["h:3"]}, "job 'chief' lists 2 tasks"),
+        ({"worker": ["h:1"], "evaluator": ["h:2", "h:3"]}, "job 'evaluator' lists 2 tasks"),
+        ({"worker": [f"h:{2000 + i}" for i in range(513)]}, "lists 513 tasks, more than 512"),
+        ({"worker": ["0.0.0.0:2003", "127.0.0.1:2003"]}, "lists an address twice"),
+        ({"worker": ["[::]:2003", "localhost:2003"]}, "lists an address twice"),
+    ],
+)
+def test_a_cluster_tensorflow_would_refuse_is_refused_in_one_line(
+    jobs: dict[str, list[str]], needle: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(jobs))
+    with pytest.raises(UsageError) as info:
+        load_cluster(str(path))
+    message = str(info.value)
+    assert needle in message and "\n" not in message and "\x1b" not in message
+
+
+def test_a_tf_config_job_it_does_not_define_is_refused_not_dropped() -> None:
+    from cost_models.devices.topology import topology_from_tf_config
+    from partitioner.core.errors import CatalogError
+
+    config = {"cluster": {"worker": ["h0:2222"], "Worker": ["h1:2222"]}}
+    with pytest.raises(CatalogError, match="has job 'Worker', which TF_CONFIG does not define"):
+        topology_from_tf_config(config, device_type="cpu")
+    both = {"cluster": {"chief": ["h0:2222"], "worker": ["h1:2222"], "ps": ["h2:2222"]}}
+    assert topology_from_tf_config(both, device_type="cpu").num_devices == 2

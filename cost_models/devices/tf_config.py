@@ -26,6 +26,7 @@ from typing import Any, cast
 
 from cost_models.devices.datafiles import check_schema, parse_json
 from partitioner.core.errors import CatalogError, PartitionError, UsageError
+from partitioner.core.options import MAX_DEVICES
 
 __all__ = [
     "TF_CONFIG_VARIABLE",
@@ -45,6 +46,8 @@ _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[
 """``host:port``: a host name or IPv4 address (letters, digits, ``_.-``), or a bracketed IPv6
 address; the port is checked to be 1..65535."""
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "ip6-localhost"})
+_UNSPECIFIED = frozenset({"0.0.0.0", "[::]"})
+"""Addresses that name no host: a connection to one reaches this machine."""
 _EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
 
 Jobs = tuple[tuple[str, tuple[str, ...]], ...]
@@ -124,12 +127,13 @@ def parse_tf_config(
 def address_host(address: str) -> str:
     """The host of a ``host:port`` address (``""`` for ``":2222"``), as one name however it is
     spelled: without case or a trailing dot, an IPv4 address as its dotted quad (``127.1``,
-    ``0x7f000001``), and every loopback name (``127.x.y.z``, ``[::1]``) as ``localhost``;
-    tasks with one host share a machine."""
+    ``0x7f000001``), and every loopback name (``127.x.y.z``, ``[::1]``) and unspecified address
+    (``0.0.0.0``, ``[::]``: a connection to one reaches this machine) as ``localhost``; tasks
+    with one host share a machine."""
     text = address.strip()
     name = (text.rsplit(":", 1)[0] if ":" in text else text).lower().rstrip(".")
     name = _canonical_ip(name)
-    if name in _LOOPBACK_NAMES or name.startswith("127."):
+    if name in _LOOPBACK_NAMES or name.startswith("127.") or name in _UNSPECIFIED:
         return "localhost"
     return name
 
@@ -193,12 +197,43 @@ def check_addresses(
     ``host:port`` (port 1..65535, no control characters), no address twice in a job or across
     jobs, however spelled (two servers cannot share a port: :func:`_address_key`). The one check for a cluster file, ``TF_CONFIG`` and a topology read
     from either."""
+    _check_jobs(config, origin, error)
     jobs = tuple((job, _job_addresses(origin, job, addrs, error)) for job, addrs in config.jobs)
     seen = [a for _, addrs in jobs for a in addrs]
     if len({_address_key(a) for a in seen}) != len(seen):
         raise error(f"{origin}: two tasks share one address: {sorted(seen)}{_spelled(seen)}")
     _check_task(config, origin, error)
     return TfConfig(jobs=jobs, task_type=config.task_type, task_index=config.task_index)
+
+
+_JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+"""A job name TensorFlow takes in a device name (``/job:<name>``); another aborts its server."""
+
+SINGLE_TASK_JOBS = ("chief", "evaluator")
+"""Jobs TensorFlow allows one task of ("There must be at most one 'chief' job")."""
+
+
+def _check_jobs(config: TfConfig, origin: str, error: type[PartitionError]) -> None:
+    """Every job name one TensorFlow takes, ``chief`` and ``evaluator`` one task at most, and
+    at most :data:`~partitioner.core.options.MAX_DEVICES` tasks in all (the bound a topology's
+    devices have: a cluster of 20,001 tasks made one error line of 349 KB)."""
+    for job, addresses in config.jobs:
+        if not _JOB_NAME.fullmatch(job):
+            raise error(
+                f"{origin}: job {job!r} is not a TensorFlow job name (a letter, then letters, "
+                "digits or '_'); rename it"
+            )
+        if job in SINGLE_TASK_JOBS and len(addresses) > 1:
+            raise error(
+                f"{origin}: job {job!r} lists {len(addresses)} tasks; TensorFlow allows one "
+                f"{job}: list the others under 'worker'"
+            )
+    total = sum(len(addresses) for _, addresses in config.jobs)
+    if total > MAX_DEVICES:
+        raise error(
+            f"{origin}: the cluster lists {total} tasks, more than {MAX_DEVICES}; plan a "
+            f"cluster of at most {MAX_DEVICES} tasks"
+        )
 
 
 def _check_task(config: TfConfig, origin: str, error: type[PartitionError]) -> None:

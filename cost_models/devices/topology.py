@@ -134,6 +134,9 @@ TASKS_ON_A_HOST_LINK = "grpc-loopback"
 _TF_JOBS = ("chief", "worker")
 """TF_CONFIG jobs whose tasks hold devices for model layers (``ps`` and ``evaluator`` do not)."""
 
+TF_CONFIG_JOBS = ("chief", "worker", "ps", "evaluator")
+"""The jobs a ``TF_CONFIG`` cluster may have (``tf.distribute``'s task types)."""
+
 
 # --------------------------------------------------------------------------------------------
 # Errors that name the source and the field
@@ -726,7 +729,15 @@ def _load_file(path: Path, *, device_type: str | None, memory_limit_bytes: int |
 
 
 def _tf_tasks(where: _Where, config: TfConfig) -> list[tuple[str, int, str]]:
-    """``(job, task index, hostname)`` of every chief and worker task, chief first."""
+    """``(job, task index, hostname)`` of every chief and worker task, chief first; a job
+    TF_CONFIG does not define (a typo like ``Worker``) is refused, not dropped."""
+    unknown = [job for job in config.job_names if job not in TF_CONFIG_JOBS]
+    if unknown:
+        raise where.fail(
+            "cluster",
+            f"has job {unknown[0]!r}, which TF_CONFIG does not define (its jobs: "
+            f"{', '.join(TF_CONFIG_JOBS)}); rename it",
+        )
     tasks: list[tuple[str, int, str]] = []
     for job in _TF_JOBS:
         for i, address in enumerate(config.addresses(job)):
