@@ -165,3 +165,30 @@ def test_a_tf_config_job_it_does_not_define_is_refused_not_dropped() -> None:
         topology_from_tf_config(config, device_type="cpu")
     both = {"cluster": {"chief": ["h0:2222"], "worker": ["h1:2222"], "ps": ["h2:2222"]}}
     assert topology_from_tf_config(both, device_type="cpu").num_devices == 2
+
+
+# -- numbers and messages at the boundary --------------------------------------------------------
+
+
+def test_time_limit_takes_numpy_numbers_and_refuses_huge_ints_in_one_line() -> None:
+    import numpy as np
+
+    for value in (np.int64(5), np.float32(5), np.float16(5), np.longdouble(5)):
+        assert SearchOptions(time_limit_s=value).time_limit_s == 5.0
+    for value, needle in ((10**400, "is more than 86400"), (-(10**400), "must be a positive"),
+                          (True, "must be a positive"), (float("nan"), "must be a positive")):  # fmt: skip
+        with pytest.raises(UsageError) as info:
+            SearchOptions(time_limit_s=value)
+        assert needle in str(info.value) and len(str(info.value)) < 200
+
+
+def test_an_error_whose_message_raises_or_is_huge_is_one_bounded_line() -> None:
+    from partitioner.core.errors import MAX_MESSAGE_CHARS, error_line
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("the user's __str__ fails")
+
+    assert error_line(Unprintable()) == "Unprintable"
+    line = error_line(ValueError("x" * 5_000_000))
+    assert line.startswith("x" * MAX_MESSAGE_CHARS + "... (4999000 more characters)")

@@ -99,11 +99,31 @@ _KERAS_CALL_CONTEXT = re.compile(
 """What Keras puts before a layer call's error message (then the message in bold)."""
 
 
+MAX_MESSAGE_CHARS = 1000
+"""The longest line an error of the user's code is reported with (a builder's
+``ValueError('x' * 5_000_000)`` was one 5 MB line on stderr)."""
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or ``""`` when its ``__str__`` itself raises (the user's code may)."""
+    try:
+        return str(exc)
+    except Exception:  # an exception's own __str__ failing: report its type instead
+        return ""
+
+
+def _bounded(line: str) -> str:
+    if len(line) <= MAX_MESSAGE_CHARS:
+        return line
+    return f"{line[:MAX_MESSAGE_CHARS]}... ({len(line) - MAX_MESSAGE_CHARS} more characters)"
+
+
 def error_line(exc: BaseException, empty: str | None = None) -> str:
-    """The first line of ``exc``'s message, of Keras's own message where Keras wrapped it in
-    the layer call's context ("Exception encountered when calling Dense.call()."); ``empty``
-    (default: the exception's type) when there is none."""
-    text = str(exc).strip()
+    """The first line of ``exc``'s message (at most :data:`MAX_MESSAGE_CHARS` of it), of
+    Keras's own message where Keras wrapped it in the layer call's context ("Exception
+    encountered when calling Dense.call()."); ``empty`` (default: the exception's type) when
+    there is none, or when the message cannot be made."""
+    text = message_of(exc).strip()
     context = _KERAS_CALL_CONTEXT.match(text)
     if context is not None:
         text = text[context.end() :].split("\x1b[0m", 1)[0].strip()
@@ -113,10 +133,10 @@ def error_line(exc: BaseException, empty: str | None = None) -> str:
     first = lines[0]
     if first.endswith(":") and len(lines) > 1:  # "... Error encountered:" then the reason
         first = f"{first} {lines[1]}"
-    return first
+    return _bounded(first)
 
 
 def keras_call(exc: BaseException) -> str | None:
     """The layer call Keras names in ``exc``'s context (``Reshape.call()``), or None."""
-    context = _KERAS_CALL_CONTEXT.match(str(exc).strip())
+    context = _KERAS_CALL_CONTEXT.match(message_of(exc).strip())
     return None if context is None else context.group("call").strip()

@@ -14,6 +14,7 @@ registry, a topology) are checked by ``partitioner.api.prepare``, which knows th
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import os
 from collections.abc import Mapping
@@ -70,6 +71,12 @@ MAX_SEED = (1 << 31) - 1
 integer) and METIS (a C ``int``)."""
 SINGLE_DEVICE_SOLVER = "single"
 """The solver that places every layer on one device: nothing for ``pipeline=True`` to overlap."""
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters (``10**400`` has 401 digits)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _integer(value: Any) -> int | None:
@@ -352,20 +359,23 @@ class SearchOptions:
         return (Family(self.strategy),)
 
     def _check_time_limit(self) -> None:
-        """``time_limit_s`` is a positive, finite number of seconds, at most a day."""
+        """``time_limit_s`` is a positive, finite number of seconds, at most a day: any real
+        number (numpy's too, an int too large for a float), as a float."""
         t = self.time_limit_s
-        if (
-            isinstance(t, bool)
-            or not isinstance(t, (int, float))
-            or not math.isfinite(t)
-            or t <= 0
-        ):
-            raise UsageError(f"time_limit_s={t!r} must be a positive number of seconds")
-        if t > MAX_TIME_LIMIT_S:
+        shown = _short(t)
+        real = not (isinstance(t, bool) or type(t).__name__ == "bool_") and isinstance(
+            t, numbers.Real
+        )
+        value = (int(t) if isinstance(t, numbers.Integral) else float(t)) if real else math.nan
+        finite = isinstance(value, int) or math.isfinite(value)  # an int is exact, however large
+        if not (finite and value > 0):
+            raise UsageError(f"time_limit_s={shown} must be a positive number of seconds")
+        if value > MAX_TIME_LIMIT_S:
             raise UsageError(
-                f"time_limit_s={t!r} is more than {MAX_TIME_LIMIT_S:.15g}, the most partition "
+                f"time_limit_s={shown} is more than {MAX_TIME_LIMIT_S:.15g}, the most partition "
                 f"takes; give at most {MAX_TIME_LIMIT_S:.15g}"
             )
+        object.__setattr__(self, "time_limit_s", float(value))
 
     def _check_pipelining(self) -> None:
         """Micro-batches and schedules only with ``pipeline``, a schedule that pipelines, at
