@@ -272,12 +272,30 @@ def _check_local_devices(device_strings: Sequence[str], given: bool) -> None:
         )
 
 
-def _check_distinct(device_strings: Sequence[str], used: Sequence[int], given: bool) -> None:
+def _check_waits(cluster: Any, timeout_s: float, step_timeout_s: float | None) -> None:
+    """Before connecting to ``cluster``: an infinite (or over an hour) wait on a down task is
+    refused, as ``partition calibrate`` refuses it
+    (:func:`~passes.cluster.calibrate.check_timeout_s`); nothing to check without a cluster."""
+    if cluster is None:
+        return
+    from passes.cluster.calibrate import check_timeout_s
+
+    check_timeout_s("timeout_s", timeout_s)
+    if step_timeout_s is not None:
+        check_timeout_s("step_timeout_s", step_timeout_s)
+
+
+def _check_distinct(
+    plan: Plan, strategy: Strategy | None, device_strings: Sequence[str], given: bool
+) -> None:
     """UsageError (``devices=``) or PlanError (the plan's own names) when two devices that
     hold layers are one TensorFlow device, however spelled (``/cpu:0``, ``/device:CPU:0``): the
-    stages would run one after another there, not as planned and predicted."""
+    stages would run one after another there, not as planned and predicted. Replicas check
+    theirs where they are made (``realise_strategy``)."""
+    if strategy is not None:
+        return
     first: dict[str, int] = {}
-    for i in used:
+    for i in sorted(set(plan.assignment.values())):
         name = device_strings[i]
         try:
             key = tf.DeviceSpec.from_string(name).to_string() if name else ""
@@ -458,19 +476,13 @@ def apply_plan(
     checked first (the module docstring)."""
     given = _given_devices(devices)
     strategy = _replicas(plan)
-    if cluster is not None:  # before connecting: an unbounded wait on a down task is refused
-        from passes.cluster.calibrate import check_timeout_s
-
-        check_timeout_s("timeout_s", timeout_s)
-        if step_timeout_s is not None:
-            check_timeout_s("step_timeout_s", step_timeout_s)
+    _check_waits(cluster, timeout_s, step_timeout_s)
     handle = _connected(plan, cluster, timeout_s)
     if strategy is not None and handle is not None:
         _check_cluster_holds(strategy, handle)
     used = strategy.devices if strategy is not None else None
     device_strings = _device_strings(plan, given, handle, used)
-    if strategy is None:  # replicas check theirs where they are made (realise_strategy)
-        _check_distinct(device_strings, sorted(set(plan.assignment.values())), given is not None)
+    _check_distinct(plan, strategy, device_strings, given is not None)
     check_plan_matches_model(
         plan.layer_order,
         [u.name for u in placement_units(model)],

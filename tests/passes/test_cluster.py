@@ -170,7 +170,7 @@ def client_fault_replicas(cluster_file: str) -> dict[str, Any]:
     x, y = _data(4096)
     before = [w.copy() for w in model.get_weights()]
     plan = partitioner.partition(
-        model, gpus=2, batch_size=4, solver="even", strategy="data_parallel", time_limit_s=1.0
+        model, gpus=2, batch_size=4, strategy="data_parallel", time_limit_s=1.0
     )
     placed = plan.apply(model, cluster=cluster_file, timeout_s=60, step_timeout_s=3.0)
     return _train_until_broken(model, placed, x, y, before)

@@ -138,7 +138,8 @@ def client_replicas(cluster_file: str, model_name: str, family: str) -> dict[str
     reductions = _spy_on_reductions()
     gpus = 4 if family == "hybrid" else 2
     plan = partitioner.partition(
-        model, gpus=gpus, batch_size=BATCH, solver="even", strategy=family, time_limit_s=1.0
+        model, gpus=gpus, batch_size=BATCH, strategy=family, time_limit_s=1.0,
+        **({"solver": "even"} if family not in ("single", "data_parallel") else {}),
     )
     out: dict[str, Any] = {"strategy": plan.strategy.describe(), "family": family}
     for how in ("fit", "train_on_batch"):
