@@ -46,6 +46,7 @@ from partitioner.core.ir import (
 )
 from partitioner.core.microbatch import INEXACT_UNDER_MICROBATCHES, InexactLayer
 from partitioner.core.options import (
+    DEFAULT_DEVICE_TYPE,
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
     MeasureOptions,
@@ -160,12 +161,14 @@ def prepare(
     measure = (
         MeasureOptions() if measure is None else _check_group(measure, MeasureOptions, "measure")
     )
-    device = get_device_type(target.device_type)
+    given = target.device_type
+    device = get_device_type(DEFAULT_DEVICE_TYPE if given is None else given)
     topology = load_topology(
         target.topology,
         device_type=device.name,
         num_devices=target.gpus,
         memory_limit_bytes=target.memory_limit_bytes,
+        device_type_given=given is not None,
     )
     _check_topology_bounds(target.topology, topology)
     search.check_devices(topology.num_devices)
@@ -268,7 +271,7 @@ def partition(
     model: Any,
     *,
     gpus: int | None = None,
-    device_type: str = "h100",
+    device_type: str | None = None,
     batch_size: int = 32,
     solver: str = "auto",
     topology: str = "pcie",
@@ -291,7 +294,7 @@ def partition(
     measure: MeasureOptions | None = None,
     progress: Progress | None = None,
 ) -> Plan:
-    """Trace, cost and place ``model`` on ``gpus`` devices of ``device_type``.
+    """Trace, cost and place ``model`` on ``gpus`` devices of ``device_type`` (default h100).
 
     The keywords are the flat spelling of three option groups (their docstrings say what each
     field does): :class:`~partitioner.core.options.TargetOptions` (what to plan for: ``gpus``

@@ -391,10 +391,13 @@ def _shape_overrides(
     """``shapes`` with ``input_shape`` (one shape, or one per input name) put in."""
     if isinstance(input_shape, Mapping):
         unknown = sorted(set(input_shape) - set(names))
-        if unknown:
+        if unknown:  # written as the argument, so the CLI shows it as --input-shape NAME=SHAPE
+            shown = {str(k): tuple(input_shape[k]) for k in unknown}
+            example = {n: _example_shape(s) for n, s in zip(names, shapes)}
             raise TraceError(
-                f"input_shape names {unknown} but model {model.name!r} has inputs {list(names)}; "
-                "key input_shape by those names"
+                f"input_shape={shown}: model {model.name!r} has no input named "
+                f"{', '.join(map(repr, unknown))} (its inputs are {list(names)}); key the "
+                f"shapes by those names, e.g. input_shape={example}"
             )
         given = {n: tuple(int(d) for d in input_shape[n]) for n in input_shape}
     elif len(shapes) != 1:
@@ -557,8 +560,25 @@ def _synthetic_loss(outputs: Any) -> tf.Tensor:
             if tf.is_tensor(t) and t.dtype.is_floating
         ]
     if not terms:
-        raise TraceError("the model has no floating-point output to train on")
+        raise TraceError(
+            f"the model has no floating-point output to train on ({_outputs_shown(outputs)}); "
+            "plan a model that returns float values (e.g. the scores before an argmax or a cast "
+            "to int) and compute the integer output from them after it"
+        )
     return tf.add_n(terms) if len(terms) > 1 else terms[0]
+
+
+def _outputs_shown(outputs: Any) -> str:
+    """``its output: int64 from op 'argmax/am/ArgMax'``: the dtype and the op of up to three of
+    ``outputs``."""
+    flat = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
+    if not flat:
+        return "it returns no tensor"
+    shown = [
+        f"{t.dtype.name} from op {getattr(getattr(t, 'op', None), 'name', '?')!r}" for t in flat[:3]
+    ]
+    more = f" and {len(flat) - 3} more" if len(flat) > 3 else ""
+    return f"its output{'s' if len(flat) > 1 else ''}: {', '.join(shown)}{more}"
 
 
 def _target_bytes(tf_ops: Sequence[Any]) -> int:

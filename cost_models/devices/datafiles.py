@@ -105,13 +105,15 @@ def read_text(
     hint: str = "",
     *,
     max_bytes: int = MAX_DATA_FILE_BYTES,
+    follow_symlinks: bool = True,
 ) -> str:
     """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``, through the one
     bounded reader (:func:`partitioner.core.files.read_regular_text`: a FIFO, a device or a
-    directory is refused without blocking); ``error`` naming ``origin`` otherwise."""
+    directory is refused without blocking, and a symbolic link without ``follow_symlinks``);
+    ``error`` naming ``origin`` otherwise."""
     tail = f"; {hint}" if hint else ""
     try:
-        return read_regular_text(path, max_bytes)
+        return read_regular_text(path, max_bytes, follow_symlinks=follow_symlinks)
     except UnreadableInput as exc:
         step = _NEXT_STEP.get(exc.kind, "") if exc.kind == "missing" or not hint else ""
         raise error(f"cannot read {origin}: {exc.reason}{step}{tail}") from None

@@ -708,8 +708,16 @@ def bounded_tf_config_text(
     )
 
 
-def _load_file(path: Path, *, device_type: str | None, memory_limit_bytes: int | None) -> Topology:
-    """Read, parse (JSON or TOML by suffix) and build a topology file."""
+def _load_file(
+    path: Path,
+    *,
+    device_type: str | None,
+    memory_limit_bytes: int | None,
+    device_type_given: bool = False,
+) -> Topology:
+    """Read, parse (JSON or TOML by suffix) and build a topology file; with
+    ``device_type_given``, refuse a ``device_type`` that no entry of the file would take and
+    that is not the type of all its devices (it would be ignored)."""
     origin = f"topology file {str(path)!r}"
     text = read_input_text(path, "topology file", UsageError, MAX_TOPOLOGY_BYTES)
     if path.suffix.lower() == ".json":
@@ -719,6 +727,13 @@ def _load_file(path: Path, *, device_type: str | None, memory_limit_bytes: int |
     topology = parse_topology(
         data, origin=origin, device_type=device_type, memory_limit_bytes=memory_limit_bytes
     )
+    typeless = any("type" not in e for _, host in _host_items(data) for e in host["devices"])
+    types = list(dict.fromkeys(d.device_type for d in topology.devices))
+    if device_type_given and not typeless and types != [device_type]:
+        raise UsageError(
+            f"{origin} names the type of each of its devices ({', '.join(types)}), so "
+            f"device_type={device_type!r} would be ignored; drop one of the two"
+        )
     logger.debug("%s: %s", origin, topology_summary(topology))
     return topology
 
@@ -918,7 +933,12 @@ def _uniform(
 
 
 def _from_file(
-    text: str, *, device_type: str | None, num_devices: int | None, memory_limit_bytes: int | None
+    text: str,
+    *,
+    device_type: str | None,
+    num_devices: int | None,
+    memory_limit_bytes: int | None,
+    device_type_given: bool,
 ) -> Topology:
     """A ``.json``/``.toml`` topology file, its device count checked against ``num_devices``."""
     path = Path(text)
@@ -927,7 +947,12 @@ def _from_file(
             f"topology={text!r} is neither a link kind ({_known_links()}, {TF_CONFIG_SPEC}) nor "
             "a .json/.toml topology file"
         )
-    topology = _load_file(path, device_type=device_type, memory_limit_bytes=memory_limit_bytes)
+    topology = _load_file(
+        path,
+        device_type=device_type,
+        memory_limit_bytes=memory_limit_bytes,
+        device_type_given=device_type_given,
+    )
     if num_devices is not None and num_devices != topology.num_devices:
         raise UsageError(
             f"topology file {text!r} describes {topology.num_devices} devices but "
@@ -944,6 +969,7 @@ def load_topology(
     memory_limit_bytes: int | None = None,
     inter_link: str = "eth100g",
     environ: Mapping[str, str] | None = None,
+    device_type_given: bool = False,
 ) -> Topology:
     """The topology named by ``spec`` (the ``topology=`` argument; see the module docstring).
 
@@ -953,7 +979,9 @@ def load_topology(
       ``num_devices`` devices in all (default one per task; must divide evenly among the tasks),
       ``pcie`` within a host and ``inter_link`` between hosts;
     * a ``.json`` / ``.toml`` path: a topology file; ``num_devices``, when given, must match its
-      device count, and ``device_type`` is the type of entries that name none.
+      device count, and ``device_type`` is the type of entries that name none; with
+      ``device_type_given`` (the user chose it, not a default) a file whose every entry names
+      a type refuses it (it would be ignored) unless all its devices are of that type.
 
     ``memory_limit_bytes``, when given, is every device's memory (overriding the catalog and the
     file). Errors are one-line :class:`~partitioner.core.errors.PartitionError` subclasses.
@@ -980,7 +1008,11 @@ def load_topology(
             memory_limit_bytes=memory_limit_bytes,
         )
     return _from_file(
-        text, device_type=device_type, num_devices=num_devices, memory_limit_bytes=memory_limit_bytes
+        text,
+        device_type=device_type,
+        num_devices=num_devices,
+        memory_limit_bytes=memory_limit_bytes,
+        device_type_given=device_type_given,
     )
 
 

@@ -26,8 +26,9 @@ the layer's class and configuration (its name left out, so identical layers shar
 shapes and dtypes of every call's inputs, the device's kind (its model name, not its index), the
 TensorFlow version and the batch size. Files are written to a temporary file and renamed
 (:func:`partitioner.core.files.write_atomic`), so an interrupted run (Ctrl-C) never leaves a partial
-entry. The cache directory is ``$PARTITIONER_CACHE_DIR``, else ``$XDG_CACHE_HOME/partitioner``,
-else ``~/.cache/partitioner``.
+entry; an entry that is a symbolic link is a miss, and the new entry replaces the link itself,
+never the file it points at. The cache directory is ``$PARTITIONER_CACHE_DIR``, else
+``$XDG_CACHE_HOME/partitioner``, else ``~/.cache/partitioner``.
 
 Merging
 -------
@@ -298,13 +299,16 @@ _CACHE_SCHEMA_RESOURCE = "measure/profile_cache.schema.json"
 def _read_entry(cache_dir: Path, key: str) -> tuple[float, float, int] | None:
     """The cached ``(forward_s, backward_s, repeats)`` of ``key``; None when there is no
     entry, an entry of another schema, or (with a warning) an unreadable, oversized, malformed
-    or not regular one (a FIFO is refused without blocking: ``read_text``)."""
+    or not regular one (a FIFO is refused without blocking: ``read_text``; a symbolic link is
+    not followed: the entry is this cache's own file, never the file a link points at)."""
     path = _entry_path(cache_dir, key)
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     origin = f"profile cache entry {str(path)!r}"
     try:
-        text = read_text(path, origin, PartitionError, max_bytes=MAX_CACHE_ENTRY_BYTES)
+        text = read_text(
+            path, origin, PartitionError, max_bytes=MAX_CACHE_ENTRY_BYTES, follow_symlinks=False
+        )
         raw = parse_json(text, origin, PartitionError)
         if isinstance(raw, dict) and (raw.get("schema") != CACHE_SCHEMA or raw.get("key") != key):
             return None
@@ -331,7 +335,10 @@ def _write_entry(
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "signature": signature,
     }
-    write_atomic(path, json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
+    # The entry itself is replaced (a symbolic link there too), never a link's target: a link
+    # in the cache, by mistake or by another user of a shared cache, points at somebody's file.
+    text = json.dumps(body, indent=1, sort_keys=True, default=str) + "\n"
+    write_atomic(path, text, follow_symlinks=False)
 
 
 def _cache_key(signature: Mapping[str, Any]) -> str:

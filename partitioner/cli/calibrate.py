@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import import_quietly
 from partitioner.core.errors import PartitionError, UsageError, escape_control
 
@@ -49,7 +50,7 @@ FLAGS: Mapping[str, str] = MappingProxyType(
 def build_parser() -> argparse.ArgumentParser:
     from passes.cluster.calibrate import MAX_ROUNDS, MAX_TIMEOUT_S, MIN_ROUNDS
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=PROG,
         description="Measure the devices a plan will use (links, the replicas' all-reduce, "
         "compute speed) and write them as a topology file for partition --topology.",

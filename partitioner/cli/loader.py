@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from partitioner.core.errors import ModelLoadError, error_line, keras_call, quoting
 from partitioner.core.files import file_kind
@@ -213,8 +213,10 @@ def _run_module(loader: Any, module: ModuleType, path: Path) -> None:
 
 def _import_error(exc: BaseException, path: Path) -> ModelLoadError:
     if isinstance(exc, SyntaxError):
+        line = exc.lineno or _nul_line(path)  # Python gives no line for a NUL byte
         return ModelLoadError(
-            f"{path}:{exc.lineno}: syntax error: {exc.msg}; fix the file and run again"
+            f"{path}{f':{line}' if line else ''}: syntax error: {exc.msg}; fix the file and "
+            "run again"
         )
     if isinstance(exc, SystemExit):
         return ModelLoadError(
@@ -224,6 +226,17 @@ def _import_error(exc: BaseException, path: Path) -> ModelLoadError:
     return quoting(
         ModelLoadError(f"importing {path} failed: {_brief(exc, path)}"), error_line(exc, "")
     )
+
+
+def _nul_line(path: Path) -> int | None:
+    """The line of the first NUL byte in ``path`` (Python's syntax error for one has none), or
+    None."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    at = data.find(b"\0")
+    return data.count(b"\n", 0, at) + 1 if at >= 0 else None
 
 
 def _brief(exc: BaseException, path: Path) -> str:
@@ -276,6 +289,12 @@ def _as_model(value: Any, what: str, path: Path) -> Any:
         built = _call_builder(value, what, path)
         if isinstance(built, keras.Model):
             return built
+        if inspect.iscoroutine(built):  # an async def: its body never ran
+            built.close()  # no "coroutine ... was never awaited" RuntimeWarning
+            raise ModelLoadError(
+                f"{path}:{what}() returned a coroutine, not a keras.Model (it is an async def); "
+                f"make {what} a plain def that returns the model"
+            )
         raise ModelLoadError(
             f"{path}:{what}() returned a {type(built).__name__}, not a keras.Model"
         )
@@ -307,6 +326,8 @@ def load_model(spec: str, *, weightless: bool = False) -> Any:
         return build_without_weights(lambda: build_sublayers(_load(spec)), what=spec)
     except WeightlessBuildError as exc:
         failure = exc
+    if _fails_with_weights_too(failure.__cause__):  # the model's code is not run a second time
+        raise cast(ModelLoadError, failure.__cause__) from None
     free = available_memory_bytes()
     if free is not None and failure.weight_bytes > free:
         raise ModelLoadError(
@@ -317,6 +338,30 @@ def load_model(spec: str, *, weightless: bool = False) -> Any:
     model = _load(spec)  # the user's own error, when the model fails with weights too
     logger.warning("%s; built it with its weights instead", failure.reason)
     return model
+
+
+SCOPED_PACKAGES = ("keras", "tensorflow", "tf_keras")
+"""The packages a weightless build changes: a failure raised where none of their code ran is
+not the build's, and building with weights would only repeat it."""
+
+
+def _fails_with_weights_too(exc: BaseException | None) -> bool:
+    """Whether ``exc``, what loading a model without its weights raised, is the loader's error
+    about the model's own code (a ``build_model()`` that raises, an import that fails, a builder
+    returning no model) with no frame of Keras or TensorFlow on its way: then building it with
+    its weights would run the model's code again only to fail the same way."""
+    if not isinstance(exc, ModelLoadError):
+        return False
+    seen: set[int] = set()
+    error = exc.__cause__ or exc.__context__  # the model's own exception (None: the loader's)
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        for frame, _ in traceback.walk_tb(error.__traceback__):
+            module = str(frame.f_globals.get("__name__", ""))
+            if module.split(".")[0] in SCOPED_PACKAGES:
+                return False
+        error = error.__cause__ or error.__context__
+    return True
 
 
 def _load(spec: str) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import atexit
 import contextlib
 import logging
 import math
@@ -33,6 +32,8 @@ from rich.console import Console
 from partitioner.cli.early import INTERRUPTED_EARLY
 from partitioner.cli.early import interrupt_exits as _interrupt_exits
 from partitioner.cli.early import set_sigint as _set_sigint
+from partitioner.cli.exits import run_exit_handlers
+from partitioner.cli.parsing import OneLineParser
 from partitioner.core.errors import (
     CatalogError,
     ModelLoadError,
@@ -193,12 +194,8 @@ def _flag_value(raw: str | None) -> str | None:
     return str(value)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad command line on one line."""
-
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        raise SystemExit(2)
+_Parser = OneLineParser
+"""argparse that reports a bad command line on one line (``worker`` and ``calibrate`` too)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,8 +228,10 @@ def _add_target_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--device-type",
-        default="h100",
-        help=f"device type from the catalog ({', '.join(device_type_names())}); default h100",
+        default=None,
+        help=f"device type from the catalog ({', '.join(device_type_names())}); default h100 "
+        "(a topology file names its own; --device-type is then the type of its entries that "
+        "name none)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
     parser.add_argument(
@@ -242,7 +241,7 @@ def _add_target_flags(parser: argparse.ArgumentParser) -> None:
         default="pcie",
         metavar="pcie|nvlink|KIND|FILE",
         help="links between the devices: pcie, nvlink, a catalog link kind, or a JSON/TOML "
-        "topology file (devices, hosts, links; overrides --gpus and --device-type)",
+        "topology file (devices, hosts, links; --gpus, if given, must agree with it)",
     )
     parser.add_argument("--optimizer", default="adam", help="optimizer, for memory (default adam)")
     parser.add_argument(
@@ -430,7 +429,8 @@ def _dims(text: str, flag_value: str | None = None) -> tuple[int, ...]:
 
 
 class _Output(NamedTuple):
-    """An output file: its flag, the path as given, and that path made absolute."""
+    """An output file: its flag, the path as given, and that path resolved (absolute, every
+    symbolic link on it followed) before the model's code runs, which may re-point a link."""
 
     option: str
     given: str
@@ -455,12 +455,14 @@ class _Paths:
 
     def shown(self, given: str, path: str) -> str:
         """How a message names a file: as given while the working directory is the one the
-        run started in (it names the same file), ``path`` (absolute) once it moved."""
+        run started in and ``given`` still leads to ``path`` (it names the same file), ``path``
+        (absolute) once either moved (a symbolic link on ``given`` re-pointed)."""
         try:
             moved = not same_file(os.getcwd(), self.start)
         except OSError:  # the directory the model's code changed to is gone
             moved = True
-        return path if moved else given
+        same = os.path.realpath(os.path.join(self.start, given)) == os.path.realpath(path)
+        return path if moved or not same else given
 
     def shown_input(self, path: Path) -> str:
         """An input file, as :meth:`shown`: relative to the start directory when in it."""
@@ -487,12 +489,19 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
         from cost_models.measure.profiled import default_cache_dir
 
         with contextlib.suppress(RuntimeError):  # no home directory: the profiler says so
-            cache_dir = os.path.join(start, default_cache_dir())
+            cache_dir = os.path.realpath(os.path.join(start, default_cache_dir()))
+    # Outputs are resolved now, through every symbolic link, and written there: a link the
+    # model's code re-points later changes nothing, and one it puts on the resolved path is
+    # refused (_check_still_resolved), never written through.
     return _Paths(
         start=start,
         model=model if attr is None else f"{model}:{attr}",
         topology_file=None if topology_file is None else Path(start, topology_file),
-        outputs=tuple(_Output(o, p, os.path.join(start, p)) for o, p in named if p is not None),
+        outputs=tuple(
+            _Output(o, p, os.path.realpath(os.path.join(start, p)))
+            for o, p in named
+            if p is not None
+        ),
         cache_dir=cache_dir,
     )
 
@@ -521,9 +530,22 @@ def _check_replaceable(target: Path, option: str, shown: str) -> None:
         )
 
 
+def _check_still_resolved(path: str, option: str, shown: str) -> None:
+    """``path``, resolved before the model's code ran (:class:`_Output`), still resolves to
+    itself: a symbolic link the code has put on it since is refused, never written through."""
+    now = os.path.realpath(path)
+    if now != path:
+        raise OutputError(
+            f"{option} {shown} now leads to {now}, not to {path} as when the run started (the "
+            "model's code changed a symbolic link on it); refusing to write: give a path "
+            "without symbolic links"
+        )
+
+
 def _check_out(path: str, option: str, shown: str) -> None:
     """``path`` is a regular file or new (never a FIFO, socket, device or directory: a symlink
     counts as its target), in an existing directory, and writable; messages name ``shown``."""
+    _check_still_resolved(path, option, shown)
     try:
         target = check_output_path(path, option)
     except OutputError as exc:
@@ -1047,8 +1069,11 @@ def _end_process(status: int) -> NoReturn:
     modules (a second or more once TensorFlow is loaded), so a Ctrl-C just after "Plan written
     to ..." killed the process without a word. Objects still alive are not finalised, which
     Python's exit does not promise either (a file the model's code opened, wrote and never
-    closed may keep its last buffered lines)."""
-    atexit._run_exitfuncs()
+    closed may keep its last buffered lines). The handlers run for at most
+    :data:`~partitioner.cli.exits.EXIT_HANDLERS_GRACE_S`; one that raises or never returns is one
+    ``note:`` line (:func:`~partitioner.cli.exits.run_exit_handlers`)."""
+    for note in run_exit_handlers():
+        _say(f"{PROG}: note: {note}\n")
     _interrupt_exits("interrupted")  # again: an exit handler may have replaced it
     _flush_or_drop(sys.stdout)
     _flush_or_drop(sys.stderr)
@@ -1403,7 +1428,8 @@ def _rearm_interrupt(handler: Any) -> None:
 def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Plan) -> None:
     """The plan (``--out``), the HTML report (``--report``) and the placed code (``--emit``):
     each made in memory first, then written all together, or none (a run that fails writes no
-    file, and leaves every file it would have replaced as it was). Paths are the absolute ones."""
+    file, and leaves every file it would have replaced as it was). Paths are the ones resolved
+    before the model's code ran."""
     files: list[tuple[str, str]] = []
     for output in paths.outputs:
         if output.option == "--out":
@@ -1421,5 +1447,8 @@ def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Pl
                 cluster_addresses=_tf_config_cluster(args.topology),
             )  # fmt: skip
             files.append((output.path, source))
+    for output in paths.outputs:  # rendering may have run the model's code (a get_config)
+        _check_still_resolved(output.path, output.option, paths.shown(output.given, output.path))
     if files:
-        write_all_atomic(files)
+        # Resolved paths: a link appearing at one now is replaced itself, never written through.
+        write_all_atomic(files, follow_symlinks=False)

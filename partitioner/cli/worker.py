@@ -77,10 +77,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import import_quietly
 from partitioner.core.errors import PartitionError, UsageError
+from partitioner.core.files import write_atomic
 
 if TYPE_CHECKING:
     from passes.cluster.runtime import WorkerCluster
@@ -448,7 +450,7 @@ def _parse_cores(text: str) -> tuple[int, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``partition worker`` options (also ``python -m partitioner.cli.worker``)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="partition worker",
         description="Serve one task of a TensorFlow cluster until stopped (SIGTERM or Ctrl-C). "
         f"WARNING: {WORKER_WARNING}. It serves this machine only ({LOOPBACK}) unless --bind "
@@ -588,6 +590,15 @@ def _accepts(address: str) -> bool:
         return False
 
 
+def _new_log(path: Path) -> BinaryIO:
+    """``path`` opened empty for writing: a symbolic link there is replaced by the new file,
+    never written through (the log is this run's file, not the one a link points at)."""
+    if path.is_symlink():
+        path.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "wb")
+
+
 def start_local_workers(
     num_tasks: int,
     directory: Path,
@@ -608,7 +619,7 @@ def start_local_workers(
     directory.mkdir(parents=True, exist_ok=True)
     addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks))
     cluster_file = directory / "cluster.json"
-    cluster_file.write_text(json.dumps({"worker": list(addresses)}), encoding="utf-8")
+    write_atomic(cluster_file, json.dumps({"worker": list(addresses)}), follow_symlinks=False)
     workers = LocalWorkers(cluster_file, addresses)
     child_env = dict(os.environ if env is None else env)
     child_env.pop("TF_CONFIG", None)
@@ -626,7 +637,7 @@ def start_local_workers(
             core = cores[task] if cores is not None else None
             if core is not None:
                 cmd += ["--cores", str(core)]
-            with open(log, "wb") as out:
+            with _new_log(log) as out:
                 workers.processes.append(
                     subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env)
                 )

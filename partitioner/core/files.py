@@ -3,16 +3,20 @@ untouched), and several files of one run through :func:`write_all_atomic` (all o
 
 What a write may replace: a regular file or nothing. A directory, a named pipe (FIFO), a socket
 or a device node (``/dev/null`` too) is refused in one line (:func:`check_output_path`), never
-renamed over. A symbolic link is followed: its target is replaced and the link stays a link.
+renamed over. A symbolic link is followed: its target is replaced and the link stays a link;
+except with ``follow_symlinks=False``, for a path the user did not name (a cache entry) or one
+resolved before the user's code ran: then the link itself is replaced, never its target.
 
 What a read accepts (:func:`read_regular_text`, and :func:`read_input_text` with a caller's
 error): a regular file (a FIFO, a device such as ``/dev/zero`` or a directory is refused before
 it is read, and opened, if at all, without blocking, so nothing hangs) of at most ``max_bytes``,
-in UTF-8. Every file the product reads goes through it.
+in UTF-8; with ``follow_symlinks=False`` a symbolic link is refused too (``O_NOFOLLOW``). Every
+file the product reads goes through it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -55,27 +59,32 @@ def file_kind(mode: int) -> str:
         (stat.S_ISSOCK, "a socket"),
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symbolic link"),
     ):
         if test(mode):
             return name
     return "not a regular file"
 
 
-def check_output_path(path: str | os.PathLike[str], what: str = "cannot write") -> Path:
-    """The file a write to ``path`` replaces: ``path`` itself, or a symbolic link's final target.
+def check_output_path(
+    path: str | os.PathLike[str], what: str = "cannot write", *, follow_symlinks: bool = True
+) -> Path:
+    """The file a write to ``path`` replaces: ``path`` itself, or a symbolic link's final target
+    (with ``follow_symlinks=False``, the link itself: it is replaced, its target never written).
 
     Raises :class:`OutputError` (``"<what> <path>: it is a named pipe (FIFO), ..."``) unless
-    that is a regular file, or does not exist yet in an existing directory."""
-    target = Path(os.path.realpath(path))
+    that is a regular file (or a link, not followed), or does not exist yet in an existing
+    directory."""
+    target = Path(os.path.realpath(path) if follow_symlinks else os.path.abspath(path))
     try:
-        mode = os.stat(target).st_mode
+        mode = os.stat(target, follow_symlinks=follow_symlinks).st_mode
     except FileNotFoundError:
         mode = None
     except OSError as exc:
         raise OutputError(f"{what} {path}: {exc.strerror or exc}; choose another path") from None
     if mode is not None and stat.S_ISDIR(mode):
         raise OutputError(f"{what} {path}: it is a directory; give a file path")
-    if mode is not None and not stat.S_ISREG(mode):
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
         raise OutputError(
             f"{what} {path}: it is {file_kind(mode)}, not a regular file; only a regular file "
             "is ever replaced: give a file path"
@@ -93,6 +102,16 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _new_mode(target: Path) -> int:
+    """The permission bits of the regular file ``target`` (never a link's target), else those a
+    plain ``open()`` would give."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+    return st.st_mode & 0o777 if stat.S_ISREG(st.st_mode) else 0o666 & ~_umask()
+
+
 def _stage(target: Path, text: str) -> str:
     """A temporary file beside ``target`` holding ``text`` (synced), with the mode a plain
     ``open()`` would give (or the mode of the file it replaces); its path."""
@@ -101,7 +120,7 @@ def _stage(target: Path, text: str) -> str:
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
     try:
-        mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()
+        mode = _new_mode(target)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             os.fchmod(fh.fileno(), mode)
             fh.write(text)
@@ -116,24 +135,25 @@ def _stage(target: Path, text: str) -> str:
     return tmp
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+def write_atomic(path: str | os.PathLike[str], text: str, *, follow_symlinks: bool = True) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename (only over a regular
-    file; a symbolic link's target is replaced, the link kept: :func:`check_output_path`)."""
-    write_all_atomic([(path, text)])
+    file; a symbolic link's target is replaced, the link kept: :func:`check_output_path`; with
+    ``follow_symlinks=False`` the link itself is replaced and its target left as it was)."""
+    write_all_atomic([(path, text)], follow_symlinks=follow_symlinks)
     return Path(path)
 
 
 def _backup(target: Path) -> str | None:
     """A hard link to ``target``'s current file (None when there is none), so a failed
     multi-file write can put it back."""
-    if not target.exists():
+    if not os.path.lexists(target):
         return None
     backup = str(target.parent / f".{target.name}.{secrets.token_hex(8)}.old")
     try:
-        os.link(target, backup)
+        os.link(target, backup, follow_symlinks=False)
     except OSError:
         try:  # a file system without hard links
-            shutil.copy2(target, backup)
+            shutil.copy2(target, backup, follow_symlinks=False)
         except OSError as exc:
             Path(backup).unlink(missing_ok=True)
             raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
@@ -152,16 +172,20 @@ def _undo(done: Sequence[tuple[Path, str | None]]) -> None:
             pass
 
 
-def write_all_atomic(files: Sequence[tuple[str | os.PathLike[str], str]]) -> None:
+def write_all_atomic(
+    files: Sequence[tuple[str | os.PathLike[str], str]], *, follow_symlinks: bool = True
+) -> None:
     """Write each ``(path, text)``: every file whole, or, on any failure, none of them (files
-    already replaced get their old content back; new ones are removed)."""
-    targets = [check_output_path(path) for path, _ in files]
+    already replaced get their old content back; new ones are removed). ``follow_symlinks``:
+    as :func:`check_output_path`."""
+    follow = follow_symlinks
+    targets = [check_output_path(path, follow_symlinks=follow) for path, _ in files]
     staged: list[str] = []
     done: list[tuple[Path, str | None]] = []
     try:
         staged = [_stage(target, text) for target, (_, text) in zip(targets, files)]
         for target, tmp in zip(targets, staged):
-            check_output_path(target)
+            check_output_path(target, follow_symlinks=follow)
             backup = _backup(target) if len(files) > 1 else None
             try:
                 os.replace(tmp, target)
@@ -189,11 +213,12 @@ class UnreadableInput(PartitionError):
         """``missing``, ``type`` (not a regular file), ``size``, ``encoding`` or ``os``."""
 
 
-def _open_regular(path: str | os.PathLike[str]) -> int:
+def _open_regular(path: str | os.PathLike[str], follow_symlinks: bool = True) -> int:
     """A descriptor of the regular file ``path``, opened without blocking (``O_NONBLOCK``: a
-    FIFO swapped in after the check does not hang the open) and checked again through it."""
+    FIFO swapped in after the check does not hang the open) and checked again through it;
+    without ``follow_symlinks`` a symbolic link is refused (``O_NOFOLLOW``, race-free)."""
     try:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=follow_symlinks)
     except FileNotFoundError:
         raise UnreadableInput(path, "it does not exist", kind="missing") from None
     except OSError as exc:
@@ -202,9 +227,14 @@ def _open_regular(path: str | os.PathLike[str]) -> int:
         kind = file_kind(st.st_mode)
         raise UnreadableInput(path, f"it is {kind}, not a regular file", kind="type")
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            reason = "it is a symbolic link, not a regular file"
+            raise UnreadableInput(path, reason, kind="type") from None
         raise UnreadableInput(path, str(exc.strerror or exc), kind="os") from None
     try:
         mode = os.fstat(fd).st_mode
@@ -218,12 +248,16 @@ def _open_regular(path: str | os.PathLike[str]) -> int:
     return fd
 
 
-def read_regular_text(path: str | os.PathLike[str], max_bytes: int) -> str:
+def read_regular_text(
+    path: str | os.PathLike[str], max_bytes: int, *, follow_symlinks: bool = True
+) -> str:
     """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``, else
     :class:`UnreadableInput` saying why. The one bounded reader of every file the product
     reads: a FIFO, a device (``/dev/zero``), a socket or a directory is refused before it is
-    read, never blocked on, and the size limit holds for a file that grows while it is read."""
-    fd = _open_regular(path)
+    read, never blocked on, and the size limit holds for a file that grows while it is read.
+    ``follow_symlinks=False`` refuses a symbolic link too (a cache entry: a link there is not
+    the product's file)."""
+    fd = _open_regular(path, follow_symlinks)
     too_big = UnreadableInput(
         path, f"it is larger than {_size(max_bytes)}, the most read", kind="size"
     )

@@ -27,6 +27,7 @@ from partitioner.core.strategy import Family
 from partitioner.core.units import MAX_SIZE_BYTES, parse_bytes
 
 __all__ = [
+    "DEFAULT_DEVICE_TYPE",
     "DEFAULT_SCHEDULE",
     "MAX_BATCH_SIZE",
     "MAX_DEVICES",
@@ -49,6 +50,10 @@ input name -> shape (``{"token_ids": (128,), "padding_mask": (128,)}``)."""
 
 DEFAULT_SCHEDULE = Schedule.ONE_F_ONE_B
 """The pipeline schedule when ``pipeline=True`` names none."""
+
+DEFAULT_DEVICE_TYPE = "h100"
+"""The device type when ``device_type`` is None: of a link kind's devices, TF_CONFIG's, and a
+topology file's entries that name no type."""
 
 # The bounds of every number a run takes, API and CLI alike (the CLI's flags map to these
 # arguments), checked when the option groups are built: before any trace.
@@ -195,10 +200,11 @@ def _check_sample_values(shape: InputShape) -> None:
 class TargetOptions:
     """What to plan for: the devices, the batch and what training keeps in memory.
 
-    ``gpus`` devices of ``device_type`` (a catalog name) joined by ``topology``: ``pcie``,
-    ``nvlink``, a catalog link kind, ``tf-config`` or a JSON/TOML topology file
-    (:func:`cost_models.devices.topology.load_topology`; a file names its own devices, so
-    ``gpus`` may then be ``None``). ``input_shape`` is one sample's shape, for inputs whose
+    ``gpus`` devices of ``device_type`` (a catalog name; ``None``: :data:`DEFAULT_DEVICE_TYPE`)
+    joined by ``topology``: ``pcie``, ``nvlink``, a catalog link kind, ``tf-config`` or a
+    JSON/TOML topology file (:func:`cost_models.devices.topology.load_topology`; a file names
+    its own devices, so ``gpus`` may then be ``None``, and a ``device_type`` given beside a file
+    that names every device's type, not all of them this one, is refused: it would be ignored). ``input_shape`` is one sample's shape, for inputs whose
     dimensions the model leaves unknown: one shape, or a dict of input name -> shape for a model
     with several inputs (``{"token_ids": (128,), "padding_mask": (128,)}``); ``optimizer``
     decides the memory of its slots; ``memory_limit_bytes`` overrides every device's memory (default: the catalog's figure).
@@ -212,7 +218,7 @@ class TargetOptions:
     """
 
     gpus: int | None = None
-    device_type: str = "h100"
+    device_type: str | None = None
     topology: str = "pcie"
     batch_size: int = 32
     input_shape: InputShape | None = None
@@ -228,7 +234,8 @@ class TargetOptions:
         object.__setattr__(
             self, "batch_size", _positive_int("batch_size", self.batch_size, MAX_BATCH_SIZE)
         )
-        object.__setattr__(self, "device_type", _text("device_type", self.device_type))
+        if self.device_type is not None:
+            object.__setattr__(self, "device_type", _text("device_type", self.device_type))
         object.__setattr__(self, "topology", _text("topology", self.topology))
         object.__setattr__(self, "optimizer", _text("optimizer", self.optimizer))
         if self.input_shape is not None:

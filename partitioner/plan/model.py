@@ -377,12 +377,16 @@ class Plan:
         device_of = tuple(data["assignment"].values())
         _check_assignment(order, device_of, len(devices), origin)
         predicted = data["predicted"]
+        _check_lower_bound(predicted, origin)
         per_device = _per_device(predicted, order, device_of, len(devices), origin)
         strategy = _chosen(data.get("strategy"), origin)
         pipeline = _pipeline(data.get("pipeline"), origin)
         _check_consistency(
             data["batch_size"], len(devices), order, device_of, strategy, pipeline, origin
         )
+        input_shape = _optional_tuple(data.get("input_shape"))
+        fingerprint = _fingerprint(data.get("fingerprint"), order, origin)
+        _check_input_shape(input_shape, fingerprint, origin)
         fields: dict[str, Any] = dict(
             model_name=data["model"],
             devices=devices,
@@ -394,10 +398,10 @@ class Plan:
             solver=_solver_info(data["solver"]),
             link=data["link"],
             batch_size=data["batch_size"],
-            input_shape=_optional_tuple(data.get("input_shape")),
+            input_shape=input_shape,
             pipeline=pipeline,
             strategy=strategy,
-            fingerprint=_fingerprint(data.get("fingerprint"), order, origin),
+            fingerprint=fingerprint,
             **_optional_fields(data, origin),
         )
         try:
@@ -838,6 +842,44 @@ def _fingerprint(
         ),
         layer_inputs=tuple((name, tuple(fed_by)) for name, fed_by in wiring.items()),
     )
+
+
+_BOUND_SLACK = 1e-9
+"""The relative rounding a lower bound may sit above the step it bounds (both are sums of the
+same op times, added in another order)."""
+
+
+def _check_lower_bound(predicted: Mapping[str, Any], origin: str) -> None:
+    """The lower bound on the step is not above the step (the planner writes ``min`` of both)."""
+    step, bound = float(predicted["step_time_s"]), float(predicted["lower_bound_s"])
+    if bound > step * (1 + _BOUND_SLACK):
+        raise PlanError(
+            f"{origin}: field 'predicted.lower_bound_s' is {bound!r}, above "
+            f"'predicted.step_time_s' {step!r}, the step it bounds; make the plan again"
+        )
+
+
+def _check_input_shape(
+    input_shape: InputShape | None, fingerprint: ModelFingerprint | None, origin: str
+) -> None:
+    """``input_shape`` gives each input the shape the fingerprint recorded for it (the trace
+    took one from the other); both are the file's own, so a difference is an edit of one."""
+    if input_shape is None or fingerprint is None or not fingerprint.inputs:
+        return
+    recorded = {i.name: i.shape for i in fingerprint.inputs}
+    given: list[tuple[str | None, Any, tuple[int, ...]]]
+    if isinstance(input_shape, Mapping):
+        given = [(name, {name: list(shape)}, shape) for name, shape in input_shape.items()]
+    else:  # one shape: the model's only input (a model of several has no name for it)
+        only = fingerprint.inputs[0].name if len(recorded) == 1 else None
+        given = [(only, list(input_shape), input_shape)]
+    for name, spelled, shape in given:
+        if name is None or recorded.get(name) != shape:
+            known = ", ".join(f"{n!r} {list(s)}" for n, s in recorded.items())
+            raise PlanError(
+                f"{origin}: field 'input_shape' {spelled} contradicts 'fingerprint.inputs' "
+                f"(inputs {known}), the shapes the plan was made for; make the plan again"
+            )
 
 
 def _event(data: Mapping[str, Any], where: str, origin: str) -> TimelineEvent:

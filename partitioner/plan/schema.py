@@ -23,9 +23,11 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError
 
+from cost_models.devices.catalog import device_type_names
 from partitioner.core.errors import PlanError
 from partitioner.core.ir import Schedule
 from partitioner.core.jsonfiles import error_order, field_path, strict_validator
+from partitioner.core.options import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MEMORY_BYTES
 from partitioner.core.strategy import Family
 
 __all__ = [
@@ -39,6 +41,7 @@ PLAN_SCHEMA_RESOURCE = ("plan", "plan.schema.json")
 """Where the schema lies inside the ``partitioner`` package."""
 
 _MAX_NAMES = 10
+_AGAIN = "; make the plan again"
 _JSON_TYPE = {
     bool: "boolean",
     int: "integer",
@@ -64,7 +67,26 @@ def plan_schema() -> dict[str, Any]:
     chosen = schema["properties"]["strategy"]["properties"]
     chosen["family"]["enum"] = [f.value for f in Family]
     chosen["schedule"]["enum"] = [s.value for s in Schedule]
+    _put_bounds(schema["properties"])
     return schema
+
+
+def _put_bounds(fields: dict[str, Any]) -> None:
+    """The bounds the planner itself holds a run to, from their one home
+    (:mod:`partitioner.core.options`, the device catalog): the batch, the device count, each
+    device's memory and catalog type, and the memory figures (a plan that fits keeps its peaks
+    within its limits)."""
+    fields["batch_size"]["maximum"] = MAX_BATCH_SIZE
+    devices = fields["devices"]
+    devices["maxItems"] = MAX_DEVICES
+    device = devices["items"]["properties"]
+    device["memory_bytes"]["maximum"] = MAX_MEMORY_BYTES
+    device["device_type"]["enum"] = list(device_type_names())
+    predicted = fields["predicted"]["properties"]
+    for key in ("memory_bytes", "memory_limit_bytes"):
+        predicted[key]["items"]["maximum"] = MAX_MEMORY_BYTES
+    row = fields["strategies"]["items"]["properties"]
+    row["memory_limit_bytes"]["maximum"] = MAX_MEMORY_BYTES
 
 
 @functools.lru_cache(maxsize=1)
@@ -148,18 +170,23 @@ def _describe(error: ValidationError) -> str:
             f"field {where!r} has unknown field(s) {', '.join(repr(k) for k in unknown)}; "
             "this is not a plan file of schema version 1 or 2 (make the plan again)"
         )
+    if rule == "enum" and parts and parts[-1] == "device_type":
+        return (
+            f"field {where!r} is {value!r}, not a device type of the catalog ("
+            f"{', '.join(expected)}; partition devices lists them){_AGAIN}"
+        )
     if rule == "enum":
         options = ", ".join(repr(v) for v in expected)
-        return f"field {where!r} must be one of {options}, got {value!r}"
+        return f"field {where!r} must be one of {options}, got {value!r}{_AGAIN}"
     if rule == "const":
         return f"field {where!r} must be {expected!r}, got {value!r}"
     if rule in ("minimum", "maximum"):
         sign = ">=" if rule == "minimum" else "<="
-        return f"field {where!r} must be {sign} {expected}, got {value!r}"
+        return f"field {where!r} must be {sign} {expected}, got {value!r}{_AGAIN}"
     if rule in ("minItems", "maxItems"):
         bound = "at least" if rule == "minItems" else "at most"
         count = len(value) if isinstance(value, list) else "?"
-        return f"field {where!r} must have {bound} {expected} items, got {count}"
+        return f"field {where!r} must have {bound} {expected} items, got {count}{_AGAIN}"
     return f"field {where!r}: {error.message}"
 
 
