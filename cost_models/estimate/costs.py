@@ -174,11 +174,14 @@ def _op_time_rows(
 
 
 SAME_SPEED_BAND = 0.15
-"""A device whose measured speed is within this fraction of this process's is taken as this
-speed (factor 1): the figure of one core moves that much between processes and minutes (one
-core of the two-core test machine, pinned, one thread: 174-201 GFLOP/s within an hour, the
-same benchmark at 24 products x 9 rounds), so a smaller ratio is no evidence of another speed,
-and scaling by it put every prediction of a run 6-12% low or high."""
+"""How far two measured speeds may differ by noise alone: the figure of one core moves that much
+between processes and minutes (one core of the two-core test machine, pinned, one thread:
+174-201 GFLOP/s within an hour, the same benchmark at 24 products x 9 rounds), and scaling by
+such a ratio put every prediction of a run 6-12% low or high. Only the part of a ratio beyond
+the band is taken as another speed (:func:`_speed_factor`), so that the factor moves smoothly:
+with a cut-off instead (factor 1 within the band, the whole ratio beyond it), one device
+measured at 172 GFLOP/s against this process's 224 (x1.30) priced its replicas 30% slower
+and put a data-parallel prediction 14% high, where 200 GFLOP/s would have changed nothing."""
 
 
 def scale_to_device_speeds(
@@ -186,8 +189,8 @@ def scale_to_device_speeds(
 ) -> tuple[CostedGraph, dict[int, float]]:
     """Op times measured on this machine, moved to each device of ``rows`` by its measured
     speed: row ``d`` times ``measured_here_flops_per_s / topology.device_flops_per_s[d]`` (both
-    the same float32 matrix-product benchmark, :mod:`cost_models.measure.transfers`), or 1 when
-    that is within :data:`SAME_SPEED_BAND` of 1; the factor of each device. Unchanged when the
+    the same float32 matrix-product benchmark, :mod:`cost_models.measure.transfers`) less the
+    noise band (:func:`_speed_factor`); the factor of each device. Unchanged when the
     topology measured no speeds."""
     speeds = costed.topology.device_flops_per_s
     if not speeds or not measured_here_flops_per_s > 0:
@@ -200,7 +203,14 @@ def scale_to_device_speeds(
 
 
 def _speed_factor(ratio: float) -> float:
-    return 1.0 if abs(ratio - 1.0) <= SAME_SPEED_BAND else ratio
+    """``ratio`` less the band (:data:`SAME_SPEED_BAND`), by division: 1 within it, and
+    continuous at its edges (``ratio / 1.15`` above, ``ratio * 1.15`` below)."""
+    widest = 1.0 + SAME_SPEED_BAND
+    if ratio > widest:
+        return ratio / widest
+    if ratio < 1.0 / widest:
+        return ratio * widest
+    return 1.0
 
 
 def with_update_time(costed: CostedGraph, rows: Sequence[int], update_s: float) -> CostedGraph:

@@ -499,7 +499,7 @@ class Link:
                 f"bandwidth_bytes_per_s={self.bandwidth_bytes_per_s} > 0"
             )
 
-    def transfer_time_s(self, num_bytes: int) -> float:
+    def transfer_time_s(self, num_bytes: float) -> float:
         if num_bytes <= 0:
             return 0.0
         return self.latency_s + num_bytes / self.bandwidth_bytes_per_s

@@ -179,7 +179,7 @@ def evaluate_pipeline(
     )
     bounds = bounds or costed_lower_bounds(costed)
     return PlanEvaluation(
-        step_time_s=sim.step_time_s + client_s(costed),
+        step_time_s=sim.step_time_s + costed.topology.client_step_s,
         per_device=per_device,
         lower_bound_s=max(bounds.throughput_s, bounds.critical_path_s / num_microbatches),
         cross_device_bytes=sum(sent),

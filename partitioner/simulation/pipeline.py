@@ -41,6 +41,17 @@ send of ``s`` a transfer task on the channel's queue (``"link a->b"``, or ``"hos
 a channel shared across hosts, :meth:`~partitioner.core.ir.Topology.channel_between`), which starts
 when its producing task ends and feeds the destination stage's forward and/or backward task of
 the same micro-batch. ``B(s, m)`` also waits for ``F(s, m)``. Compute and transfers overlap.
+
+**On a measured cluster** (``topology.client_link``: ``partition calibrate``) the client feeds
+the batch, and the pipelined rewrite splits it there: every ``F(s, m)`` of a stage that reads
+the batch's inputs, and of the last stage (whose loss reads the targets), first receives its
+micro-batch's slice over the client's link (``latency + bytes / M / bandwidth``, on the
+device's queue: the task's ops wait for it). The stages compute at once once there are
+micro-batches, on cores that share a machine's memory bandwidth: with ``M > 1`` and more than
+one stage every compute task is stretched by ``topology.concurrent_compute_factor`` (measured,
+as for data-parallel replicas). On gpt_tiny (2 stages over two loopback workers, 8
+micro-batches) the tasks' measured busy time was 41.7 ms a micro-batch against the 29.3
+simulated without these, and the pipeline was predicted 25% faster than it ran.
 Every ``B(s, m)`` but the first the stage runs also adds its weight gradients into the stage's
 running sums, as the pipelined rewrite does (:func:`accumulate_time_s`: memory-bound, three
 times the gradient bytes over the device's memory bandwidth); with ``M = 1`` nothing is added.
@@ -78,7 +89,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.devices.catalog import get_device_type
 from partitioner.core.errors import PlanError, UnknownDeviceError, UsageError
@@ -146,6 +157,10 @@ class Stage:
     accumulate_time_s: float = 0.0
     """Seconds to add one micro-batch's weight gradients into the stage's running sums
     (:func:`accumulate_time_s`); every backward but the first one the stage runs pays it."""
+    feed_bytes: int = 0
+    """Whole-batch bytes the client feeds this stage: the batch inputs its ops read, and on the
+    last stage (where the loss is) the targets. With a measured client link
+    (``topology.client_link``) each forward task first receives its micro-batch's slice."""
 
     @property
     def forward_send_bytes(self) -> int:
@@ -232,10 +247,35 @@ def pipeline_stages(
     stage_of = {d: s for s, d in enumerate(order)}
     fwd_s, bwd_s = _phase_times_s(costed, place.op_device)
     sends = _stage_sends(tensors, place, graph, stage_of)
+    feeds = _stage_feeds(costed, place, order)
     return tuple(
-        _make_stage(costed, s, d, place.layer_devices, (fwd_s[d], bwd_s[d]), sends[s])
+        replace(
+            _make_stage(costed, s, d, place.layer_devices, (fwd_s[d], bwd_s[d]), sends[s]),
+            feed_bytes=feeds[s],
+        )
         for s, d in enumerate(order)
     )
+
+
+def _stage_feeds(costed: CostedGraph, place: _OpPlacement, order: Sequence[int]) -> list[int]:
+    """Per stage (in ``order``, devices), the whole-batch bytes the client feeds it: every fed
+    tensor its ops read (once per device), and the targets on the last stage."""
+    view = op_view(costed.graph)
+    stage_of = {d: s for s, d in enumerate(order)}
+    read: dict[tuple[int, int, int], int] = {}
+    for j, ins in enumerate(view.inputs):
+        if view.fed[j]:
+            continue
+        for i, out in ins:
+            if view.fed[i] and place.op_device[j] in stage_of:
+                nbytes = costed.graph.ops[i].output_bytes
+                read[(i, out, place.op_device[j])] = nbytes
+    feeds = [0] * len(order)
+    for (_, _, d), nbytes in read.items():
+        feeds[stage_of[d]] += nbytes
+    if feeds:
+        feeds[-1] += costed.graph.target_bytes
+    return feeds
 
 
 def _op_placement(
@@ -705,14 +745,18 @@ def _stage_tasks(
         res = device_resource(st.device)
         steps = stage_steps(schedule, len(stages), s, m)
         first = next(x.microbatch for x in steps if x.phase is Phase.BACKWARD)
+        stretch = topology.concurrent_compute_factor if m > 1 and len(stages) > 1 else 1.0
+        link = topology.client_link
+        feed_s = link.transfer_time_s(st.feed_bytes / m) if link and st.feed_bytes else 0.0
         for mb in range(m):
             idx[(s, Phase.FORWARD, mb)] = len(specs)
-            specs.append(
-                _TaskSpec(res, st.forward_time_s / m, [], EventKind.FORWARD, f"stage {s}", mb)
-            )
+            forward_s = feed_s + st.forward_time_s / m * stretch
+            specs.append(_TaskSpec(res, forward_s, [], EventKind.FORWARD, f"stage {s}", mb))
             idx[(s, Phase.BACKWARD, mb)] = len(specs)
             deps = [idx[(s, Phase.FORWARD, mb)]]
-            backward_s = st.backward_time_s / m + (st.accumulate_time_s if mb != first else 0.0)
+            backward_s = stretch * (
+                st.backward_time_s / m + (st.accumulate_time_s if mb != first else 0.0)
+            )
             specs.append(_TaskSpec(res, backward_s, deps, EventKind.BACKWARD, f"stage {s}", mb))
     for st in stages:
         for t in st.sends:

@@ -26,8 +26,9 @@ their whole step, on cores that may share a machine's memory bandwidth and cache
 measured by ``partition calibrate`` carries how much slower a reference training step runs on
 every device at once than alone (``concurrent_compute_factor``; x1.06 on two loopback workers
 of the two-core test machine), and each replica's step, its client part aside, is stretched by
-it. The stages of one replica overlap only in part (a pipeline's bubbles, a plain split's
-sequence), so a single replica is not stretched.
+it. A plain split's stages take turns, so a single such replica is not stretched; a pipeline's
+stages compute at once between its bubbles, and the pipeline simulation stretches their tasks
+itself (:mod:`partitioner.simulation.pipeline`), so pipelined replicas are not stretched again.
 
 An embedding's gradient is ``tf.IndexedSlices`` (the rows a replica looked up): the replicas
 all-gather it rather than all-reduce the table
@@ -214,10 +215,10 @@ def _computing_together(
 ) -> tuple[float, ...]:
     """Each replica's step, its client part aside, stretched by the topology's measured
     ``concurrent_compute_factor`` when there are replicas: they compute at once for their whole
-    step, on cores that share a machine's memory bandwidth (module docstring). A replica's own
-    stages overlap only in part, so one replica is left as simulated."""
+    step, on cores that share a machine's memory bandwidth (module docstring). One replica is
+    left as simulated, and so are pipelined replicas (their simulation stretched their tasks)."""
     factor = costed.topology.concurrent_compute_factor
-    if strategy.replicas == 1 or factor == 1.0:
+    if strategy.replicas == 1 or factor == 1.0 or strategy.num_microbatches > 1:
         return replica_step_s
     fixed = client_s(costed)
     return tuple(fixed + (step - fixed) * factor for step in replica_step_s)

@@ -119,13 +119,49 @@ def test_every_step_on_a_measured_cluster_pays_the_clients_cost() -> None:
     split = [0] * (len(measured.layer_memory) // 2) + [1] * (
         len(measured.layer_memory) - len(measured.layer_memory) // 2
     )
-    for evaluated in (
-        lambda c: evaluate(c, split),
-        lambda c: evaluate_pipeline(c, split, schedule=Schedule.GPIPE, num_microbatches=2),
-    ):
-        assert evaluated(measured).step_time_s == pytest.approx(
-            evaluated(bare).step_time_s + client_s(measured)
-        )
+    assert evaluate(measured, split).step_time_s == pytest.approx(
+        evaluate(bare, split).step_time_s + client_s(measured)
+    )
+    piped = evaluate_pipeline(measured, split, schedule=Schedule.GPIPE, num_microbatches=2)
+    assert piped.pipeline is not None  # the feed is inside the stages' tasks (next test)
+    assert piped.step_time_s == pytest.approx(piped.pipeline.step_time_s + 4e-3)
+
+
+def test_a_pipeline_feeds_each_micro_batch_to_the_stage_that_reads_it() -> None:
+    """The pipelined rewrite splits the batch on the client: every forward task of the stage
+    that reads the inputs (and of the last stage, which reads the targets for the loss) first
+    receives its micro-batch's slice over the client's link, latency and all, on its device's
+    queue. Without a measured client link, no feed."""
+    from cost_model_graphs import mlp
+
+    from cost_models.estimate.costs import cost_graph
+    from partitioner.core.ir import Phase, Schedule
+    from partitioner.simulation.evaluate import input_bytes
+    from partitioner.simulation.pipeline import EventKind, pipeline_stages, simulate_stages
+
+    graph = replace(mlp(), target_bytes=4096)
+    measured = cost_graph(graph, topology=parse_topology(_calibrated(), origin="t"))
+    half = len(measured.layer_memory) // 2
+    split = [0] * half + [1] * (len(measured.layer_memory) - half)
+    stages = pipeline_stages(measured, split)
+    assert [st.feed_bytes for st in stages] == [input_bytes(measured), 4096]
+    link = measured.topology.client_link
+    assert link is not None
+    m = 4
+    sim = simulate_stages(stages, measured.topology, schedule=Schedule.GPIPE, num_microbatches=m)
+    for st in stages:
+        forwards = [
+            ev for ev in sim.timeline
+            if ev.kind is EventKind.FORWARD and ev.resource == f"device {st.device}"
+        ]  # fmt: skip
+        assert len(forwards) == m
+        feed_s = link.transfer_time_s(st.feed_bytes / m)
+        for ev in forwards:
+            assert ev.end_s - ev.start_s == pytest.approx(st.forward_time_s / m + feed_s)
+    local = replace(measured.topology, client_link=None, client_step_s=0.0)
+    bare = simulate_stages(stages, local, schedule=Schedule.GPIPE, num_microbatches=m)
+    assert bare.step_time_s < sim.step_time_s
+    assert Phase.FORWARD in {t.phase for st in stages for t in st.sends}
 
 
 def test_the_client_feeds_targets_and_every_replicas_share() -> None:
@@ -163,12 +199,13 @@ def test_the_client_feeds_targets_and_every_replicas_share() -> None:
 def test_profiled_op_times_move_to_each_devices_measured_speed() -> None:
     from cost_model_graphs import mlp
 
-    from cost_models.estimate.costs import cost_graph, scale_to_device_speeds
+    from cost_models.estimate.costs import SAME_SPEED_BAND, cost_graph, scale_to_device_speeds
 
     topo = parse_topology(_calibrated(), origin="t")
     costed = cost_graph(mlp(), topology=topo)
     scaled, factors = scale_to_device_speeds(costed, [0, 1], 3e11)
-    assert factors == {0: pytest.approx(1.5), 1: pytest.approx(3.0)}
+    band = 1 + SAME_SPEED_BAND  # devices 1.5x and 3x slower: the part beyond the noise band
+    assert factors == {0: pytest.approx(1.5 / band), 1: pytest.approx(3.0 / band)}
     for d, factor in factors.items():
         assert scaled.op_compute_time_s[d] == pytest.approx(
             [t * factor for t in costed.op_compute_time_s[d]]
@@ -181,7 +218,8 @@ def test_profiled_op_times_move_to_each_devices_measured_speed() -> None:
 
 def test_a_device_within_the_measurements_spread_is_taken_as_this_speed() -> None:
     """One core measured 174-201 GFLOP/s across processes: a ratio within SAME_SPEED_BAND of 1
-    is no evidence of another speed, so the profiled times are kept; beyond it they scale."""
+    is no evidence of another speed, so the profiled times are kept; beyond it they scale by
+    the part beyond the band, so that the factor has no jump at the band's edge."""
     from cost_model_graphs import mlp
 
     from cost_models.estimate.costs import SAME_SPEED_BAND, cost_graph, scale_to_device_speeds
@@ -191,13 +229,18 @@ def test_a_device_within_the_measurements_spread_is_taken_as_this_speed() -> Non
     costed = cost_graph(mlp(), topology=parse_topology(data, origin="t"))
     here = 2.0e11  # device 0 is 5% slower (the same speed), device 1 33% slower
     scaled, factors = scale_to_device_speeds(costed, [0, 1], here)
-    assert factors == {0: 1.0, 1: pytest.approx(here / 1.5e11)}
+    band = 1 + SAME_SPEED_BAND
+    assert factors == {0: 1.0, 1: pytest.approx(here / 1.5e11 / band)}
     assert scaled.op_compute_time_s[0] == costed.op_compute_time_s[0]
     assert scaled.op_compute_time_s[1] == pytest.approx(
-        tuple(t * here / 1.5e11 for t in costed.op_compute_time_s[1])
+        tuple(t * here / 1.5e11 / band for t in costed.op_compute_time_s[1])
     )
-    edge = 1.9e11 * (1 + SAME_SPEED_BAND) * 1.001  # just outside the band
-    assert scale_to_device_speeds(costed, [0], edge)[1][0] == pytest.approx(edge / 1.9e11)
+    for side in (1.001, 1 / 1.001):  # just outside the band, either way: barely moved
+        edge = 1.9e11 * band**side if side > 1 else 1.9e11 / band * side
+        factor = scale_to_device_speeds(costed, [0], edge)[1][0]
+        assert factor != 1.0 and factor == pytest.approx(1.0, abs=0.01)
+    faster = scale_to_device_speeds(costed, [0], 1.9e11 / 2)[1][0]  # device 0 twice as fast
+    assert faster == pytest.approx(0.5 * band)
 
 
 def _edit(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
@@ -359,6 +402,51 @@ def test_replicas_computing_at_once_are_stretched_by_the_measured_factor(
     as_alone = simulate_strategy(plain, two).replica_step_s
     assert stretched == pytest.approx(tuple(fixed + (s - fixed) * factor for s in as_alone))
     assert simulate_strategy(costed, one).step_time_s == simulate_strategy(plain, one).step_time_s
+
+
+def test_pipeline_stages_computing_at_once_are_stretched_by_the_measured_factor() -> None:
+    """A pipeline's stages overlap once there are micro-batches: each stage's compute task is
+    stretched by ``concurrent_compute_factor`` (its feed is not); a plain split (one
+    micro-batch: the stages take turns) is not, and a pipelined strategy's step is the
+    pipeline's, stretched once (replicas of pipelines are not stretched again)."""
+    from cost_model_graphs import mlp
+
+    from cost_models.estimate.costs import cost_graph
+    from partitioner.core.ir import Schedule
+    from partitioner.core.strategy import Strategy
+    from partitioner.simulation.evaluate import evaluate_pipeline
+    from partitioner.simulation.pipeline import EventKind, pipeline_stages, simulate_stages
+    from partitioner.simulation.strategy import simulate_strategy
+
+    data = _calibrated()
+    data["calibration"]["concurrent_compute"] = {"alone_s": [0.1, 0.1], "together_s": 0.12}
+    topo = parse_topology(data, origin="t")
+    costed = cost_graph(mlp(), topology=topo)
+    half = len(costed.layer_memory) // 2
+    split = [0] * half + [1] * (len(costed.layer_memory) - half)
+    stages = pipeline_stages(costed, split)
+    link = topo.client_link
+    assert link is not None
+    for m, stretch in ((4, 1.2), (1, 1.0)):
+        sim = simulate_stages(stages, topo, schedule=Schedule.GPIPE, num_microbatches=m)
+        for st in stages:
+            feed_s = link.transfer_time_s(st.feed_bytes / m)
+            durations: dict[EventKind, list[float]] = {}
+            for ev in sim.timeline:
+                if ev.resource == f"device {st.device}":
+                    durations.setdefault(ev.kind, []).append(ev.end_s - ev.start_s)
+            assert durations[EventKind.FORWARD] == pytest.approx(
+                [feed_s + st.forward_time_s / m * stretch] * m
+            )
+            # the first backward a stage runs adds into no running sums (module docstring)
+            assert min(durations[EventKind.BACKWARD]) == pytest.approx(
+                st.backward_time_s / m * stretch
+            )
+    plain = replace(costed, topology=replace(topo, concurrent_compute_factor=1.0))
+    piped = Strategy(((0, 1),), tuple(split), num_microbatches=4, schedule=Schedule.GPIPE)
+    once = evaluate_pipeline(costed, split, schedule=Schedule.GPIPE, num_microbatches=4)
+    assert simulate_strategy(costed, piped).replica_step_s == pytest.approx((once.step_time_s,))
+    assert once.step_time_s > simulate_strategy(plain, piped).step_time_s
 
 
 def test_a_concurrent_compute_table_of_another_device_count_fails_in_one_line() -> None:
