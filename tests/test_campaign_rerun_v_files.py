@@ -254,18 +254,23 @@ def _run_cli(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
+def _plan_relinking(
+    tmp_path: Path, action: str, out: str
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """The two directories, and a plan run whose model does ``action`` at import."""
+    d1, d2 = _linked_dirs(tmp_path)
+    (tmp_path / "model.py").write_text(RELINK_MODEL.format(action=action))
+    args = ["model.py", "--gpus", "2", "--batch-size", "16", "--no-strategies", "--out", out]
+    return d1, d2, _run_cli(args, tmp_path)
+
+
 def test_out_through_a_dir_link_the_model_repoints_lands_where_it_led_at_start(
     tmp_path: Path,
 ) -> None:
     """The campaign's case (D3_symlinked_out_dir_repointed.sh), end to end."""
-    d1, d2 = _linked_dirs(tmp_path)
-    action = "os.remove('outdir'); os.symlink('d2', 'outdir')"
-    (tmp_path / "model.py").write_text(RELINK_MODEL.format(action=action))
-    proc = _run_cli(
-        ["model.py", "--gpus", "2", "--batch-size", "16", "--no-strategies",
-         "--out", "outdir/plan.json"],
-        tmp_path,
-    )  # fmt: skip
+    d1, d2, proc = _plan_relinking(
+        tmp_path, "os.remove('outdir'); os.symlink('d2', 'outdir')", "outdir/plan.json"
+    )
     assert proc.returncode == 0, proc.stderr
     assert (d2 / "plan.json").read_text() == '{"mine": true}\n'  # never named: untouched
     plan = json.loads((d1 / "plan.json").read_text())
@@ -274,14 +279,9 @@ def test_out_through_a_dir_link_the_model_repoints_lands_where_it_led_at_start(
 
 
 def test_a_model_that_turns_the_output_dir_into_a_link_is_refused(tmp_path: Path) -> None:
-    _, d2 = _linked_dirs(tmp_path)
-    action = "os.rmdir('d1'); os.symlink('d2', 'd1')"
-    (tmp_path / "model.py").write_text(RELINK_MODEL.format(action=action))
-    proc = _run_cli(
-        ["model.py", "--gpus", "2", "--batch-size", "16", "--no-strategies",
-         "--out", "d1/plan.json"],
-        tmp_path,
-    )  # fmt: skip
+    _, d2, proc = _plan_relinking(
+        tmp_path, "os.rmdir('d1'); os.symlink('d2', 'd1')", "d1/plan.json"
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("partition: error: --out"), proc.stderr
