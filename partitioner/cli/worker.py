@@ -47,10 +47,23 @@ or, in ``TF_CONFIG`` form, ``{"cluster": {"worker": [...]}, "task": {"type": "wo
 Who may connect. A TensorFlow worker executes any graph a client sends it, with the rights of
 its process (read and write files, run ops): there is no authentication. So a worker serves
 this machine only unless told otherwise: ``bind`` (``--bind``) is ``127.0.0.1`` by default.
-TensorFlow's gRPC server itself always listens on every interface (``0.0.0.0``, fixed in its
-C++); for a loopback ``bind`` the worker then ties the listening socket to the loopback device
+TensorFlow's gRPC server itself always listens on every interface (``0.0.0.0``/``[::]``, fixed
+in its C++: ``tf.distribute.Server`` and its ``ServerDef`` take a port, never an address); for a
+loopback ``bind`` the worker ties the listening socket to the loopback device
 (``SO_BINDTODEVICE lo``, Linux), so connections from other hosts are refused, and it stops
-with one line if that cannot be done. A task whose cluster address is not on this machine's
+with one line if that cannot be done (:mod:`partitioner.cli.loopback`). It does so from a thread
+that watches for the socket while the server starts (started through TensorFlow's C API
+without Python's interpreter lock, so the thread runs meanwhile), ties it the moment it is bound
+(before or just after it listens), and ties it again once the server is up. Then, before it
+says it is ready, it shuts down every connection from a non-loopback address that the server
+accepted before the tie (a tie refuses new ones but keeps those; one log line names how many),
+and while it serves it does the same every half second. What remains: the window between the
+server's ``listen`` and the tie, one look of the thread (about 0.1 ms here; longer if the
+machine keeps the thread waiting; none when the thread catches the socket between its ``bind``
+and ``listen``, which measured runs did not), in which another host may open a connection that
+then lives until the sweep shuts it, before "ready". TensorFlow offers no way to listen on
+loopback alone; without its C API at hand (another build) the window is the server's start-up,
+a few milliseconds, and the sweep still closes what came through. A task whose cluster address is not on this machine's
 loopback is refused in one line under the default; naming another address of this machine
 (``--bind 0.0.0.0``, an interface's IP) serves every interface, with a one-line warning. A
 ``--bind`` that is no such address (empty, a typo like ``127.0.0.l``, a name that does not
@@ -79,6 +92,13 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from partitioner.cli.loopback import (
+    EarlyTie,
+    close_foreign_connections,
+    settle_foreign_connections,
+    start_server_unlocked,
+    tie_listening,
+)
 from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import import_quietly
 from partitioner.core.errors import PartitionError, UsageError
@@ -170,16 +190,23 @@ def run_worker(
     stop_event = stop if stop is not None else threading.Event()
     if threading.current_thread() is threading.main_thread():
         _stop_on_signals(index, stop_event)
-    server = _start_server(cluster, job_name, index, threads, inter_op)
     address = cluster.addresses[index]
+    port = _port(address) if loopback_only else 0
+    early = EarlyTie(port) if loopback_only else None
+    try:
+        server = _start_server(cluster, job_name, index, threads, inter_op)
+    finally:
+        if early is not None:
+            early.stop()
     if loopback_only:
-        restrict_to_loopback(_port(address))
+        _secure_start(port, early)
     logger.info("worker task %d of job %r serving at %s (%s)", index, job_name, address, server)
     if on_ready is not None:
         on_ready(index, address)
     # server.join() blocks in C++ where no signal handler runs; wait on the event instead.
     while not stop_event.wait(0.5):
-        pass
+        if loopback_only:
+            _sweep_foreign(port)
     logger.info("worker task %d stopped", index)
     return 0
 
@@ -317,49 +344,48 @@ def _check_loopback_address(address: str, index: int) -> None:
         )
 
 
-def _listening_inodes(port: int) -> set[str]:
-    """The socket inodes listening on TCP ``port`` (IPv4 and IPv6), from /proc/net."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
-
-
-def restrict_to_loopback(port: int) -> int:
+def restrict_to_loopback(port: int, early: EarlyTie | None = None) -> int:
     """Tie this process's sockets listening on ``port`` to the loopback device, so only this
-    machine can connect (TensorFlow's server listens on every interface); how many were tied.
-    UsageError when none could be (not Linux, or a kernel without unprivileged
-    ``SO_BINDTODEVICE``)."""
-    inodes = _listening_inodes(port)
-    tied = 0
-    problem = "no listening socket found"
-    for fd in os.listdir("/proc/self/fd") if inodes else []:
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            sock = socket.socket(fileno=os.dup(int(fd)))
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
-                tied += 1
-            except OSError as exc:
-                problem = exc.strerror or str(exc)
-            finally:
-                sock.close()
+    machine can connect (TensorFlow's server listens on every interface); how many are tied
+    (including those ``early`` tied already). UsageError when none could be (not Linux, or a
+    kernel without unprivileged ``SO_BINDTODEVICE``)."""
+    done = early.tied if early is not None else set()
+    tied, problem = tie_listening(port)
     if not tied:
         raise UsageError(
-            f"could not restrict the worker on port {port} to this machine ({problem}); pass "
-            f"--bind 0.0.0.0 to serve every interface knowingly ({WORKER_WARNING})"
+            f"could not restrict the worker on port {port} to this machine "
+            f"({problem or 'no listening socket found'}); pass --bind 0.0.0.0 to serve every "
+            f"interface knowingly ({WORKER_WARNING})"
         )
-    return tied
+    return len(tied | done)
+
+
+def _secure_start(port: int, early: EarlyTie | None) -> None:
+    """After the server started: tie its listening socket to ``lo`` (again: the fallback to
+    ``early``), then shut down every connection from another host that it accepted before
+    the tie (the tie keeps them), in one log line."""
+    restrict_to_loopback(port, early)
+    closed = settle_foreign_connections(port)
+    when = (
+        f"{early.elapsed_s * 1000:.1f} ms after the server began starting"
+        if early is not None and early.elapsed_s is not None
+        else "after the server started"
+    )
+    log = logger.warning if closed else logger.info
+    log(
+        "worker port %d tied to loopback %s; closed %d connection(s) from other hosts "
+        "accepted before that",
+        port, when, closed,
+    )  # fmt: skip
+
+
+def _sweep_foreign(port: int) -> None:
+    """While serving: shut down any connection from another host (one that raced the tie)."""
+    closed = close_foreign_connections(port)
+    if closed:
+        logger.warning(
+            "worker port %d: closed %d connection(s) from other hosts (loopback only)", port, closed
+        )
 
 
 def _thread_counts(threads: int, inter_op_threads: int | None) -> int:
@@ -417,26 +443,33 @@ def _start_server(
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
     os.environ["TF_NUM_INTEROP_THREADS"] = str(inter_op)
     import tensorflow as tf
+    from tensorflow.core.protobuf import tensorflow_server_pb2
 
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=threads,
         inter_op_parallelism_threads=inter_op,
         allow_soft_placement=False,
     )
+    spec = tf.train.ClusterSpec(cluster.as_dict())
+    server_def = tensorflow_server_pb2.ServerDef(
+        cluster=spec.as_cluster_def(), job_name=job_name, task_index=index, protocol="grpc"
+    )
+    server_def.default_session_config.CopyFrom(config)
     try:
-        return tf.distribute.Server(
-            tf.train.ClusterSpec(cluster.as_dict()),
-            job_name=job_name,
-            task_index=index,
-            config=config,
-            start=True,
-        )
+        # Through the C API without the interpreter lock, so EarlyTie runs meanwhile.
+        started = start_server_unlocked(server_def.SerializeToString())
+        if started is None:
+            started = tf.distribute.Server(
+                spec, job_name=job_name, task_index=index, config=config, start=True
+            )
     except (tf.errors.OpError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        started = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(started, str):
         raise UsageError(
-            f"worker task {index} could not listen on {cluster.addresses[index]}: {first}; is "
-            "the port in use by another process?"
-        ) from None
+            f"worker task {index} could not listen on {cluster.addresses[index]}: {started}; "
+            "is the port in use by another process?"
+        )
+    return started
 
 
 def _parse_cores(text: str) -> tuple[int, ...]:
