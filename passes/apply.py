@@ -285,6 +285,20 @@ def _check_waits(cluster: Any, timeout_s: float, step_timeout_s: float | None) -
         check_timeout_s("step_timeout_s", step_timeout_s)
 
 
+def _device_key(name: str) -> str:
+    """One spelling per TensorFlow device: ``/cpu:0``, ``/device:CPU:0`` and
+    ``/job:localhost/replica:0/task:0/device:CPU:0`` are one key (a name without a job, replica
+    or task is this process's); ``""`` for no name, the name itself when TensorFlow cannot
+    parse it."""
+    if not name:
+        return ""
+    try:
+        here = tf.DeviceSpec(**_LOCAL_TASK)
+        return here.make_merged_spec(tf.DeviceSpec.from_string(name)).to_string()
+    except ValueError:
+        return name
+
+
 def _check_distinct(
     plan: Plan, strategy: Strategy | None, device_strings: Sequence[str], given: bool
 ) -> None:
@@ -297,10 +311,7 @@ def _check_distinct(
     first: dict[str, int] = {}
     for i in sorted(set(plan.assignment.values())):
         name = device_strings[i]
-        try:
-            key = tf.DeviceSpec.from_string(name).to_string() if name else ""
-        except ValueError:
-            key = name
+        key = _device_key(name)
         if not key:
             continue
         if key in first:
@@ -463,6 +474,36 @@ def _sample_array(spec: Any) -> Any:
     return np.zeros(spec.shape, spec.dtype.as_numpy_dtype)
 
 
+def _check_applies_to(plan: Plan, model: Any) -> None:
+    """PlanError unless ``plan`` was made for ``model``: its layers, then its fingerprint."""
+    check_plan_matches_model(
+        plan.layer_order,
+        [u.name for u in placement_units(model)],
+        plan.model_name,
+        applied_to=getattr(model, "name", None),
+    )
+    _check_fingerprint(plan, model)
+
+
+def _check_model(model: Any) -> None:
+    """UsageError unless ``model`` is a Keras model that no plan has placed yet."""
+    import keras
+
+    from passes.rewrite.device_placement import PlacedModel
+    from passes.rewrite.replicate import ReplicatedModel
+
+    if isinstance(model, (PlacedModel, ReplicatedModel)):
+        raise UsageError(
+            f"model {model.name!r} is already a copy placed by Plan.apply "
+            f"({type(model).__name__}); apply the plan to the original model"
+        )
+    if not isinstance(model, keras.Model):
+        raise UsageError(
+            f"Plan.apply needs a keras.Model, got {type(model).__name__} ({_shown(model)}); "
+            "build the model (e.g. build_model() of the model file) and pass it"
+        )
+
+
 def apply_plan(
     plan: Plan,
     model: Any,
@@ -474,6 +515,7 @@ def apply_plan(
 ) -> Any:
     """A copy of ``model`` placed by ``plan`` (see :meth:`partitioner.plan.model.Plan.apply`),
     checked first (the module docstring)."""
+    _check_model(model)
     given = _given_devices(devices)
     strategy = _replicas(plan)
     _check_waits(cluster, timeout_s, step_timeout_s)
@@ -483,13 +525,7 @@ def apply_plan(
     used = strategy.devices if strategy is not None else None
     device_strings = _device_strings(plan, given, handle, used)
     _check_distinct(plan, strategy, device_strings, given is not None)
-    check_plan_matches_model(
-        plan.layer_order,
-        [u.name for u in placement_units(model)],
-        plan.model_name,
-        applied_to=getattr(model, "name", None),
-    )
-    _check_fingerprint(plan, model)
+    _check_applies_to(plan, model)
     check_batch_split(model, plan)
     specs = input_specs(model, 1, plan.input_shape)
     # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own

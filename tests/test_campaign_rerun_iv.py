@@ -46,7 +46,17 @@ def plan(mlp: keras.Model) -> Plan:
     )
 
 
-@pytest.mark.parametrize("devices", [["/cpu:0", "/device:CPU:0"], ["/device:CPU:1"] * 2])
+@pytest.mark.parametrize(
+    "devices",
+    [
+        ["/cpu:0", "/device:CPU:0"],
+        ["/device:CPU:1"] * 2,
+        # this process's task spelled out, in part or in full (the campaign's sixth rerun)
+        ["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:0"],
+        ["/task:0/device:CPU:0", "/cpu:0"],
+        ["/job:localhost/device:CPU:1", "CPU:1"],
+    ],
+)
 def test_two_plan_devices_given_as_one_device_are_refused(
     plan: Plan, mlp: keras.Model, devices: list[str]
 ) -> None:
@@ -62,8 +72,19 @@ def test_two_plan_devices_given_as_one_device_are_refused(
     assert held == {"device:CPU:0", "device:CPU:1"}
 
 
-def test_a_plan_naming_one_device_twice_is_refused(plan: Plan, mlp: keras.Model) -> None:
-    named = replace(plan, devices=tuple(replace(d, name="/device:CPU:0") for d in plan.devices))
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("/device:CPU:0", "/device:CPU:0"),
+        ("/device:CPU:1", "/job:localhost/replica:0/task:0/device:CPU:1"),
+    ],
+)
+def test_a_plan_naming_one_device_twice_is_refused(
+    plan: Plan, mlp: keras.Model, names: tuple[str, str]
+) -> None:
+    named = replace(
+        plan, devices=tuple(replace(d, name=n) for d, n in zip(plan.devices, names, strict=True))
+    )
     with pytest.raises(PlanError, match=r"^the plan's device names put plan devices 0 and 1"):
         named.apply(mlp)
 

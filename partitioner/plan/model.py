@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from partitioner.core.errors import PartitionError, PlanError
+from partitioner.core.errors import PartitionError, PlanError, UsageError
 from partitioner.core.files import read_input_text, write_atomic
 from partitioner.core.ir import CostedGraph, EventKind, Schedule, SolverResult, TimelineEvent
 from partitioner.core.jsonfiles import loads_bounded
@@ -907,6 +907,11 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     Read as a file from elsewhere: a regular file (checked before it is opened, so a FIFO or
     ``/dev/zero`` is refused, never read) of at most :data:`MAX_PLAN_BYTES`, its JSON nesting and
     numbers within :func:`~partitioner.core.jsonfiles.loads_bounded`'s bounds."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+        raise UsageError(
+            f"load_plan needs the plan file's path (a str or os.PathLike), got "
+            f"{type(path).__name__}; give the file name, e.g. load_plan('plan.json')"
+        )
     p = Path(path)
     text = read_input_text(p, "plan file", PlanError, MAX_PLAN_BYTES)
     data = loads_bounded(
