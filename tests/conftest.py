@@ -68,6 +68,28 @@ SLOW_IDS = (
 )
 
 
+# -- the README's example model, planned ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlp() -> Any:
+    """The MNIST MLP of examples/mnist_mlp.py, as `partition` loads it (a file may define its
+    own ``mlp``, which takes precedence)."""
+    from partitioner.cli.loader import load_model
+
+    return load_model(str(TESTS.parent / "examples" / "mnist_mlp.py"))
+
+
+@pytest.fixture(scope="module")
+def plan(mlp: Any) -> Any:
+    """A plain split of ``mlp`` over two devices (fast: no strategy comparison)."""
+    import partitioner
+
+    return partitioner.partition(
+        mlp, gpus=2, batch_size=16, solver="even", compare_strategies=False
+    )
+
+
 # -- running in parallel (pytest-xdist) -------------------------------------------------------------
 #
 # The full set runs over two processes (`python -m pytest -q --all -n 2 --dist loadgroup`, CI).

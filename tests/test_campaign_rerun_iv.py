@@ -24,26 +24,12 @@ from pathlib import Path
 import keras
 import pytest
 
-import partitioner
-from partitioner.cli.loader import load_model
 from partitioner.core.errors import PlanError, UsageError
 from partitioner.core.options import SearchOptions
 from partitioner.plan.model import Plan
 from passes.cluster.runtime import load_cluster
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def mlp() -> keras.Model:
-    return load_model(str(REPO / "examples" / "mnist_mlp.py"))
-
-
-@pytest.fixture(scope="module")
-def plan(mlp: keras.Model) -> Plan:
-    return partitioner.partition(
-        mlp, gpus=2, batch_size=16, solver="even", compare_strategies=False
-    )
 
 
 @pytest.mark.parametrize(

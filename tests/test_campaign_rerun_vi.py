@@ -9,25 +9,10 @@ from typing import Any
 import keras
 import pytest
 
-import partitioner
 from partitioner import Plan, load_plan
 from partitioner.core.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def mlp() -> keras.Model:
-    from partitioner.cli.loader import load_model
-
-    return load_model(str(REPO / "examples" / "mnist_mlp.py"))
-
-
-@pytest.fixture(scope="module")
-def plan(mlp: keras.Model) -> Plan:
-    return partitioner.partition(
-        mlp, gpus=2, batch_size=16, solver="even", compare_strategies=False
-    )
 
 
 @pytest.mark.parametrize("path", [None, 5, b"plan.json", ["plan.json"]])

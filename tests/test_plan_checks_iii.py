@@ -24,7 +24,6 @@ import pytest
 import tensorflow as tf
 
 import partitioner
-from partitioner.cli.loader import load_model
 from partitioner.core.errors import PlanError, UsageError
 from partitioner.plan.model import Plan, load_plan
 
@@ -45,20 +44,6 @@ def mlp_like(input_dim: int = 784, hidden: int = 512) -> keras.Model:
             keras.layers.Dense(10, activation="softmax", name="dense_out"),
         ],
         name="mnist_mlp",
-    )
-
-
-@pytest.fixture(scope="module")
-def mlp() -> keras.Model:
-    """The MNIST MLP of examples/mnist_mlp.py."""
-    return load_model(str(REPO / "examples" / "mnist_mlp.py"))
-
-
-@pytest.fixture(scope="module")
-def plan(mlp: keras.Model) -> Plan:
-    """A plain split of the MLP over two devices (fast: no strategy comparison)."""
-    return partitioner.partition(
-        mlp, gpus=2, batch_size=16, solver="even", compare_strategies=False
     )
 
 
