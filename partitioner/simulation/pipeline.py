@@ -89,7 +89,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cost_models.devices.catalog import get_device_type
 from partitioner.core.errors import PlanError, UnknownDeviceError, UsageError
@@ -249,10 +249,7 @@ def pipeline_stages(
     sends = _stage_sends(tensors, place, graph, stage_of)
     feeds = _stage_feeds(costed, place, order)
     return tuple(
-        replace(
-            _make_stage(costed, s, d, place.layer_devices, (fwd_s[d], bwd_s[d]), sends[s]),
-            feed_bytes=feeds[s],
-        )
+        _make_stage(costed, s, d, place.layer_devices, (fwd_s[d], bwd_s[d]), sends[s], feeds[s])
         for s, d in enumerate(order)
     )
 
@@ -398,6 +395,7 @@ def _make_stage(
     layer_devices: Sequence[int],
     times_s: tuple[float, float],
     sends: Sequence[StageTransfer],
+    feed_bytes: int,
 ) -> Stage:
     """Stage ``index``: the layers on ``device``, their (forward, backward) times and memory."""
     on_d = [k for k, x in enumerate(layer_devices) if x == device]
@@ -416,6 +414,7 @@ def _make_stage(
         accumulate_time_s=accumulate_time_s(
             costed.topology.devices[device].device_type, sum(m.gradient_bytes for m in mems)
         ),
+        feed_bytes=feed_bytes,
     )
 
 
@@ -741,12 +740,12 @@ def _stage_tasks(
     Every backward but the first the stage runs adds into the gradient sums (module docstring)."""
     idx: _TaskIndex = {}
     specs: list[_TaskSpec] = []
+    stretch = topology.concurrent_compute_factor if m > 1 and len(stages) > 1 else 1.0
+    link = topology.client_link
     for s, st in enumerate(stages):
         res = device_resource(st.device)
         steps = stage_steps(schedule, len(stages), s, m)
         first = next(x.microbatch for x in steps if x.phase is Phase.BACKWARD)
-        stretch = topology.concurrent_compute_factor if m > 1 and len(stages) > 1 else 1.0
-        link = topology.client_link
         feed_s = link.transfer_time_s(st.feed_bytes / m) if link and st.feed_bytes else 0.0
         for mb in range(m):
             idx[(s, Phase.FORWARD, mb)] = len(specs)
