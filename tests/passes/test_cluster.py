@@ -37,7 +37,10 @@ CLIENT_TIMEOUT_S = 240.0
 FAULT_BOUND_S = 30.0
 TOLERANCE = 1e-5
 TIMELINE_WIDTH = 1024
-TIMELINE_BATCH = 1024
+TIMELINE_BATCH = 4096
+# many micro-batches of 256 rows: stage 0's chain of forwards lasts ~16 times one transfer's delay,
+# so a loaded machine (CI under xdist) still leaves room for the overlap the test checks
+TIMELINE_MICROBATCHES = 16
 FAST_CORE_FLOP_PER_S = 5e11
 """Far above what one CPU core computes in float32: a bound on how fast a task can be."""
 
@@ -227,7 +230,12 @@ def client_pipeline_timeline(cluster_file: str) -> dict[str, Any]:
     handle = connect(cluster_file, timeout_s=60)
     layer_devices = _half_and_half(model, remote_device_strings(handle, [0, 1]))
     pipelined = place_on_cluster(
-        model, layer_devices, [x[:1]], handle, num_microbatches=4, schedule=Schedule.GPIPE
+        model,
+        layer_devices,
+        [x[:1]],
+        handle,
+        num_microbatches=TIMELINE_MICROBATCHES,
+        schedule=Schedule.GPIPE,
     )
     pipelined.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     measure_task_times(pipelined, x, y)  # traces and ships the functions
@@ -482,15 +490,16 @@ def test_pipeline_stages_overlap_on_two_single_core_workers(tmp_path: Path) -> N
         cluster.stop()
     # the measured tasks did their work: a stage-0 forward (2 Dense layers on a micro-batch of
     # 256) cannot be faster than one very fast core computes its matrix products
-    flop = 2 * 2 * (TIMELINE_BATCH // 4) * TIMELINE_WIDTH * TIMELINE_WIDTH
-    for m in range(4):
+    flop = 2 * 2 * (TIMELINE_BATCH // TIMELINE_MICROBATCHES) * TIMELINE_WIDTH * TIMELINE_WIDTH
+    for m in range(TIMELINE_MICROBATCHES):
         start, end = tasks[(0, f"F{m}")]
         assert end - start >= flop / FAST_CORE_FLOP_PER_S, (m, start, end)
-    # stage 1's F0 started (its input had arrived) before stage 0's F3 ended: the activations
+    # stage 1's F0 started (its input had arrived) before stage 0's last forward ended: the activations
     # were sent on time, not after stage 0's whole chain of forwards. The start, not the end:
     # how long F0 then computes depends on who else uses stage 1's core (another test process
     # under xdist), which is not what this checks.
-    assert tasks[(1, "F0")][0] < tasks[(0, "F3")][1], tasks
+    last = f"F{TIMELINE_MICROBATCHES - 1}"
+    assert tasks[(1, "F0")][0] < tasks[(0, last)][1], tasks
 
 
 def _fault_run(
