@@ -316,3 +316,29 @@ def test_run_worker_refuses_a_broadcast_bind_before_serving(cluster_file: Path) 
     for bind in ("255.255.255.255", "224.0.0.1", *_network_broadcasts()):
         with pytest.raises(UsageError, match="^" + re.escape(f"--bind {bind!r} is ")):
             run_worker(0, cluster_file, bind=bind, stop=stop)
+
+
+# -- calibrate --out never replaces the user's binary data (campaign 34f, c44 / c47) -------------
+
+
+@pytest.mark.parametrize("through_link", [False, True], ids=["file", "symlink"])
+def test_calibrate_refuses_an_out_that_holds_binary_data_before_calibrating(
+    through_link: bool, two_task_cluster: Path, tmp_path: Path, poisoned_tensorflow: Path
+) -> None:
+    """``partition calibrate --out weights.json`` replaced 2000 random bytes (and, through a
+    symbolic link, the link's binary target) with the topology after a 25 s calibration; the
+    guard ``partition``'s outputs have (README row 88) now runs before any worker is asked."""
+    data = bytes(range(256)) * 8
+    (tmp_path / "h5.bin").write_bytes(data)
+    out = "weights.json"
+    if through_link:
+        (tmp_path / out).symlink_to(tmp_path / "h5.bin")
+    else:
+        (tmp_path / out).write_bytes(data)
+    before = _files(tmp_path)
+    code, stdout, err = run_cli(
+        poisoned_tensorflow, "calibrate", "--cluster", two_task_cluster, "--out", out, cwd=tmp_path
+    )
+    one_line_error(code, err, f"--out {out} exists and holds binary data", "remove it first")
+    assert stdout == "" and _files(tmp_path) == before
+    assert (tmp_path / "h5.bin").read_bytes() == data and (tmp_path / out).read_bytes() == data

@@ -18,12 +18,13 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import import_quietly
-from partitioner.core.errors import PartitionError, UsageError, escape_control
+from partitioner.core.errors import OutputError, PartitionError, UsageError, escape_control
 
 if TYPE_CHECKING:
     from passes.cluster.calibrate import CalibrationOptions
@@ -43,8 +44,6 @@ FLAGS: Mapping[str, str] = MappingProxyType(
 )
 """The library's argument names that only this command has -> its flags (the shared ones,
 ``device_type='h100'`` -> ``--device-type h100``, are :data:`partitioner.cli.main.FLAGS`)."""
-
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,14 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_out(path: str, cluster: str | None) -> None:
-    from partitioner.core.files import check_output_path, same_file
+def _check_out(path: str, cluster: str | None) -> Path:
+    """The file ``--out`` replaces (a symbolic link's target), checked as ``partition``'s outputs
+    are: a regular file or new, never one holding binary data (the user's), never the cluster
+    file. Called before calibrating and again before writing."""
+    from partitioner.core.files import check_output_path, check_replaceable, same_file
 
     if not path.endswith(".json"):
         raise UsageError(f"--out {path}: give a .json path (a topology file)")
-    check_output_path(path, "cannot write the topology file")
+    target = check_output_path(path, "cannot write the topology file")
     if cluster and os.path.exists(cluster) and os.path.exists(path) and same_file(path, cluster):
         raise UsageError(f"--out {path} is the cluster file; write the topology elsewhere")
+    check_replaceable(target, f"--out {path}")
+    return target
 
 
 def _import_quietly() -> None:
@@ -114,7 +118,9 @@ def _options(args: argparse.Namespace) -> CalibrationOptions:
     import does not load TensorFlow)."""
     from passes.cluster.calibrate import CalibrationOptions, check_timeout_s
 
-    rounds = args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
+    rounds = (
+        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
+    )
     options = CalibrationOptions(
         rounds=rounds, step_timeout_s=args.timeout, device_type=args.device_type
     )
@@ -125,7 +131,7 @@ def _options(args: argparse.Namespace) -> CalibrationOptions:
 
 def _run(args: argparse.Namespace) -> int:
     options = _options(args)
-    _check_out(args.out, args.cluster)
+    target = _check_out(args.out, args.cluster)
     _import_quietly()
     from cost_models.devices.tf_config import tf_config_text
     from passes.cluster.calibrate import calibrate_cluster, calibrate_local
@@ -144,7 +150,14 @@ def _run(args: argparse.Namespace) -> int:
     _check_written(data)
     from partitioner.core.files import write_atomic
 
-    write_atomic(args.out, json.dumps(data, indent=1) + "\n")
+    now = _check_out(args.out, args.cluster)
+    if now != target:
+        raise OutputError(
+            f"--out {args.out} now leads to {now}, not to {target} "
+            "as when calibration started (a symbolic link on it changed); refusing to write: "
+            "run again"
+        )
+    write_atomic(target, json.dumps(data, indent=1) + "\n", follow_symlinks=False)
     sys.stdout.write(_summary(data, args.out, time.monotonic() - started))
     return 0
 

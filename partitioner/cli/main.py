@@ -44,6 +44,7 @@ from partitioner.core.errors import (
 )
 from partitioner.core.files import (
     check_output_path,
+    check_replaceable,
     read_input_text,
     same_file,
     write_all_atomic,
@@ -506,30 +507,6 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
     )
 
 
-def _check_replaceable(target: Path, option: str, shown: str) -> None:
-    """An output that exists and holds binary data (not UTF-8 text in its first 4 KiB) is not
-    replaced: partitioner writes only text, and such a file is the user's data, perhaps read
-    by the model's code through native code (an h5py weights file, a sqlite database), which
-    is no import or Python ``open`` the run could see."""
-    if not target.is_file() or target.stat().st_size == 0:
-        return
-    try:
-        with open(target, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return  # unreadable: the writability check says why
-    try:
-        head.decode("utf-8")
-        binary = b"\x00" in head
-    except UnicodeDecodeError as exc:
-        binary = exc.start < len(head) - 3  # not a character cut at the 4 KiB boundary
-    if binary:
-        raise OutputError(
-            f"{option} {shown} exists and holds binary data, which partitioner never writes; "
-            "refusing to replace it (it may be your data): remove it first, or give another path"
-        )
-
-
 def _check_still_resolved(path: str, option: str, shown: str) -> None:
     """``path``, resolved before the model's code ran (:class:`_Output`), still resolves to
     itself: a symbolic link the code has put on it since is refused, never written through."""
@@ -550,7 +527,7 @@ def _check_out(path: str, option: str, shown: str) -> None:
         target = check_output_path(path, option)
     except OutputError as exc:
         raise OutputError(str(exc).replace(f"{option} {path}", f"{option} {shown}", 1)) from None
-    _check_replaceable(target, option, shown)
+    check_replaceable(target, f"{option} {shown}")
     writable = os.access(target, os.W_OK) if target.exists() else True
     if not os.access(target.parent, os.W_OK) or not writable:
         raise OutputError(f"{option} {shown} is not writable; choose another path")

@@ -16,6 +16,7 @@ file the product reads goes through it.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import secrets
@@ -30,6 +31,7 @@ from partitioner.core.errors import OutputError, PartitionError
 __all__ = [
     "UnreadableInput",
     "check_output_path",
+    "check_replaceable",
     "file_kind",
     "read_input_text",
     "read_regular_text",
@@ -92,6 +94,54 @@ def check_output_path(
     if not target.parent.is_dir():
         raise OutputError(f"{what} {path}: directory {target.parent} does not exist")
     return target
+
+
+MAX_REPLACEABLE_BYTES = 64 * 2**20
+"""The largest existing file an output may replace: a plan, report or module partitioner writes
+is far smaller, so a larger file is the user's data."""
+
+
+def binary_offset(path: str | os.PathLike[str]) -> int | None:
+    """Where the regular file ``path`` first holds data that is not UTF-8 text (a NUL byte or an
+    invalid sequence; the whole file is read, in chunks), or ``None`` for a text file."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(2**20):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                return offset + max(exc.start, 0)
+            if b"\x00" in chunk:
+                return offset + chunk.index(b"\x00")
+            offset += len(chunk)
+    pending = len(decoder.getstate()[0])
+    return offset - pending if pending else None  # the file ends inside a character
+
+
+def check_replaceable(target: Path, shown: str) -> None:
+    """An existing regular file ``target`` that holds binary data anywhere (or is larger than
+    :data:`MAX_REPLACEABLE_BYTES`) is not replaced: partitioner writes only text, and such a file
+    is the user's data, perhaps read by the model's code through native code (an h5py weights
+    file, a sqlite database), which is no import or Python ``open`` a run could see. Raises
+    :class:`OutputError` naming ``shown`` (the option and the path as the user gave them)."""
+    try:
+        st = os.stat(target)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return
+        where = None if st.st_size > MAX_REPLACEABLE_BYTES else binary_offset(target)
+    except OSError:
+        return  # unreadable or gone: the writability check says why
+    if st.st_size > MAX_REPLACEABLE_BYTES:
+        found = f"is larger ({st.st_size} bytes) than any file partitioner writes"
+    elif where is not None:
+        found = f"holds binary data (from byte {where}), which partitioner never writes"
+    else:
+        return
+    raise OutputError(
+        f"{shown} exists and {found}; refusing to replace it (it may be your data): remove it "
+        "first, or give another path"
+    )
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
