@@ -10,6 +10,19 @@ import pytest
 
 from partitioner.core.errors import OutputError
 from partitioner.core.files import MAX_REPLACEABLE_BYTES, binary_offset, check_replaceable
+from tests.test_hostile_input_iii_paths import TINY, one_line_error, run_cli, snapshot, write_tree
+
+READS_THROUGH_DIR_FD = {
+    "m.py": (
+        "import os\n"
+        "fd = os.open('dep', os.O_RDONLY)\n"
+        "{read}\n"
+        "os.close(fd)\n"
+        "from tiny import build_model\n"
+    ),
+    "tiny.py": TINY,
+    "dep/settings.txt": "lr = 0.1  # the user's settings\n",
+}
 
 
 @pytest.mark.parametrize(
@@ -50,3 +63,43 @@ def test_a_file_larger_than_anything_partitioner_writes_is_not_replaced(tmp_path
         f.truncate(MAX_REPLACEABLE_BYTES + 1)  # sparse: no disk used
     with pytest.raises(OutputError, match=r"is larger \(\d+ bytes\) than any file partitioner"):
         check_replaceable(big, "--report big.json")
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        "os.close(os.open('settings.txt', os.O_RDONLY, dir_fd=fd))",
+        "open('settings.txt', opener=lambda p, f: os.open(p, f, dir_fd=fd)).close()",
+    ],
+    ids=["os.open-dir_fd", "opener"],
+)
+def test_a_file_read_relative_to_a_directory_descriptor_is_not_replaced(
+    read: str, tmp_path: Path
+) -> None:
+    """The audit event of ``os.open(name, flags, dir_fd=fd)`` carries ``name`` without its
+    directory: it was taken as relative to the working directory, and ``--out
+    dep/settings.txt`` overwrote the file the model read (c15, c19)."""
+    files = dict(READS_THROUGH_DIR_FD)
+    files["m.py"] = files["m.py"].format(read=read)
+    write_tree(tmp_path, files)
+    before = snapshot(tmp_path)
+    proc = run_cli(
+        ["m.py", "--gpus", "2", "--no-strategies", "--out", "dep/settings.txt"], tmp_path
+    )
+    one_line_error(proc, "--out dep/settings.txt is the file dep/settings.txt that the model")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_file_read_through_a_link_is_protected_where_it_was_read(tmp_path: Path) -> None:
+    """The model reads ``data/x.txt`` (``data -> dirA``), then re-points ``data -> dirB``: the
+    reads were resolved after the model ran, so ``--out dirA/x.txt`` overwrote the file read
+    (c62). They are resolved when read."""
+    write_tree(tmp_path, {"dirA/x.txt": "A data\n", "dirB/x.txt": "B data\n", "tiny.py": TINY})
+    (tmp_path / "data").symlink_to("dirA")
+    (tmp_path / "m.py").write_text(
+        "import os\nopen('data/x.txt').read()\nos.remove('data')\nos.symlink('dirB', 'data')\n"
+        "from tiny import build_model\n"
+    )
+    proc = run_cli(["m.py", "--gpus", "2", "--no-strategies", "--out", "dirA/x.txt"], tmp_path)
+    one_line_error(proc, "--out dirA/x.txt is the file dirA/x.txt that the model's code read")
+    assert (tmp_path / "dirA" / "x.txt").read_text() == "A data\n"

@@ -118,16 +118,51 @@ _FILES_READ = _FilesRead()
 
 
 def _record_open(event: str, args: tuple[Any, ...]) -> None:
-    """The audit hook: an ``open`` for reading while recording adds the file's absolute path."""
+    """The audit hook: an ``open`` for reading while recording adds the file's resolved path,
+    resolved now (a symbolic link the code re-points later does not move it)."""
     if event != "open" or _FILES_READ.files is None:
         return
     if not args or not isinstance(args[0], (str, bytes)):
         return
     mode = args[1] if len(args) > 1 else None
     if mode is None or "r" in mode or "+" in mode:
+        found = _resolved_reads(os.fsdecode(args[0]))
         with _FILES_READ.lock:
             if _FILES_READ.files is not None:
-                _FILES_READ.files.add(os.path.abspath(os.fsdecode(args[0])))
+                _FILES_READ.files.update(found)
+
+
+def _resolved_reads(name: str) -> list[str]:
+    """The files an open of ``name`` may have read, resolved through every symbolic link: an
+    absolute name is one file; a relative one is relative to the working directory, or to a
+    directory descriptor (``os.open(name, flags, dir_fd=fd)``, an ``opener``), which the audit
+    event does not carry: every directory the process holds open counts (failing closed)."""
+    if os.path.isabs(name):
+        return [os.path.realpath(name)]
+    found = [os.path.realpath(name)]
+    for directory in _open_directories():
+        candidate = os.path.realpath(os.path.join(directory, name))
+        if os.path.isfile(candidate):
+            found.append(candidate)
+    return found
+
+
+def _open_directories() -> list[str]:
+    """The directories the process holds a descriptor on (Linux's ``/proc/self/fd``; elsewhere
+    none)."""
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    directories = []
+    for fd in descriptors:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and os.path.isdir(target):
+            directories.append(target)
+    return directories
 
 
 @functools.cache
