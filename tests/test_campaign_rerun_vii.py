@@ -103,3 +103,22 @@ def test_a_file_read_through_a_link_is_protected_where_it_was_read(tmp_path: Pat
     proc = run_cli(["m.py", "--gpus", "2", "--no-strategies", "--out", "dirA/x.txt"], tmp_path)
     one_line_error(proc, "--out dirA/x.txt is the file dirA/x.txt that the model's code read")
     assert (tmp_path / "dirA" / "x.txt").read_text() == "A data\n"
+
+
+@pytest.mark.parametrize(
+    ("call", "shown"), [("os._exit(0)", "os._exit(0)"), ("sys.exit(0)", "sys.exit(0)")]
+)
+def test_an_exit_handler_that_exits_0_does_not_turn_a_failed_run_into_success(
+    call: str, shown: str, tmp_path: Path
+) -> None:
+    """``atexit.register(lambda: os._exit(0))`` in the model file: the run failed (an input
+    shape the model refuses), printed its error, then ended with status 0 (c16)."""
+    (tmp_path / "m.py").write_text(
+        f"import atexit, os, sys\natexit.register(lambda: {call})\n" + TINY
+    )
+    proc = run_cli(["m.py", "--gpus", "2", "--input-shape", "5", "--out", "p.json"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("partition: error: "), proc.stderr
+    assert f"called {shown}, ignored: the run's own exit status stands" in lines[1]
+    assert not (tmp_path / "p.json").exists()

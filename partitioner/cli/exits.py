@@ -11,10 +11,13 @@ misbehaving handler becomes one ``note:`` line naming it.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
+import posix
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from partitioner.core.errors import escape_control
@@ -48,7 +51,8 @@ def run_exit_handlers(grace_s: float = EXIT_HANDLERS_GRACE_S) -> list[str]:
 
     def run() -> None:
         frames["outer"] = sys._getframe()
-        atexit._run_exitfuncs()
+        with _no_hard_exit():
+            atexit._run_exitfuncs()
 
     sys.unraisablehook = hook
     runner = threading.Thread(target=run, name="partition-exit-handlers", daemon=True)
@@ -69,16 +73,48 @@ def run_exit_handlers(grace_s: float = EXIT_HANDLERS_GRACE_S) -> list[str]:
     return notes
 
 
+class _HardExit(BaseException):
+    """Raised in place of ``os._exit(status)`` called by an exit handler (:func:`_no_hard_exit`)."""
+
+    def __init__(self, status: object) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+@contextlib.contextmanager
+def _no_hard_exit() -> Iterator[None]:
+    """While inside, ``os._exit`` called by this thread raises :class:`_HardExit` instead: an
+    exit handler of the model's code calling ``os._exit(0)`` ended a failed run with status 0
+    (atexit stops that handler and reports it; the process keeps its own status). Other threads
+    and forked children get the real ``os._exit``."""
+    real = os._exit
+    thread, pid = threading.get_ident(), os.getpid()
+
+    def guarded(status: int) -> None:
+        if threading.get_ident() == thread and os.getpid() == pid:
+            raise _HardExit(status)
+        real(status)
+
+    os._exit = posix._exit = guarded  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = posix._exit = real
+
+
 def _raised_note(unraisable: Any) -> str:
     """``an exit handler (atexit) of the model's code, boom (model.py line 2), raised
     RuntimeError: atexit boom``."""
     exc = unraisable.exc_value
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    what = f"raised {detail}"
+    if isinstance(exc, (_HardExit, SystemExit)):
+        call = "os._exit" if isinstance(exc, _HardExit) else "sys.exit"
+        code = exc.status if isinstance(exc, _HardExit) else exc.code
+        what = f"called {call}({code!r}), ignored: the run's own exit status stands"
     tb = unraisable.exc_traceback
     handler = _described(tb.tb_frame) if tb is not None else _callable_name(unraisable.object)
-    return escape_control(
-        f"an exit handler (atexit) of the model's code, {handler}, raised {detail}"
-    )
+    return escape_control(f"an exit handler (atexit) of the model's code, {handler}, {what}")
 
 
 def _running_handler(runner: threading.Thread, outer: types.FrameType | None) -> str:
