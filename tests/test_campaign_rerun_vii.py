@@ -122,3 +122,32 @@ def test_an_exit_handler_that_exits_0_does_not_turn_a_failed_run_into_success(
     assert len(lines) == 2 and lines[0].startswith("partition: error: "), proc.stderr
     assert f"called {shown}, ignored: the run's own exit status stands" in lines[1]
     assert not (tmp_path / "p.json").exists()
+
+
+def test_what_the_models_code_writes_to_stderr_is_shown(tmp_path: Path) -> None:
+    """A model that says why it stops (``print(..., file=sys.stderr)`` then ``sys.exit(3)``):
+    its line was swallowed with TensorFlow's native start-up logging, so the user saw only
+    "remove the exit from the model file" (c24). Python's stderr now reaches the user while
+    the model's code runs; native writes to fd 2 stay silent."""
+    (tmp_path / "m.py").write_text(
+        "import os, sys\n"
+        "if 'DATA_DIR' not in os.environ:\n"
+        "    print('mymodel: set DATA_DIR to the folder with vocab.txt', file=sys.stderr)\n"
+        "    sys.exit(3)\n" + TINY
+    )
+    proc = run_cli(["m.py", "--gpus", "2", "--out", "p.json"], tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "mymodel: set DATA_DIR to the folder with vocab.txt", proc.stderr
+    assert len(lines) == 2 and "called sys.exit(3)" in lines[1], proc.stderr
+
+
+def test_the_models_own_warnings_show_and_the_libraries_do_not(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "import warnings\nwarnings.warn('mymodel: vocab.txt is old')\n" + TINY
+    )
+    proc = run_cli(["m.py", "--gpus", "2", "--out", "p.json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "UserWarning: mymodel: vocab.txt is old" in proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "Warning" in line]
+    assert len(warned) == 1 and "m.py:2: UserWarning" in warned[0], proc.stderr  # only the model's

@@ -200,6 +200,16 @@ def user_files_read(read: Collection[str]) -> list[Path]:
     )
 
 
+def is_user_file(filename: str) -> bool:
+    """Whether ``filename`` (a code object's or a warning's) is a file of the user's tree: not
+    the standard library, an installed distribution or this project's packages, nor a
+    pseudo-file such as ``<frozen ...>``."""
+    if not filename or filename.startswith("<"):
+        return False
+    real = Path(os.path.realpath(filename))
+    return not any(real.is_relative_to(d) for d in _system_dirs())
+
+
 def _system_dirs() -> list[Path]:
     """The directories whose modules are not the user's: the standard library, every
     site-packages, this project's packages (resolved)."""

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -672,19 +673,41 @@ def _topology_devices(data: object) -> int:
 
 
 @contextlib.contextmanager
-def _quiet_native_stderr(enabled: bool) -> Iterator[None]:
-    """Silence C++ start-up logging (absl, oneDNN, CUDA probes) written straight to fd 2."""
+def _quiet_native_stderr(enabled: bool, shown: TextIO) -> Iterator[None]:
+    """Silence C++ start-up logging (absl, oneDNN, CUDA probes) written straight to fd 2, but
+    not what the model's code writes: Python's ``sys.stderr`` goes to ``shown`` (a copy of the
+    real stderr) meanwhile, so a model that says why it stops (``print(..., file=sys.stderr)``
+    before ``sys.exit(3)``) is heard; Python warnings show only when raised from the user's
+    own files (:func:`~partitioner.cli.loader.is_user_file`), not TensorFlow's or Keras's."""
     if not enabled:
         yield
         return
+    from partitioner.cli.loader import is_user_file
+
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved, python_stderr, show = os.dup(2), sys.stderr, warnings.showwarning
+
+    def show_users(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if is_user_file(filename):
+            show(message, category, filename, lineno, file, line)
+
     try:
         with open(os.devnull, "w") as devnull:
             os.dup2(devnull.fileno(), 2)
+            sys.stderr = cast(TextIO, _StderrOrNothing(shown))
+            warnings.showwarning = show_users
             yield
     finally:
+        warnings.showwarning = show
         sys.stderr.flush()
+        sys.stderr = python_stderr
         os.dup2(saved, 2)
         os.close(saved)
 
@@ -1361,7 +1384,7 @@ def _plan(
 
     with (
         PhaseProgress(err, enabled=err.is_terminal) as progress,
-        _quiet_native_stderr(not args.verbose),
+        _quiet_native_stderr(not args.verbose, cast(TextIO, err.file)),
     ):
         progress("importing TensorFlow")
         import tensorflow  # noqa: F401  (import cost shown as its own phase)
