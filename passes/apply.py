@@ -28,7 +28,7 @@ from partitioner.plan.model import INPUT_PREFIX, InputSignature, ModelFingerprin
 from partitioner.plan.schema import check_plan_matches_model
 from passes.checks import check_batch_split
 from passes.rewrite.device_placement import default_device_strings, place_model
-from passes.trace import input_names, input_specs, placement_units
+from passes.trace import input_names, input_specs, placement_units, sample_batch_size
 
 __all__ = ["apply_plan", "model_fingerprint"]
 
@@ -527,7 +527,7 @@ def apply_plan(
     _check_distinct(plan, strategy, device_strings, given is not None)
     _check_applies_to(plan, model)
     check_batch_split(model, plan)
-    specs = input_specs(model, 1, plan.input_shape)
+    specs = input_specs(model, sample_batch_size(model), plan.input_shape)
     # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own
     # structure (a dict of inputs too).
     sample = [_sample_array(s) for s in specs]

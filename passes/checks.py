@@ -29,7 +29,7 @@ from partitioner.core.errors import RewriteError
 from partitioner.core.ir import Graph
 from partitioner.core.microbatch import InexactLayer, LayerFacts, inexact_reason
 from partitioner.plan.model import Plan
-from passes.trace import Unit, input_names, placement_units
+from passes.trace import Unit, fixed_batch, input_names, placement_units
 
 __all__ = [
     "OWN_STEPS",
@@ -198,17 +198,6 @@ def _batch_shares(plan: Plan) -> str | None:
     )
     parts = [f"{replicas} replicas"] * (replicas > 1) + [f"{micro} micro-batches"] * (micro > 1)
     return " x ".join(parts) or None
-
-
-def fixed_batch(model: Any) -> int | None:
-    """The batch ``model``'s inputs fix (``keras.Input(batch_shape=(4, ...))``, as a stateful
-    RNN needs), or None."""
-    try:
-        inputs = list(model.inputs or [])
-    except Exception:  # a subclassed model never called: no declared inputs
-        return None
-    fixed = [int(t.shape[0]) for t in inputs if t.shape and t.shape[0] is not None]
-    return fixed[0] if fixed else None
 
 
 def batch_split_refusal(model: Any, shares: str) -> str | None:

@@ -59,11 +59,13 @@ __all__ = [
     "Unit",
     "build_sublayers",
     "error_line",
+    "fixed_batch",
     "input_names",
     "input_specs",
     "integer_input_bounds",
     "model_input",
     "placement_units",
+    "sample_batch_size",
     "trace_model",
     "unbuilt_layers",
 ]
@@ -462,6 +464,24 @@ def _unknown_dims_error(
         f"model {model.name!r} leaves input dimensions unknown (inputs: {listed}); give every "
         f"dimension after the batch, e.g. input_shape={example}"
     )
+
+
+def fixed_batch(model: Any) -> int | None:
+    """The batch ``model``'s inputs fix (``keras.Input(batch_shape=(4, ...))``, as a stateful
+    RNN needs), or None."""
+    try:
+        inputs = list(model.inputs or [])
+    except Exception:  # a subclassed model never called: no declared inputs
+        return None
+    fixed = [int(t.shape[0]) for t in inputs if t.shape and t.shape[0] is not None]
+    return fixed[0] if fixed else None
+
+
+def sample_batch_size(model: Any) -> int:
+    """The batch a rewritten copy of ``model`` is built on (``Plan.apply``, an emitted module's
+    ``SAMPLE_INPUTS``): one sample, or the batch ``model``'s inputs fix (a stateful layer's
+    state is made at the batch it is built on, and takes no other)."""
+    return fixed_batch(model) or 1
 
 
 def input_specs(

@@ -5,6 +5,7 @@ as they were when read."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,3 +152,51 @@ def test_the_models_own_warnings_show_and_the_libraries_do_not(tmp_path: Path) -
     assert "UserWarning: mymodel: vocab.txt is old" in proc.stderr
     warned = [line for line in proc.stderr.splitlines() if "Warning" in line]
     assert len(warned) == 1 and "m.py:2: UserWarning" in warned[0], proc.stderr  # only the model's
+
+
+STATEFUL = (
+    "import keras\n\ndef build_model():\n"
+    "    i = keras.Input(batch_shape=(8, 5, 3), name='x')\n"
+    "    h = keras.layers.GRU(4, stateful=True, name='sgru')(i)\n"
+    "    return keras.Model(i, keras.layers.Dense(2, name='out')(h), name='sg')\n"
+)
+
+
+def _stateful_model() -> Any:
+    namespace: dict[str, Any] = {}
+    exec(STATEFUL, namespace)
+    return namespace["build_model"]()
+
+
+def test_a_fixed_batch_model_placed_runs_at_its_batch(tmp_path: Path) -> None:
+    """A stateful GRU with ``batch_shape=(8, ...)``, planned with strategy 'placed' (the one the
+    fixed-batch refusal recommends): ``Plan.apply`` built its copy on one sample, so the state
+    was made at batch 1 and Keras refused the model's own batch 8 with a raw ValueError; the
+    emitted module's ``SAMPLE_INPUTS`` had batch 1 too (c28). Copies are built at the fixed
+    batch."""
+    import numpy as np
+
+    import partitioner
+    from tests.emitted import import_emitted
+
+    model = _stateful_model()
+    plan = partitioner.partition(model, gpus=2, device_type="cpu", strategy="placed", batch_size=8)
+    placed = plan.apply(model, devices=["/device:CPU:0", "/device:CPU:1"])
+    x = np.random.default_rng(0).standard_normal((8, 5, 3)).astype("float32")
+    assert np.allclose(placed(x), _stateful_model_copy(model)(x), atol=1e-5)
+    (tmp_path / "m.py").write_text(STATEFUL)
+    proc = run_cli(
+        ["m.py", "--gpus", "2", "--device-type", "cpu", "--batch-size", "8", "--strategy",
+         "placed", "--out", "p.json", "--emit", "emitted.py"],
+        tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    emitted = import_emitted(tmp_path / "emitted.py").build_model()
+    assert tuple(emitted(x).shape) == (8, 2)
+
+
+def _stateful_model_copy(model: Any) -> Any:
+    """A fresh stateful model with ``model``'s weights (its state at zero, as the copy's)."""
+    fresh = _stateful_model()
+    fresh.set_weights(model.get_weights())
+    return fresh

@@ -89,7 +89,7 @@ from partitioner.core.errors import RewriteError
 from partitioner.core.strategy import Strategy
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan
-from passes.trace import ShapeArg, Unit, input_specs, placement_units
+from passes.trace import ShapeArg, Unit, input_specs, placement_units, sample_batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -1166,7 +1166,7 @@ def _stages_lines(stages: Sequence[Sequence[str]] | None) -> list[str]:
 
 
 def _sample_lines(model: Any, input_shape: ShapeArg | None, graph_model: bool) -> list[str]:
-    specs = input_specs(model, 1, input_shape)
+    specs = input_specs(model, sample_batch_size(model), input_shape)
     samples = [(tuple(int(d) for d in s.shape), s.dtype.name) for s in specs]
     value: Any = samples
     struct = _graph_of(model)._inputs_struct if graph_model else None
@@ -1174,8 +1174,9 @@ def _sample_lines(model: Any, input_shape: ShapeArg | None, graph_model: bool) -
         key_of = {id(t): k for k, t in struct.items()}
         value = {key_of[id(t)]: sample for t, sample in zip(model.inputs, samples)}
     return [
-        "# (shape, dtype) of each model input for one sample: build_model() runs the model on zeros",
-        "# of these shapes so that every layer creates its variables on its device.",
+        "# (shape, dtype) of each model input for one sample (or the batch its inputs fix):",
+        "# build_model() runs the model on zeros of these shapes so that every layer creates its",
+        "# variables on its device.",
         f"SAMPLE_INPUTS = {_literal(value, 0)}",
     ]
 
