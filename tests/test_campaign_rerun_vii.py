@@ -4,6 +4,7 @@ as they were when read."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,14 @@ import pytest
 
 from partitioner.core.errors import OutputError
 from partitioner.core.files import MAX_REPLACEABLE_BYTES, binary_offset, check_replaceable
-from tests.test_hostile_input_iii_paths import TINY, one_line_error, run_cli, snapshot, write_tree
+from tests.test_hostile_input_iii_paths import (
+    CUSTOM_LAYERS,
+    TINY,
+    one_line_error,
+    run_cli,
+    snapshot,
+    write_tree,
+)
 
 READS_THROUGH_DIR_FD = {
     "m.py": (
@@ -200,3 +208,31 @@ def _stateful_model_copy(model: Any) -> Any:
     fresh = _stateful_model()
     fresh.set_weights(model.get_weights())
     return fresh
+
+
+def test_a_builder_that_imports_a_sibling_module_itself_loads(tmp_path: Path) -> None:
+    """``def build_model(): import customlayers`` failed with ModuleNotFoundError: the model's
+    directory left ``sys.path`` once the file was imported, before its builder ran (c12b)."""
+    write_tree(
+        tmp_path,
+        {
+            "customlayers.py": CUSTOM_LAYERS,
+            "m.py": "import keras\n\ndef build_model():\n    import customlayers\n"
+            "    return keras.Sequential([keras.Input((8,)), customlayers.dense('a'),"
+            " keras.layers.Dense(4, name='b')])\n",
+        },
+    )
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    proc = run_cli(["../m.py", "--gpus", "2", "--out", "p.json"], elsewhere)
+    assert proc.returncode == 0, proc.stderr
+    assert (elsewhere / "p.json").is_file()
+    # the directory is on sys.path while the model's code runs, not after
+    from partitioner.cli.loader import load_model
+
+    before = list(sys.path)
+    try:
+        assert load_model(str(tmp_path / "m.py")).name
+    finally:
+        sys.modules.pop("customlayers", None)  # this process's other tests have their own
+    assert sys.path == before

@@ -231,16 +231,25 @@ def _import_file(path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ModelLoadError(f"cannot import {path}: not a Python source file")
     module = importlib.util.module_from_spec(spec)
-    directory = str(path.resolve().parent)
-    sys.path.insert(0, directory)
     # registered as imports are, so what looks its module up (dataclasses, pickle) finds it
     sys.modules[module_name] = module
-    try:
-        _run_module(spec.loader, module, path)
-    finally:
-        if sys.path and sys.path[0] == directory:
-            sys.path.pop(0)
+    _run_module(spec.loader, module, path)
     return module
+
+
+@contextlib.contextmanager
+def _model_directory_on_path(path: Path) -> Iterator[None]:
+    """The model file's directory first on ``sys.path`` while its code runs (the import and the
+    builder, which may import a sibling module itself), as ``python model.py`` has it; taken
+    off again after, so a user's file named like a module (``types.py``) shadows nothing of the
+    run's own."""
+    directory = str(path.resolve().parent)
+    sys.path.insert(0, directory)
+    try:
+        yield
+    finally:
+        if directory in sys.path:
+            sys.path.remove(directory)
 
 
 def _run_module(loader: Any, module: ModuleType, path: Path) -> None:
@@ -410,10 +419,16 @@ def _fails_with_weights_too(exc: BaseException | None) -> bool:
 
 
 def _load(spec: str) -> Any:
+    path, attr = split_spec(spec)
+    with _model_directory_on_path(path):
+        return _build(_import_file(path), path, attr)
+
+
+def _build(module: ModuleType, path: Path, attr: str | None) -> Any:
+    """The model ``module`` (imported from ``path``) defines: ``attr``, a builder, or its one
+    model."""
     import keras
 
-    path, attr = split_spec(spec)
-    module = _import_file(path)
     if attr is not None:
         if not hasattr(module, attr):
             raise ModelLoadError(f"{path} has no attribute {attr!r}")
