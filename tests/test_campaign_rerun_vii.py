@@ -236,3 +236,14 @@ def test_a_builder_that_imports_a_sibling_module_itself_loads(tmp_path: Path) ->
     finally:
         sys.modules.pop("customlayers", None)  # this process's other tests have their own
     assert sys.path == before
+
+
+@pytest.mark.parametrize("flag", ["--out", "--report", "--emit"])
+def test_an_output_path_ending_in_a_slash_is_refused(flag: str, tmp_path: Path) -> None:
+    """``--out plan.json/`` wrote the regular file plan.json (c56): a trailing slash names a
+    directory."""
+    write_tree(tmp_path, {"m.py": TINY})
+    before = snapshot(tmp_path)
+    proc = run_cli(["m.py", "--gpus", "2", flag, "plan.json/"], tmp_path)
+    one_line_error(proc, f"{flag} plan.json/ ends with a slash", "give a file path")
+    assert snapshot(tmp_path) == before

@@ -486,6 +486,11 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
     model = os.path.join(start, path)
     topology_file = _topology_file(args.topology)
     named = (("--out", args.out), ("--report", args.report), ("--emit", args.emit))
+    for option, given in named:
+        if given is not None and given.endswith(("/", os.sep)):
+            raise OutputError(
+                f"{option} {given} ends with a slash, which names a directory; give a file path"
+            )
     cache_dir = None
     if args.profile:
         from cost_models.measure.profiled import default_cache_dir
