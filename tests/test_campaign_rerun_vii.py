@@ -247,3 +247,14 @@ def test_an_output_path_ending_in_a_slash_is_refused(flag: str, tmp_path: Path) 
     proc = run_cli(["m.py", "--gpus", "2", flag, "plan.json/"], tmp_path)
     one_line_error(proc, f"{flag} plan.json/ ends with a slash", "give a file path")
     assert snapshot(tmp_path) == before
+
+
+def test_a_model_path_to_a_proc_file_is_one_line_with_a_next_step(tmp_path: Path) -> None:
+    """A model path that is a link to ``/proc/self/pagemap`` (a "regular" file of size 0 that
+    refuses a whole read) gave ``OSError: [Errno 22] Invalid argument`` with no next step
+    (c34)."""
+    (tmp_path / "m.py").symlink_to("/proc/self/pagemap")
+    proc = run_cli(["m.py", "--gpus", "2"], tmp_path)
+    line = one_line_error(proc, "m.py")
+    assert "is it the right file?" in line or "give a Python file" in line, line
+    assert "Errno" not in line or "cannot read" in line

@@ -86,6 +86,19 @@ def _check_path(path: Path) -> None:
             f"{path} is {format_bytes(size)}, more than {format_bytes(MAX_MODEL_FILE_BYTES)}, "
             "the largest model file partition reads; is it the right file?"
         )
+    try:  # a file of /proc says st_size 0 and may refuse to be read, or never end
+        with open(path, "rb") as f:
+            size = len(f.read(MAX_MODEL_FILE_BYTES + 1))
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot read {path} ({exc.strerror or exc}); give a Python file that builds a "
+            "Keras model"
+        ) from None
+    if size > MAX_MODEL_FILE_BYTES:
+        raise ModelLoadError(
+            f"{path} holds more than {format_bytes(MAX_MODEL_FILE_BYTES)}, the largest model "
+            "file partition reads; is it the right file?"
+        )
 
 
 def user_module_files(before: Collection[str]) -> list[Path]:
