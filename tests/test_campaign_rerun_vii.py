@@ -4,6 +4,7 @@ as they were when read."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -258,3 +259,47 @@ def test_a_model_path_to_a_proc_file_is_one_line_with_a_next_step(tmp_path: Path
     line = one_line_error(proc, "m.py")
     assert "is it the right file?" in line or "give a Python file" in line, line
     assert "Errno" not in line or "cannot read" in line
+
+
+def _tiny_model() -> Any:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, name="d1"), keras.layers.Dense(4, name="d2")]
+    )
+
+
+def test_a_profile_cache_that_cannot_be_written_is_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache directory that is a file gave one warning per layer (c20)."""
+    from cost_models.measure.profiled import ProfileSettings, profile_model
+
+    cache = tmp_path / "cache"
+    cache.write_text("not a directory\n")
+    fast = ProfileSettings(warmup=0, min_repeats=1, max_repeats=1, min_time_s=0.0)
+    with caplog.at_level(logging.WARNING, logger="cost_models.measure.profiled"):
+        profiled = profile_model(_tiny_model(), batch_size=4, cache_dir=cache, settings=fast)
+    assert profiled.measured_count >= 2
+    warned = [r for r in caplog.records if "not written" in r.getMessage()]
+    assert len(warned) == 1 and "not cached" in warned[0].getMessage()
+    assert cache.read_text() == "not a directory\n"
+
+
+def test_a_profile_cache_whose_layers_directory_is_a_link_is_not_written_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cache's ``layers/`` a symbolic link to another directory: entries were written
+    through it into that directory (c24)."""
+    from cost_models.measure.profiled import ProfileSettings, profile_model
+
+    cache, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    cache.mkdir()
+    elsewhere.mkdir()
+    (cache / "layers").symlink_to(elsewhere)
+    fast = ProfileSettings(warmup=0, min_repeats=1, max_repeats=1, min_time_s=0.0)
+    with caplog.at_level(logging.WARNING, logger="cost_models.measure.profiled"):
+        profile_model(_tiny_model(), batch_size=4, cache_dir=cache, settings=fast)
+    assert list(elsewhere.iterdir()) == []
+    assert "is a symbolic link" in caplog.text

@@ -325,6 +325,11 @@ def _write_entry(
     from partitioner.core.files import write_atomic
 
     path = _entry_path(cache_dir, key)
+    if path.parent.is_symlink():
+        raise PartitionError(
+            f"its directory {path.parent} is a symbolic link (to "
+            f"{os.path.realpath(path.parent)}), which a cache entry is never written through"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {
         "schema": CACHE_SCHEMA,
@@ -667,6 +672,9 @@ class _Tally:
     cached_count: int = 0
     memo: dict[str, tuple[float, float, int]] = field(default_factory=dict)
     signatures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cache_unwritable: bool = False
+    """A write to the cache failed once (a warning said why): the rest of the run does not
+    try again, so a cache that cannot be written is one warning, not one per layer."""
 
     def skip(self, unit: str) -> None:
         if unit not in self.skipped:
@@ -721,11 +729,16 @@ def _measure_and_store(
     tally.measured_count += 1
     tally.memo[key] = (fwd, bwd, reps)
     tally.timings.append(LayerTiming(unit.name, dev, fwd, bwd, reps, cached=False))
-    if run.use_cache:
+    if run.use_cache and not tally.cache_unwritable:
         try:
             _write_entry(run.cache, key, signature, fwd, bwd, reps)
         except (OSError, PartitionError) as exc:
-            logger.warning("profile cache %s not written: %s", run.cache, exc)
+            tally.cache_unwritable = True
+            logger.warning(
+                "profile cache %s not written (%s); this run's measurements are not cached",
+                run.cache,
+                exc,
+            )
 
 
 def _cached(run: _Run, tally: _Tally, unit: Any, dev: str, signature: dict[str, Any]) -> bool:
