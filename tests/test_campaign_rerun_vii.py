@@ -4,6 +4,7 @@ as they were when read."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from partitioner.core.errors import OutputError
+from partitioner.core.errors import OutputError, PartitionError
 from partitioner.core.files import MAX_REPLACEABLE_BYTES, binary_offset, check_replaceable
 from tests.test_hostile_input_iii_paths import (
     CUSTOM_LAYERS,
@@ -303,3 +304,21 @@ def test_a_profile_cache_whose_layers_directory_is_a_link_is_not_written_through
         profile_model(_tiny_model(), batch_size=4, cache_dir=cache, settings=fast)
     assert list(elsewhere.iterdir()) == []
     assert "is a symbolic link" in caplog.text
+
+
+def test_a_cluster_address_longer_than_a_host_name_is_refused() -> None:
+    """A 300-character host name was accepted in ``TF_CONFIG`` (t20)."""
+    from cost_models.devices.tf_config import (
+        MAX_HOST_NAME_CHARS,
+        check_addresses,
+        parse_tf_config,
+    )
+
+    long_host = "a" * 60 + ("." + "b" * 60) * 4  # 304 characters, labels within 63
+    for host in (long_host, "c" * 64 + ".example"):
+        text = json.dumps({"cluster": {"worker": [f"{host}:2222"]}})
+        with pytest.raises(
+            PartitionError, match=rf"longer than a host name can be \({MAX_HOST_NAME_CHARS}"
+        ):
+            check_addresses(parse_tf_config(text))
+    check_addresses(parse_tf_config(json.dumps({"cluster": {"worker": ["b" * 63 + ".x:2222"]}})))

@@ -231,7 +231,7 @@ def describe_value(value: object) -> str:
     if isinstance(value, bool):
         return f"a boolean ({value!r})"
     if isinstance(value, dict):
-        return "a table"
+        return "an object (a table)" if value else "an empty object (table)"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, str):

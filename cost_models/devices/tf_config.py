@@ -45,6 +45,8 @@ _SCHEMA = "devices/tf_config.schema.json"
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 """``host:port``: a host name or IPv4 address (letters, digits, ``_.-``), or a bracketed IPv6
 address; the port is checked to be 1..65535."""
+MAX_HOST_NAME_CHARS = 253
+"""The longest host name DNS carries (RFC 1035: 255 octets on the wire, 253 characters)."""
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "ip6-localhost"})
 _UNSPECIFIED = frozenset({"0.0.0.0", "[::]"})
 """Addresses that name no host: a connection to one reaches this machine."""
@@ -170,6 +172,13 @@ def _job_addresses(
             raise error(
                 f"{origin}: {job}[{i}] = {address!r} is not a 'host:port' address "
                 "(e.g. '127.0.0.1:2222')"
+            )
+        host = match.group("host")
+        if len(host) > MAX_HOST_NAME_CHARS or any(len(p) > 63 for p in host.split(".")):
+            raise error(
+                f"{origin}: {job}[{i}]'s host ({len(host)} characters) is longer than a host "
+                f"name can be ({MAX_HOST_NAME_CHARS} characters, 63 per dot-separated label); "
+                "give the host's name or address"
             )
         out.append(address.strip())
     keys = [_address_key(a) for a in out]

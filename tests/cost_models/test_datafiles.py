@@ -68,7 +68,7 @@ def test_field_paths_and_values() -> None:
     assert describe_value("two") == "a string ('two')"
     assert describe_value(True) == "a boolean (True)"
     assert describe_value(3) == "a number (3)"
-    assert describe_value([1]) == "a list" and describe_value({}) == "a table"
+    assert describe_value([1]) == "a list" and describe_value({}) == "an empty object (table)"
     assert describe_value(None) == "null"
 
 
@@ -150,7 +150,7 @@ def test_tf_config_parses_text_and_mappings_alike() -> None:
         ("{cluster", UsageError, "TF_CONFIG is not valid JSON ("),
         ("[]", CatalogError, "TF_CONFIG: (top level): must be an object with 'cluster', got a list"),
         ('{"cluster": {}}', CatalogError,
-         "TF_CONFIG: cluster: must be a non-empty object of job -> addresses, got a table"),
+         "TF_CONFIG: cluster: must be a non-empty object of job -> addresses, got an empty object (table)"),
         ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}',
          CatalogError, "TF_CONFIG: task.index: must be an integer >= 0, got a number (-1)"),
         ('{"cluster": {"worker": [""]}}', CatalogError,
