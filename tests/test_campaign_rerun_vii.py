@@ -322,3 +322,12 @@ def test_a_cluster_address_longer_than_a_host_name_is_refused() -> None:
         ):
             check_addresses(parse_tf_config(text))
     check_addresses(parse_tf_config(json.dumps({"cluster": {"worker": ["b" * 63 + ".x:2222"]}})))
+
+
+def test_a_model_that_changes_the_umask_does_not_make_outputs_unreadable(tmp_path: Path) -> None:
+    """``os.umask(0o777)`` in the model file made the new report mode 0000 (c21)."""
+    write_tree(tmp_path, {"m.py": "import os\nos.umask(0o777)\n" + TINY})
+    proc = run_cli(["m.py", "--gpus", "2", "--out", "p.json", "--report", "r.html"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("p.json", "r.html"):
+        assert (tmp_path / name).stat().st_mode & 0o600 == 0o600, name

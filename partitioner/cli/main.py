@@ -1390,6 +1390,7 @@ def _plan(
     with (
         PhaseProgress(err, enabled=err.is_terminal) as progress,
         _quiet_native_stderr(not args.verbose, cast(TextIO, err.file)),
+        _keeping_umask(),
     ):
         progress("importing TensorFlow")
         import tensorflow  # noqa: F401  (import cost shown as its own phase)
@@ -1417,6 +1418,19 @@ def _plan(
             plan = partition_prepared(model, prepared, progress=phase)
         _rearm_interrupt(own_sigint)
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), code
+
+
+@contextlib.contextmanager
+def _keeping_umask() -> Iterator[None]:
+    """The process's umask as it was before the model's code ran, again after it: a model file
+    that calls ``os.umask(0o777)`` made the run's new outputs mode 0000 (unreadable to the
+    user who asked for them)."""
+    umask = os.umask(0o077)  # read it (the only way), then put it back at once
+    os.umask(umask)
+    try:
+        yield
+    finally:
+        os.umask(umask)
 
 
 def _rearm_interrupt(handler: Any) -> None:
