@@ -331,3 +331,27 @@ def test_a_model_that_changes_the_umask_does_not_make_outputs_unreadable(tmp_pat
     assert proc.returncode == 0, proc.stderr
     for name in ("p.json", "r.html"):
         assert (tmp_path / name).stat().st_mode & 0o600 == 0o600, name
+
+
+def test_a_worker_whose_tf_config_task_is_another_job_is_told_which_flag() -> None:
+    """TF_CONFIG's task ``{type: ps, index: 0}`` with the default ``--job worker`` was told "set
+    TF_CONFIG's task.index", which was set: the job differs (B12)."""
+    from partitioner.cli.worker import run_worker
+    from partitioner.core.errors import UsageError
+
+    config = {
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+        "task": {"type": "ps", "index": 0},
+    }
+    with pytest.raises(UsageError, match=r"task is of job 'ps'.*pass --job ps to serve that task"):
+        run_worker(None, config)
+
+
+@pytest.mark.parametrize("host", ["::ffff:127.0.0.1", "[::ffff:127.0.0.1]", "127.0.0.1", "::1"])
+def test_an_ipv4_mapped_loopback_address_is_loopback(host: str) -> None:
+    """``[::ffff:127.0.0.1]:port`` in a cluster file was refused as "not this machine's
+    loopback" (B16): it is 127.0.0.1 (README row 90)."""
+    from partitioner.cli.worker import is_loopback
+
+    assert is_loopback(host)
+    assert not is_loopback("::ffff:8.8.8.8")

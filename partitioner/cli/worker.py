@@ -231,7 +231,11 @@ def is_loopback(host: str) -> bool:
     except (OSError, UnicodeError):
         return False
     addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
-    return bool(addresses) and all(a.is_loopback for a in addresses)
+    mapped = {  # ::ffff:127.0.0.1 is 127.0.0.1
+        a.ipv4_mapped if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped else a
+        for a in addresses
+    }
+    return bool(mapped) and all(a.is_loopback for a in mapped)
 
 
 def check_bind(bind: str) -> bool:
@@ -410,6 +414,12 @@ def _check_thread_count(flag: str, count: object) -> None:
 def _task_index(cluster: WorkerCluster, task_index: int | None, job_name: str) -> int:
     """This worker's task: ``--task``, else TF_CONFIG's ``task.index``; checked."""
     index = cluster.task_index if task_index is None else task_index
+    if index is None and cluster.task_type not in (None, job_name):
+        raise UsageError(
+            f"{cluster.source}'s task is of job {cluster.task_type!r}, and this worker serves "
+            f"job {job_name!r}: pass --job {cluster.task_type} to serve that task, or --task I "
+            f"for task I of {job_name!r}"
+        )
     if index is None:
         raise UsageError(
             "no task index: pass --task I (or set TF_CONFIG's task.index) for this worker"

@@ -117,6 +117,8 @@ class WorkerCluster:
     other_jobs: tuple[tuple[str, tuple[str, ...]], ...] = ()
     task_index: int | None = None
     source: str = "cluster"
+    task_type: str | None = None
+    """TF_CONFIG's ``task.type`` (whichever job it names), for a worker's messages."""
 
     @property
     def num_tasks(self) -> int:
@@ -220,7 +222,7 @@ def load_cluster(
     workers = config.addresses(job_name)
     others = tuple((job, addrs) for job, addrs in config.jobs if job != job_name)
     task_index = config.task_index if config.task_type == job_name else None
-    return WorkerCluster(job_name, workers, others, task_index, source)
+    return WorkerCluster(job_name, workers, others, task_index, source, config.task_type)
 
 
 # -- reachability --------------------------------------------------------------------------------
