@@ -355,3 +355,18 @@ def test_an_ipv4_mapped_loopback_address_is_loopback(host: str) -> None:
 
     assert is_loopback(host)
     assert not is_loopback("::ffff:8.8.8.8")
+
+
+def test_run_worker_open_to_every_interface_warns_through_the_library(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``run_worker(bind="0.0.0.0")`` from the API opened every interface without a word; the
+    command line warned (B14). The warning comes before the server starts (here a core this
+    machine lacks stops the run right after it)."""
+    from partitioner.cli.worker import run_worker
+    from partitioner.core.errors import UsageError
+
+    with caplog.at_level(logging.WARNING, logger="partitioner.cli.worker"):
+        with pytest.raises(UsageError):
+            run_worker(0, {"worker": ["127.0.0.1:1"]}, bind="0.0.0.0", cores=[100000])
+    assert "bind='0.0.0.0': listening on every interface" in caplog.text

@@ -160,6 +160,7 @@ def run_worker(
     on_ready: Callable[[int, str], None] | None = None,
     stop: threading.Event | None = None,
     bind: str = LOOPBACK,
+    warn_open: bool = True,
 ) -> int:
     """Serve task ``task_index`` of job ``job_name`` until SIGTERM/SIGINT (or ``stop`` is set).
 
@@ -173,7 +174,9 @@ def run_worker(
     once the server listens. ``bind`` is who may connect: a loopback address (the
     default) ties the server to this machine (module docstring), an explicit other address of
     this machine (``0.0.0.0``) lets every interface in, and anything else (empty, a name that
-    does not resolve, a typo) is refused before anything starts (:func:`check_bind`). Returns
+    does not resolve, a typo) is refused before anything starts (:func:`check_bind`); an open
+    worker is a warning on this module's logger unless ``warn_open`` is False (the command line
+    says it on stderr itself). Returns
     the exit status (0 after a stop). Signal handlers are installed only when called from the
     main thread.
     """
@@ -185,6 +188,8 @@ def run_worker(
     index = _task_index(cluster, task_index, job_name)
     if loopback_only:
         _check_loopback_address(cluster.addresses[index], index)
+    elif warn_open:
+        logger.warning("bind=%r: listening on every interface; %s", bind, WORKER_WARNING)
     if cores is not None:
         _pin_to_cores(cores)
     stop_event = stop if stop is not None else threading.Event()
@@ -561,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cores=args.cores,
             on_ready=announce,
             bind=args.bind,
+            warn_open=False,
         )
     except PartitionError as exc:
         sys.stderr.write(f"partition worker: error: {exc}\n")
