@@ -370,3 +370,22 @@ def test_run_worker_open_to_every_interface_warns_through_the_library(
         with pytest.raises(UsageError):
             run_worker(0, {"worker": ["127.0.0.1:1"]}, bind="0.0.0.0", cores=[100000])
     assert "bind='0.0.0.0': listening on every interface" in caplog.text
+
+
+def test_a_plan_measured_on_127_0_0_1_applies_to_the_cluster_spelled_localhost(
+    plan: Any, mlp: Any
+) -> None:
+    """A plan calibrated on ``127.0.0.1:p`` was refused for the same cluster spelled
+    ``localhost:p`` (K4), which README row 78 treats as one server. The check passes (the
+    connection then fails: nothing listens there) and a real difference is still named."""
+    import dataclasses
+
+    from passes.cluster.runtime import ClusterError
+
+    measured = dataclasses.replace(plan, cluster_addresses=("127.0.0.1:1", "127.0.0.1:2"))
+    with pytest.raises(ClusterError, match="is down"):
+        measured.apply(mlp, cluster={"worker": ["localhost:1", "localhost:02"]}, timeout_s=0.5)
+    with pytest.raises(
+        PartitionError, match=r"task 1: 127\.0\.0\.1:2 in the plan, localhost:3 here"
+    ):
+        measured.apply(mlp, cluster={"worker": ["localhost:1", "localhost:3"]}, timeout_s=0.5)

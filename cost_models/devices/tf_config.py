@@ -32,6 +32,7 @@ __all__ = [
     "TF_CONFIG_VARIABLE",
     "TfConfig",
     "address_host",
+    "address_key",
     "check_addresses",
     "parse_cluster_jobs",
     "parse_tf_config",
@@ -181,13 +182,13 @@ def _job_addresses(
                 "give the host's name or address"
             )
         out.append(address.strip())
-    keys = [_address_key(a) for a in out]
+    keys = [address_key(a) for a in out]
     if len(set(keys)) != len(keys):
         raise error(f"{origin}: job {job!r} lists an address twice: {out}{_spelled(out)}")
     return tuple(out)
 
 
-def _address_key(address: str) -> tuple[str, int]:
+def address_key(address: str) -> tuple[str, int]:
     """What makes two addresses one server: the host (:func:`address_host`: a TensorFlow
     server listens on every interface, so ``localhost`` and ``127.0.0.1`` are one) and the port
     as a number (``02222`` is 2222)."""
@@ -204,12 +205,12 @@ def check_addresses(
 ) -> TfConfig:
     """``config`` with every address checked and stripped: each job a non-empty list of
     ``host:port`` (port 1..65535, no control characters), no address twice in a job or across
-    jobs, however spelled (two servers cannot share a port: :func:`_address_key`). The one check for a cluster file, ``TF_CONFIG`` and a topology read
+    jobs, however spelled (two servers cannot share a port: :func:`address_key`). The one check for a cluster file, ``TF_CONFIG`` and a topology read
     from either."""
     _check_jobs(config, origin, error)
     jobs = tuple((job, _job_addresses(origin, job, addrs, error)) for job, addrs in config.jobs)
     seen = [a for _, addrs in jobs for a in addrs]
-    if len({_address_key(a) for a in seen}) != len(seen):
+    if len({address_key(a) for a in seen}) != len(seen):
         raise error(f"{origin}: two tasks share one address: {sorted(seen)}{_spelled(seen)}")
     _check_task(config, origin, error)
     return TfConfig(jobs=jobs, task_type=config.task_type, task_index=config.task_index)
