@@ -171,14 +171,12 @@ def run_worker(
     the server and, via ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``, for the functions
     a client runs here (unless the client's own config sets them; see the module docstring);
     ``cores`` pins the process to those CPU cores (Linux). ``on_ready(task, address)`` is called
-    once the server listens. ``bind`` is who may connect: a loopback address (the
-    default) ties the server to this machine (module docstring), an explicit other address of
-    this machine (``0.0.0.0``) lets every interface in, and anything else (empty, a name that
-    does not resolve, a typo) is refused before anything starts (:func:`check_bind`); an open
-    worker is a warning on this module's logger unless ``warn_open`` is False (the command line
-    says it on stderr itself). Returns
-    the exit status (0 after a stop). Signal handlers are installed only when called from the
-    main thread.
+    once the server listens. ``bind`` is who may connect: a loopback address (the default) ties
+    the server to this machine (module docstring), an explicit other address of this machine
+    (``0.0.0.0``) lets every interface in (a warning on this module's logger unless
+    ``warn_open`` is False: the command line says it itself), and anything else (empty, a typo)
+    is refused before anything starts (:func:`check_bind`). Returns the exit status (0 after a
+    stop). Signal handlers are installed only when called from the main thread.
     """
     inter_op = _thread_counts(threads, inter_op_threads)
     loopback_only = check_bind(bind)
@@ -186,10 +184,7 @@ def run_worker(
 
     cluster = load_cluster(cluster_spec, job_name=job_name)
     index = _task_index(cluster, task_index, job_name)
-    if loopback_only:
-        _check_loopback_address(cluster.addresses[index], index)
-    elif warn_open:
-        logger.warning("bind=%r: listening on every interface; %s", bind, WORKER_WARNING)
+    _check_reach(cluster.addresses[index], index, bind if warn_open else None, loopback_only)
     if cores is not None:
         _pin_to_cores(cores)
     stop_event = stop if stop is not None else threading.Event()
@@ -214,6 +209,15 @@ def run_worker(
             _sweep_foreign(port)
     logger.info("worker task %d stopped", index)
     return 0
+
+
+def _check_reach(address: str, index: int, bind: str | None, loopback_only: bool) -> None:
+    """A loopback-only worker's cluster address is this machine's loopback; an open one is a
+    warning naming ``bind`` (None: the caller warns itself)."""
+    if loopback_only:
+        _check_loopback_address(address, index)
+    elif bind is not None:
+        logger.warning("bind=%r: listening on every interface; %s", bind, WORKER_WARNING)
 
 
 def _host(address: str) -> str:
