@@ -32,7 +32,7 @@ from cost_models.estimate.analytic import calibration_note
 from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, parse_optimizer
 from cost_models.estimate.precision import parse_precision, traced_precision
-from partitioner.core.batching import graph_at_batch
+from partitioner.core.batching import BatchShare, at_share, graph_at_batch
 from partitioner.core.errors import PartitionError, PlanError, RewriteError, UsageError
 from partitioner.core.ir import (
     CostedGraph,
@@ -481,9 +481,13 @@ def _split_plan(
     one replica, beside the families table when the strategies were compared."""
     pipeline = solved.pipeline
     strategy = solved.strategy
-    advice = _advice(costed, solved.evaluation, common["baselines"], pipeline)
-    if solved.idle_advice:
-        advice = (solved.idle_advice, *advice)
+    refused = compared.refused if compared is not None else ()
+    advice = _advice(costed, solved.evaluation, common["baselines"], pipeline, refused)
+    idle = solved.idle_advice
+    if idle and Family.DATA_PARALLEL in refused:  # no replicas to recommend
+        idle = idle.replace(_USE_THEM_ALL, "")
+    if idle:
+        advice = (idle, *advice)
     rows = compared.rows if compared is not None else ()
     if rows:
         advice = (strategy_advice(rows, strategy.family), *advice)
@@ -562,6 +566,9 @@ class _Compared:
     idle_advice: str = ""
     """Which devices the applied strategy leaves idle and what using them all costs
     (:func:`~partitioner.planner.explain.idle_advice`), when it leaves some."""
+    refused: tuple[Family, ...] = ()
+    """The families the model's own code refuses at every share of the batch they would run
+    (:attr:`~partitioner.planner.search.StrategySearch.refused`): no advice recommends them."""
 
 
 class _CostedAt:
@@ -609,8 +616,13 @@ def _pipelined_costs(
     if micro == 1:
         return costed_at(batch)
     say(f"costing a micro-batch of {batch // micro}")
+    share = BatchShare(batch, num_microbatches=micro, given=True)
     with _timed(phases, "micro-batch cost"):
-        return microbatch_costed(costed_at(batch), costed_at(batch // micro), micro)
+        try:
+            at_micro = costed_at(share.size)
+        except PartitionError as exc:  # the model's own code at the micro-batch: say which
+            raise at_share(exc, share) from exc
+        return microbatch_costed(costed_at(batch), at_micro, micro)
 
 
 def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Compared | None:
@@ -646,6 +658,7 @@ def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Comp
         notes=(*left_out, *search.notes),
         search_time_s=time.perf_counter() - t0,
         idle_advice=idle_advice(search),
+        refused=search.refused,
     )
 
 
@@ -785,6 +798,13 @@ def _on_devices(costed: CostedGraph, devices: tuple[int, ...]) -> CostedGraph:
     )
 
 
+_USE_THEM_ALL = (
+    " (strategy='auto' or strategy='data_parallel' can use them all for data-parallel replicas)"
+)
+"""What a placement that leaves devices idle recommends (not when the model's own code refuses
+a replica's share of the batch: :attr:`_Compared.refused`)."""
+
+
 def _lifted(
     solved: _Solved,
     devices: tuple[int, ...],
@@ -801,8 +821,7 @@ def _lifted(
     line = (
         f"A placement puts each layer on one device and the model has "
         f"{costed.problem().num_layers} layers: this {solver} plan uses {len(used)} of the {n} "
-        f"devices, {devices_text(idle)} idle (strategy='auto' or strategy='data_parallel' can use "
-        "them all for data-parallel replicas)"
+        f"devices, {devices_text(idle)} idle{_USE_THEM_ALL}"
     )
     result = replace(solved.result, assignment=assignment, notes=(*solved.result.notes, line))
     solved = replace(solved, result=result, idle_advice=line + ".")
@@ -1246,8 +1265,10 @@ def _advice(
     evaluation: PlanEvaluation,
     baselines: Sequence[BaselineResult],
     pipeline: PipelineInfo | None = None,
+    refused: tuple[Family, ...] = (),
 ) -> tuple[str, ...]:
-    """Honest advice: say when a plain split cannot beat one device, and what would."""
+    """Honest advice: say when a plain split cannot beat one device, and what would (not the
+    families ``refused``: the model's own code fails at the shares of the batch they run)."""
     n = costed.topology.num_devices
     total = peak_bytes(costed.layer_memory)
     limit = max(d.memory_bytes for d in costed.topology.devices)
@@ -1255,14 +1276,15 @@ def _advice(
     single_s = single.step_time_s if single is not None else None
     advice: list[str] = []
     if n > 1 and pipeline is not None:
-        advice += _pipeline_advice(evaluation, single_s, pipeline, fits_one=total <= limit)
+        fits_one = total <= limit and Family.DATA_PARALLEL not in refused
+        advice += _pipeline_advice(evaluation, single_s, pipeline, fits_one=fits_one)
     elif n > 1 and total <= limit:
         fits = (
             f"The model fits one {costed.topology.devices[0].device_type} "
             f"({format_bytes(total)} of {format_bytes(limit)})"
         )
         used = sum(1 for d in evaluation.per_device if d.layers)
-        advice.append(_split_advice(fits, evaluation, single_s, used))
+        advice.append(_split_advice(fits, evaluation, single_s, used, refused))
     elif n > 1:
         advice.append(
             f"The model needs {format_bytes(total)}, more than one "
@@ -1313,12 +1335,16 @@ def _pipeline_advice(
     return advice
 
 
-def _split_advice(fits: str, evaluation: PlanEvaluation, single_s: float | None, n: int) -> str:
-    """A plain split of a model that fits one device: what it gains, and what would gain more."""
-    pointer = (
-        "To use the devices at once, pipeline the stages with micro-batches (--pipeline) or "
-        "use data parallelism (tf.distribute.MirroredStrategy)."
-    )
+def _split_advice(
+    fits: str,
+    evaluation: PlanEvaluation,
+    single_s: float | None,
+    n: int,
+    refused: tuple[Family, ...] = (),
+) -> str:
+    """A plain split of a model that fits one device: what it gains, and what would gain more
+    (of the families the model's own code does not refuse, ``refused``)."""
+    pointer = _pointer(refused)
     if single_s is None:
         return f"{fits}. {pointer}"
     if evaluation.step_time_s >= single_s:
@@ -1333,3 +1359,19 @@ def _split_advice(fits: str, evaluation: PlanEvaluation, single_s: float | None,
         f"({format_seconds(evaluation.step_time_s)} vs {format_seconds(single_s)}), from ops "
         f"that overlap; the layers still run mostly one device at a time. {pointer}"
     )
+
+
+def _pointer(refused: tuple[Family, ...]) -> str:
+    """How else to use the devices at once: pipelining, data parallelism, but those ``refused``
+    (then, when both are, one device)."""
+    ways = []
+    if Family.PIPELINE not in refused:
+        ways.append("pipeline the stages with micro-batches (--pipeline)")
+    if Family.DATA_PARALLEL not in refused:
+        ways.append("use data parallelism (tf.distribute.MirroredStrategy)")
+    if not ways:
+        return (
+            "The model's own code refuses the shares of the batch that pipelining and data "
+            "parallelism run (see the notes): train on one device."
+        )
+    return f"To use the devices at once, {' or '.join(ways)}."

@@ -20,6 +20,7 @@ or before a plan is returned, each in one line (issue 17).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -52,12 +53,19 @@ _LABEL = TypeVar("_LABEL")
 
 def one_line(exc: BaseException, limit: int = 200) -> str:
     """An exception's message on one line: Keras's own reason when it wraps one, else the whole
-    message with its line breaks folded, cut at ``limit`` characters."""
+    message with its line breaks folded; past ``limit`` characters, cut after its last whole
+    sentence that fits (else its last whole word), never inside a word."""
     text = str(exc)
     if "Exception encountered:" in text:
         text = text.rsplit("Exception encountered:", 1)[1]
     flat = " ".join(text.split()) or type(exc).__name__
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    if len(flat) <= limit:
+        return flat
+    head = flat[: limit - 4]
+    ends = [m.end() for m in re.finditer(r"[.!?](?= )", head)]
+    if ends and ends[-1] >= limit // 3:
+        return f"{head[: ends[-1]]} ..."
+    return f"{head.rsplit(' ', 1)[0] if ' ' in head else head}..."
 
 
 def check_own_steps(model: Any) -> None:
@@ -97,9 +105,27 @@ def check_rebuildable(model: Any) -> None:
             raise RewriteError(
                 f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its config, "
                 f"which placing it on a device needs ({type(exc).__name__}: {one_line(exc)}); "
-                "pass **kwargs to super().__init__ and implement get_config (and from_config "
-                "for layer arguments), or plan a model without it"
+                f"{_rebuild_advice(layer)}, or plan a model without it"
             ) from None
+
+
+def _rebuild_advice(layer: Any) -> str:
+    """What makes ``layer`` rebuildable from its config: for Keras's own ``Lambda``, its function
+    found again by name (a Python lambda has none); for a custom layer, its config."""
+    if not isinstance(layer, keras.layers.Lambda):
+        return (
+            "pass **kwargs to super().__init__ and implement get_config (and from_config for "
+            "layer arguments)"
+        )
+    name = getattr(getattr(layer, "function", None), "__name__", "<lambda>")
+    register = "@keras.saving.register_keras_serializable()"
+    head = "Keras finds a Lambda layer's function again by its registered name"
+    if name == "<lambda>":
+        head += ", and a Python lambda has none: make it a named function decorated with "
+        head += register
+    else:
+        head += f": decorate {name} with {register}"
+    return f"{head}, or write a custom layer (a keras.layers.Layer subclass with get_config)"
 
 
 def check_model(model: Any) -> None:

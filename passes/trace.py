@@ -42,6 +42,7 @@ import keras
 import networkx as nx
 import tensorflow as tf
 
+from partitioner.core.batching import TRACED_AT
 from partitioner.core.errors import TraceError, error_line, quoting
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
 from passes import blocks, weightless
@@ -905,11 +906,16 @@ def _topological(ops: list[Op], edges: list[Edge]) -> tuple[Op, ...]:
 
 
 def _trace_step(
-    model: keras.Model, specs: Sequence[tf.TensorSpec], recorder: _CallRecorder
+    model: keras.Model,
+    specs: Sequence[tf.TensorSpec],
+    recorder: _CallRecorder,
+    *,
+    given: ShapeArg | None,
 ) -> tuple[Any, int | None, dict[int, SparseGradient]]:
     """The concrete function of one training step (forward with ``recorder`` on, a synthetic
     loss, ``tf.gradients``), the number of ops before the gradients (None if unknown), and the
-    variables whose gradients are ``tf.IndexedSlices`` (:func:`_sparse_gradients`)."""
+    variables whose gradients are ``tf.IndexedSlices`` (:func:`_sparse_gradients`). ``given``:
+    the ``input_shape`` the specs were made with, which a failure names."""
     boundary: list[int] = []
 
     def step(*inputs: tf.Tensor) -> Any:
@@ -930,7 +936,7 @@ def _trace_step(
     except TraceError:
         raise
     except Exception as exc:
-        raise _trace_failure(model, specs, exc, recorder) from exc
+        raise _trace_failure(model, specs, exc, recorder, given) from exc
     return concrete, boundary[-1] if boundary else None, sparse
 
 
@@ -938,14 +944,14 @@ def _weightless_step(
     model: keras.Model,
     specs: Sequence[tf.TensorSpec],
     recorder: _CallRecorder,
+    given: ShapeArg | None,
     repeat: blocks.Repeat | None = None,
 ) -> tuple[Any, int | None, tuple[dict[str, tuple[str, str]], dict[int, SparseGradient]]]:
-    """:func:`_trace_step` for a model without weights (:mod:`passes.weightless`): every variable
-    is a ``tf.TensorSpec`` argument, mapped onto its variable by a ``StatelessScope`` while the
-    forward runs; the gradients are taken with respect to those arguments. Also returns each
-    variable argument's op name -> the unit holding it (its bytes are that layer's, as a read op's
-    would be), with the sparse gradients. With ``repeat``, the blocks past the second are skipped
-    (:func:`passes.blocks.reduced_call`): only the variables of the layers that run are arguments."""
+    """:func:`_trace_step` for a weightless model (:mod:`passes.weightless`; ``given`` likewise):
+    each variable a ``tf.TensorSpec`` argument, mapped onto it by a ``StatelessScope`` while the
+    forward runs, the gradients taken with respect to them. Also returns each variable argument's
+    op name -> its unit, and the sparse gradients. With ``repeat``, the blocks past the second are
+    skipped (:func:`passes.blocks.reduced_call`), and so are their variables' arguments."""
     skipped = blocks.skipped_variables(model, repeat) if repeat is not None else set()
     trainable = [v for v in model.trainable_variables if id(v) not in skipped]
     frozen = [v for v in model.non_trainable_variables if id(v) not in skipped]
@@ -980,7 +986,7 @@ def _weightless_step(
     except TraceError:
         raise
     except Exception as exc:
-        raise _trace_failure(model, specs, exc, recorder) from exc
+        raise _trace_failure(model, specs, exc, recorder, given) from exc
     owner_of_var = weightless.variable_owners(recorder.units)
     arguments = concrete.graph.inputs[len(specs) : len(specs) + len(variables)]
     owners = {
@@ -997,11 +1003,15 @@ def _weightless_step(
 
 
 def _trace_failure(
-    model: keras.Model, specs: Sequence[tf.TensorSpec], exc: Exception, recorder: _CallRecorder
+    model: keras.Model,
+    specs: Sequence[tf.TensorSpec],
+    exc: Exception,
+    recorder: _CallRecorder,
+    given: ShapeArg | None,
 ) -> TraceError:
     """One line for a model TensorFlow could not trace: the layer that raised, Keras's own
     message, and the batch and input shapes of the trace beside the model's own (the arguments
-    to change)."""
+    to change; ``given``: the ``input_shape`` the specs were made with)."""
     bad_scope = re.search(r"'([^']*)' is not a valid scope name", str(exc))
     if bad_scope:
         return TraceError(
@@ -1015,29 +1025,34 @@ def _trace_failure(
     said = error_line(exc)
     return quoting(
         TraceError(
-            f"{where} raised {type(exc).__name__} while traced: {said}; {_traced_at(model, specs)}"
+            f"{where} raised {type(exc).__name__} while traced: {said}; "
+            f"{_traced_at(model, specs, given)}"
         ),
         said,
     )
 
 
-def _traced_at(model: keras.Model, specs: Sequence[tf.TensorSpec]) -> str:
+def _traced_at(model: keras.Model, specs: Sequence[tf.TensorSpec], given: ShapeArg | None) -> str:
     """The batch (and the input shapes, where they are not the model's own) a failed trace ran
     at, as arguments (``batch_size=64``, ``input_shape=(10,)``), beside the model's own input
     shapes and its fixed batch, if it has one (``keras.Input(batch_shape=...)``, as a stateful
-    RNN needs)."""
+    RNN needs). A model that declares no inputs (a subclassed one) has no shape of its own to
+    show: the ``input_shape`` given (``given``), when one was, is named as the one traced.
+    :func:`partitioner.core.batching.at_share` says which share of the batch the batch was."""
     batch = int(specs[0].shape[0])
-    text = f"it was traced at batch_size={batch}"
+    text = f"{TRACED_AT}batch_size={batch}"
     own = [tuple(t.shape) for t in _declared_inputs(model)]
+    if not own and given is not None:
+        return text + f" with input_shape={_given_shapes(model, specs, given)!r}"
     if len(own) != len(specs):
         return text
     names = input_names(model)
     traced = [tuple(s.shape)[1:] for s in specs]
     differ = [k for k, (o, t) in enumerate(zip(own, traced)) if tuple(o[1:]) != t]
     if differ:
-        given: Any = traced[0] if len(specs) == 1 else {names[k]: traced[k] for k in differ}
+        shown: Any = traced[0] if len(specs) == 1 else {names[k]: traced[k] for k in differ}
         owned: Any = own[0][1:] if len(specs) == 1 else {names[k]: own[k][1:] for k in differ}
-        text += f" with input_shape={given!r}; the model's own input is {owned!r}"
+        text += f" with input_shape={shown!r}; the model's own input is {owned!r}"
     fixed = sorted({int(o[0]) for o in own if o[0] is not None})
     if fixed and fixed != [batch]:
         text += (
@@ -1045,6 +1060,15 @@ def _traced_at(model: keras.Model, specs: Sequence[tf.TensorSpec]) -> str:
             f"as a stateful layer needs): plan it at batch_size={fixed[0]}"
         )
     return text
+
+
+def _given_shapes(model: keras.Model, specs: Sequence[tf.TensorSpec], given: ShapeArg) -> Any:
+    """The shapes ``given`` put in the specs, spelled as the argument: one shape, or input name
+    -> shape for the names it keyed."""
+    traced = [tuple(int(d) for d in s.shape[1:]) for s in specs]
+    if not isinstance(given, Mapping):
+        return traced[0]
+    return {n: t for n, t in zip(input_names(model), traced) if n in given}
 
 
 def _ops_and_edges(
@@ -1168,15 +1192,20 @@ def _skipped_sparse(graph: Graph, repeat: blocks.Repeat) -> Graph:
 
 
 def _weightless_graph(
-    model: keras.Model, specs: Sequence[tf.TensorSpec], units: Sequence[Unit], batch_size: int
+    model: keras.Model,
+    specs: Sequence[tf.TensorSpec],
+    units: Sequence[Unit],
+    batch_size: int,
+    given: ShapeArg | None,
 ) -> tuple[Graph, float]:
     """The IR of a weightless model's step, and the seconds its FLOP count took. A run of
     repeated blocks (:mod:`passes.blocks`) is traced two blocks deep and the other blocks are
-    written from the second; where that is not exact, the whole model is traced."""
+    written from the second; where that is not exact, the whole model is traced. ``given``: the
+    ``input_shape`` the specs were made with."""
     repeat = blocks.find_repeat(model, [u.name for u in units])
     if repeat is not None:
         recorder = _CallRecorder(units)
-        concrete, end, owners = _weightless_step(model, specs, recorder, repeat)
+        concrete, end, owners = _weightless_step(model, specs, recorder, given, repeat)
         reduced, flops_s = _graph_of(model, batch_size, concrete, end, (recorder, units, owners))
         full = blocks.expand_repeat(reduced, repeat)
         if full is not None:
@@ -1184,7 +1213,7 @@ def _weightless_graph(
             return _skipped_sparse(full, repeat), flops_s
         logger.debug("the %d repeated blocks differ in their ops: tracing all", repeat.count)
     recorder = _CallRecorder(units)
-    concrete, end, owners = _weightless_step(model, specs, recorder)
+    concrete, end, owners = _weightless_step(model, specs, recorder, given)
     return _graph_of(model, batch_size, concrete, end, (recorder, units, owners))
 
 
@@ -1206,10 +1235,10 @@ def _trace_model(model: keras.Model, batch_size: int, input_shape: ShapeArg | No
     without_weights = weightless.is_weightless(model)
     concrete = None
     if without_weights:
-        graph, flops_time_s = _weightless_graph(model, specs, units, batch_size)
+        graph, flops_time_s = _weightless_graph(model, specs, units, batch_size, input_shape)
     else:
         recorder = _CallRecorder(units)
-        concrete, forward_end, sparse = _trace_step(model, specs, recorder)
+        concrete, forward_end, sparse = _trace_step(model, specs, recorder, given=input_shape)
         parts: tuple[Any, ...] = (recorder, units, ({}, sparse))
         graph, flops_time_s = _graph_of(model, batch_size, concrete, forward_end, parts)
     trace_time_s = time.perf_counter() - t0 - flops_time_s

@@ -726,6 +726,30 @@ def _configure_logging(verbose: bool) -> None:
     )
     for noisy in ("tensorflow", "absl", "h5py"):
         logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.ERROR)
+    for handler in logging.getLogger().handlers:  # the command line's own (not a test's)
+        if type(handler) is logging.StreamHandler:
+            handler.addFilter(_FLAG_SPELLING)
+
+
+class _FlagSpelling(logging.Filter):
+    """The library's warnings with its arguments spelled as the command line's flags
+    (:func:`cli_message`, as its errors are: ``batch_size=4`` -> ``--batch-size 4``), not inside
+    what they quote of the model's own code."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.split(".", 1)[0] not in ("partitioner", "passes", "cost_models"):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        quoted = [q for a in args if isinstance(a, PartitionError) for q in a.quoted]
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: logging reports it as it would have
+            return True
+        record.msg, record.args = cli_message(message, quoted), ()
+        return True
+
+
+_FLAG_SPELLING = _FlagSpelling()
 
 
 def _show_parser() -> argparse.ArgumentParser:

@@ -12,16 +12,83 @@ each of those functions, and so the graph at any batch.
 
 :func:`graph_at_batch` refuses (returns None) whenever the two traces differ in structure (op
 ids, types, layers, phases, dtypes, edges) or a value would not be a non-negative integer at
-the asked batch, so a caller traces that batch instead. Pure Python.
+the asked batch, so a caller traces that batch instead.
+
+:class:`BatchShare` is the one place that knows why a step is traced at a batch other than the
+one asked for (a replica's share, a micro-batch): :func:`at_share` rewords an error of the model's
+own code at that batch to say so, with the argument to change. Pure Python.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
+from partitioner.core.errors import PartitionError, TraceError, quoting
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op
 
-__all__ = ["graph_at_batch"]
+__all__ = ["TRACED_AT", "BatchShare", "at_share", "graph_at_batch"]
+
+TRACED_AT = "it was traced at "
+"""How an error of the model's code at a trace says where it ran: then ``batch_size=N`` (the
+trace's batch), which :func:`at_share` replaces by the share of the batch it was."""
+
+_E = TypeVar("_E", bound=PartitionError)
+
+
+@dataclass(frozen=True)
+class BatchShare:
+    """A batch a step is traced at and why: ``batch_size`` over ``replicas`` data-parallel
+    replicas, each share over ``num_microbatches`` micro-batches; ``given``: those are the
+    ``num_microbatches=`` of ``pipeline=True``, not the strategy search's own."""
+
+    batch_size: int
+    replicas: int = 1
+    num_microbatches: int = 1
+    given: bool = False
+
+    @property
+    def size(self) -> int:
+        """The samples the step is traced at."""
+        return self.batch_size // (self.replicas * self.num_microbatches)
+
+    def where(self) -> str:
+        """``a micro-batch of 2 (batch_size=8 over num_microbatches=4)``, as arguments."""
+        if self.num_microbatches == 1:
+            if self.replicas == 1:
+                return f"batch_size={self.batch_size}"
+            return (
+                f"a replica's share of {self.size} (batch_size={self.batch_size} over "
+                f"{self.replicas} data-parallel replicas)"
+            )
+        micro = (
+            f"num_microbatches={self.num_microbatches}"
+            if self.given
+            else f"{self.num_microbatches} micro-batches"
+        )
+        over = micro if self.replicas == 1 else f"{self.replicas} replicas and {micro} each"
+        return f"a micro-batch of {self.size} (batch_size={self.batch_size} over {over})"
+
+    def change(self) -> str:
+        """The arguments that change the share, as the next step."""
+        if self.given and self.num_microbatches > 1:
+            return "change num_microbatches= or batch_size= so that a micro-batch suits the model"
+        what = "a replica's share" if self.num_microbatches == 1 else "a micro-batch"
+        return (
+            f"change batch_size=, the devices (gpus=) or strategy= so that {what} suits the model"
+        )
+
+
+def at_share(error: _E, share: BatchShare) -> _E:
+    """``error``, raised by the model's code traced at ``share.size``, saying which share of the
+    batch that was and what changes it (its ``it was traced at batch_size=N`` clause replaced);
+    as it is for the whole batch, and for an error that names no such trace."""
+    clause = f"{TRACED_AT}batch_size={share.size}"
+    head, found, tail = str(error).rpartition(clause)
+    if not found or not isinstance(error, TraceError) or share.size == share.batch_size:
+        return error
+    text = f"{head}{TRACED_AT}{share.where()}{tail}; {share.change()}"
+    return quoting(type(error)(text), *error.quoted)
 
 
 class _NotAffine(Exception):

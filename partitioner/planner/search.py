@@ -47,7 +47,10 @@ leaves no replica count (or pipeline no micro-batch count) name the batch sizes 
 work. ``StrategySearch.notes`` says which replica counts the batch ruled out, and when the best
 data-parallel or hybrid candidate's replicas run on different device types, each type's replica
 time: ``tf.distribute`` gives every replica an equal share, so the slowest paces the step
-(uneven shares are not planned: the rewrite does not run them).
+(uneven shares are not planned: the rewrite does not run them). A share of the batch the
+model's own code fails at (a layer that takes only some batches) leaves out the candidates that
+need it, and a note names the first failure; when that leaves no candidate, the failure is the
+error, naming the share and what changes it (:class:`~partitioner.core.batching.BatchShare`).
 
 Pure Python, no TensorFlow.
 """
@@ -61,6 +64,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from cost_models.devices.catalog import get_device_type
+from partitioner.core.batching import BatchShare, at_share
 from partitioner.core.errors import InfeasibleError, PartitionError, PlanError, UsageError
 from partitioner.core.ir import CostedGraph, PartitionProblem, Schedule, Topology
 from partitioner.core.options import DEFAULT_SCHEDULE
@@ -152,6 +156,9 @@ class StrategySearch:
     rejected: tuple[tuple[str, str], ...] = ()
     """``(what, why)`` of every candidate that could not be scored."""
     notes: tuple[str, ...] = field(default=())
+    refused: tuple[Family, ...] = ()
+    """The families asked for that have no candidate because the model's own code fails at every
+    share of the batch they would run (a replica's, a micro-batch): advice must not name them."""
 
     def best_per_family(self) -> dict[Family, StrategyCandidate]:
         """The best candidate of each family that was scored."""
@@ -331,6 +338,10 @@ def _all_shapes(
                 yield replicas, stages
 
 
+_SPLITS = (Family.DATA_PARALLEL, Family.PIPELINE, Family.HYBRID)
+"""The families that run shares of the batch (replicas' shares, micro-batches)."""
+
+
 def _families_of(replicas: int, stages: int) -> tuple[Family, ...]:
     if replicas == 1 and stages == 1:
         return (Family.SINGLE,)
@@ -397,15 +408,41 @@ class _Scorer:
         self.position = (0, 0)
         self._keys: list[tuple[int, int]] = []
         self._rejected_keys: list[tuple[int, int]] = []
+        self.failed: dict[int, PartitionError] = {}
+        """Each share of the batch the model could not be costed at (its own code fails there:
+        a layer that takes only some batches), with the error, worded as that share."""
 
-    def at(self, batch: int) -> CostedGraph:
-        """The model costed at ``batch`` (``costed_at``, once per batch)."""
+    def at(self, share: BatchShare) -> CostedGraph:
+        """The model costed at ``share`` of the batch (``costed_at``, once per batch); an error
+        there says which share it was (:func:`at_share`), and is kept: the shapes that need
+        that batch are not scored (:meth:`usable`)."""
+        batch = share.size
+        if batch in self.failed:
+            raise self.failed[batch]
         if batch not in self._costed:
-            self._costed[batch] = self._costed_at(batch)
+            try:
+                self._costed[batch] = self._costed_at(batch)
+            except PartitionError as exc:
+                if batch == self.batch_size:
+                    raise
+                self.failed[batch] = at_share(exc, share)
+                raise self.failed[batch] from exc
         return self._costed[batch]
 
+    def usable(self, replicas: int, num_microbatches: int = 1) -> bool:
+        """Whether the model was costed, or may be, at the batch of ``replicas`` and
+        ``num_microbatches`` (and at the replica's share it is cut from)."""
+        share = self.batch_size // replicas
+        return share not in self.failed and share // num_microbatches not in self.failed
+
+    def microbatches(self, replicas: int, stages: int, options: StrategyOptions) -> tuple[int, ...]:
+        """:func:`microbatch_choices` of a replica's share, but those the model fails at."""
+        most = options.max_microbatches_per_stage
+        choices = microbatch_choices(self.batch_size // replicas, stages, most)
+        return tuple(m for m in choices if self.usable(replicas, m))
+
     def costed(self, replicas: int) -> CostedGraph:
-        return self.at(self.batch_size // replicas)
+        return self.at(BatchShare(self.batch_size, replicas))
 
     def priced(self, replicas: int, num_microbatches: int) -> tuple[CostedGraph, LowerBounds]:
         """The graph a strategy of ``replicas`` and ``num_microbatches`` is simulated on (a
@@ -415,7 +452,7 @@ class _Scorer:
         if key not in self._priced:
             costed = self.costed(replicas)
             if num_microbatches > 1:
-                micro = self.at(costed.graph.batch_size // num_microbatches)
+                micro = self.at(BatchShare(self.batch_size, replicas, num_microbatches))
                 costed = microbatch_costed(costed, micro, num_microbatches)
             self._priced[key] = (costed, costed_lower_bounds(costed))
         return self._priced[key]
@@ -514,8 +551,7 @@ def _item_bounds(
             costed, bounds = scorer.priced(replicas, 1)
             out[strategy.family] = strategy_lower_bound_s(costed, strategy, bounds)
         return out
-    per_replica = scorer.batch_size // replicas
-    for m in microbatch_choices(per_replica, stages, options.max_microbatches_per_stage):
+    for m in scorer.microbatches(replicas, stages, options):
         family = Family.PLACED if m == 1 else (Family.PIPELINE if replicas == 1 else Family.HYBRID)
         if family not in options.families or (m == 1 and replicas > 1):
             continue
@@ -542,9 +578,7 @@ def _score_item(scorer: _Scorer, item: _Item, options: StrategyOptions) -> None:
         n_layers = len(scorer.costed(item.replicas).layer_memory)
         scorer.score(Strategy(device_groups=item.groups, stage_of_layer=(0,) * n_layers), "-")
         return
-    micro = microbatch_choices(
-        scorer.batch_size // item.replicas, item.stages, options.max_microbatches_per_stage
-    )
+    micro = scorer.microbatches(item.replicas, item.stages, options)
     _score_placements(scorer, item.groups, micro, options, item.replicas)
 
 
@@ -592,7 +626,7 @@ def search_strategies(
     num_devices, num_layers = first.topology.num_devices, first.problem().num_layers
     shapes = _checked_shapes(num_devices, batch_size, options, num_layers)
     scorer = _Scorer(costed_at, batch_size, deadline=0.0, prune=options.prune)
-    _cost_first(scorer, shapes, options)
+    shapes = _cost_first(scorer, shapes, options)
     items = _items(scorer, shapes, options)
     scorer.deadline = time.monotonic() + options.time_limit_s
     for item in items:
@@ -602,14 +636,7 @@ def search_strategies(
     for strategy, placement in options.also_score:
         if strategy.family in options.families and strategy not in _scored(scorer):
             scorer.score(strategy, placement, prune=False)
-    if not scorer.candidates and not scorer.rejected:  # accepted_replicas said there would be
-        raise PlanError(
-            f"no strategy of strategy={_forced(options)!r} was scored at batch_size={batch_size} "
-            f"on {num_devices} devices (accepted_replicas disagrees with the search: a bug)"
-        )
-    if not scorer.candidates:
-        why = "; ".join(f"{what}: {reason}" for what, reason in scorer.rejected[:4])
-        raise PlanError(f"no strategy of the families asked for could be scored ({why})")
+    _check_scored(scorer, options, num_devices)
     best = min(scorer.candidates, key=StrategyCandidate.rank)
     if _score_all_devices(scorer, best, num_devices, options):
         best = min(scorer.candidates, key=StrategyCandidate.rank)
@@ -617,17 +644,37 @@ def search_strategies(
         raise InfeasibleError(_forced_family_message(costed_at, batch_size, options, best))
     best, refined = _refined(scorer, best, options)
     skipped = _skipped_note(num_devices, batch_size, options.families, num_layers)
+    failed, refused = _failed_notes(scorer, options)
     return StrategySearch(
         best=best,
         candidates=tuple(scorer.candidates),
         rejected=tuple(scorer.rejected),
         notes=(
             *skipped,
+            *failed,
             *_pruned_notes(scorer, best, options),
             *refined,
             *_uneven_notes(scorer.candidates),
         ),
+        refused=refused,
     )
+
+
+def _check_scored(scorer: _Scorer, options: StrategyOptions, num_devices: int) -> None:
+    """A one-line error when no candidate was scored: the model's own failure at a share of the
+    batch when that is why (it says which share, and what changes it), else the rejections."""
+    if scorer.candidates:
+        return
+    if scorer.failed:
+        raise next(iter(scorer.failed.values()))
+    if not scorer.rejected:  # accepted_replicas said there would be
+        raise PlanError(
+            f"no strategy of strategy={_forced(options)!r} was scored at "
+            f"batch_size={scorer.batch_size} on {num_devices} devices (accepted_replicas "
+            "disagrees with the search: a bug)"
+        )
+    why = "; ".join(f"{what}: {reason}" for what, reason in scorer.rejected[:4])
+    raise PlanError(f"no strategy of the families asked for could be scored ({why})")
 
 
 def _score_all_devices(
@@ -639,6 +686,8 @@ def _score_all_devices(
     if len(best.strategy.devices) == num_devices or uses_every_device(scorer.candidates):
         return False
     if Family.DATA_PARALLEL not in options.families or scorer.batch_size % num_devices:
+        return False
+    if not scorer.usable(num_devices):
         return False
     costed = scorer.costed(num_devices)
     groups = device_layouts(costed.topology, num_devices, 1)[0]
@@ -661,11 +710,39 @@ def _scored(scorer: _Scorer) -> set[Strategy]:
     return {c.strategy for c in scorer.candidates}
 
 
-def _cost_first(scorer: _Scorer, shapes: list[tuple[int, int]], options: StrategyOptions) -> None:
+def _cost_first(
+    scorer: _Scorer, shapes: list[tuple[int, int]], options: StrategyOptions
+) -> list[tuple[int, int]]:
     """Cost every batch the shapes will be scored at (a replica's, each micro-batch's) before the
-    search's time limit starts: the limit bounds the search, not the costing."""
+    search's time limit starts: the limit bounds the search, not the costing. The shapes left
+    to score: not those whose replica's share the model's own code fails at
+    (:attr:`_Scorer.failed`; the micro-batches it fails at are left out by
+    :meth:`_Scorer.microbatches`)."""
     for replicas, m in _priced_keys(scorer.batch_size, shapes, options):
-        scorer.priced(replicas, m)
+        if not scorer.usable(replicas, m):
+            continue
+        try:
+            scorer.priced(replicas, m)
+        except PartitionError:
+            if scorer.usable(replicas, m):  # not the model failing at a share: a real error
+                raise
+    return [(r, s) for r, s in shapes if scorer.usable(r)]
+
+
+def _failed_notes(
+    scorer: _Scorer, options: StrategyOptions
+) -> tuple[tuple[str, ...], tuple[Family, ...]]:
+    """What the model's failures at shares of the batch left unscored: a note with the first
+    failure, and the families asked for that got no candidate for it."""
+    if not scorer.failed:
+        return (), ()
+    scored = {c.strategy.family for c in scorer.candidates}
+    refused = tuple(f for f in options.families if f not in scored and f in _SPLITS)
+    sizes = _words(sorted(scorer.failed, reverse=True), "and")
+    first = next(iter(scorer.failed.values()))
+    names = f" ({', '.join(f.value for f in refused)} not compared)" if refused else ""
+    note = f"strategies on shares of the batch of {sizes} not scored{names}: {first}"
+    return (note,), refused
 
 
 def _pruned_notes(
