@@ -24,7 +24,13 @@ import tensorflow as tf
 from partitioner.core.errors import PlanError, TraceError, UsageError
 from partitioner.core.options import InputShape
 from partitioner.core.strategy import Strategy
-from partitioner.plan.model import INPUT_PREFIX, InputSignature, ModelFingerprint, Plan
+from partitioner.plan.model import (
+    INPUT_PREFIX,
+    InputSignature,
+    ModelFingerprint,
+    Plan,
+    device_key,
+)
 from partitioner.plan.schema import check_plan_matches_model
 from passes.checks import check_batch_split
 from passes.rewrite.device_placement import default_device_strings, place_model
@@ -285,20 +291,6 @@ def _check_waits(cluster: Any, timeout_s: float, step_timeout_s: float | None) -
         check_timeout_s("step_timeout_s", step_timeout_s)
 
 
-def _device_key(name: str) -> str:
-    """One spelling per TensorFlow device: ``/cpu:0``, ``/device:CPU:0`` and
-    ``/job:localhost/replica:0/task:0/device:CPU:0`` are one key (a name without a job, replica
-    or task is this process's); ``""`` for no name, the name itself when TensorFlow cannot
-    parse it."""
-    if not name:
-        return ""
-    try:
-        here = tf.DeviceSpec(**_LOCAL_TASK)
-        return here.make_merged_spec(tf.DeviceSpec.from_string(name)).to_string()
-    except ValueError:
-        return name
-
-
 def _check_distinct(
     plan: Plan, strategy: Strategy | None, device_strings: Sequence[str], given: bool
 ) -> None:
@@ -311,7 +303,7 @@ def _check_distinct(
     first: dict[str, int] = {}
     for i in sorted(set(plan.assignment.values())):
         name = device_strings[i]
-        key = _device_key(name)
+        key = device_key(name)
         if not key:
             continue
         if key in first:

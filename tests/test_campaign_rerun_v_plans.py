@@ -47,7 +47,8 @@ def _fingerprinted() -> Plan:
     """A plan (pure Python) for a one-input model of 16 features, with its fingerprint."""
     plan = make_plan(pipelined=False, with_timeline=False)
     inputs = (InputSignature("x", (16,), "float32"),)
-    return replace(plan, input_shape=(16,), fingerprint=ModelFingerprint(inputs, ()))
+    weights = tuple((name, ()) for name in plan.layer_order)  # it covers every placed layer
+    return replace(plan, input_shape=(16,), fingerprint=ModelFingerprint(inputs, weights))
 
 
 def _write(tmp_path: Path, change: Callable[[dict[str, Any]], None], name: str) -> Path:

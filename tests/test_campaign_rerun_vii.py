@@ -389,3 +389,32 @@ def test_a_plan_measured_on_127_0_0_1_applies_to_the_cluster_spelled_localhost(
         PartitionError, match=r"task 1: 127\.0\.0\.1:2 in the plan, localhost:3 here"
     ):
         measured.apply(mlp, cluster={"worker": ["localhost:1", "localhost:3"]}, timeout_s=0.5)
+
+
+SPELLINGS = [
+    "CPU:0", "cpu:0", "/cpu:0", "/CPU:0", "/device:CPU:0", "/device:cpu:0", "/job:localhost/device:CPU:0",
+    "/task:0/device:CPU:0", "/replica:0/task:0/device:CPU:0",
+    "/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:1", "/job:localhost/device:CPU:1",
+    "/device:GPU:0", "/gpu:0", "/job:worker/replica:0/task:1/device:CPU:0",
+    "/job:worker/task:1/device:CPU:0", "/job:worker/task:1/cpu:0", "/task:1/device:CPU:0",
+    "/device:CPU:00", "/device:CPU:*",
+]  # fmt: skip
+
+
+def test_the_plans_device_key_reads_names_as_tensorflow_does() -> None:
+    """One home for "which spellings name one device": a plan file is checked without
+    TensorFlow (``partitioner.plan.model.device_key``) and ``Plan.apply`` uses the same key; it
+    groups these spellings exactly as TensorFlow's ``DeviceSpec`` (merged into this process's
+    ``/job:localhost/replica:0/task:0``) does."""
+    import tensorflow as tf
+
+    from partitioner.plan.model import device_key
+
+    here = tf.DeviceSpec(job="localhost", replica=0, task=0)
+
+    def tf_key(name: str) -> str:
+        return here.make_merged_spec(tf.DeviceSpec.from_string(name)).to_string()
+
+    for a in SPELLINGS:
+        for b in SPELLINGS:
+            assert (device_key(a) == device_key(b)) == (tf_key(a) == tf_key(b)), (a, b)

@@ -556,8 +556,10 @@ def test_plan_json_is_deterministic_and_round_trips(
     zeroed; and every plan survives ``to_json -> from_json_dict -> to_json`` unchanged,
     wall-clock values included."""
     costed = case.costed
-    if pipeline is not None:
-        pipeline = (pipeline[0], min(pipeline[1], costed.graph.batch_size))
+    if pipeline is not None:  # micro-batches divide the batch, as the planner makes them
+        batch = costed.graph.batch_size
+        count = max(m for m in range(1, min(pipeline[1], batch) + 1) if batch % m == 0)
+        pipeline = (pipeline[0], count)
     with tempfile.TemporaryDirectory() as tmp:
         for name in solver_names():
             plan = _plan_or_error(costed, name, seed, pipeline)

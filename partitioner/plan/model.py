@@ -22,7 +22,12 @@ from types import MappingProxyType
 from typing import Any
 
 from partitioner.core.errors import PartitionError, PlanError, UsageError
-from partitioner.core.files import read_input_text, write_atomic
+from partitioner.core.files import (
+    check_output_path,
+    check_replaceable,
+    read_input_text,
+    write_atomic,
+)
 from partitioner.core.ir import CostedGraph, EventKind, Schedule, SolverResult, TimelineEvent
 from partitioner.core.jsonfiles import loads_bounded
 from partitioner.core.options import InputShape
@@ -44,6 +49,7 @@ __all__ = [
     "Plan",
     "PlanDevice",
     "SolverInfo",
+    "device_key",
     "load_plan",
     "plan_from_solution",
 ]
@@ -294,7 +300,12 @@ class Plan:
         from passes.apply import apply_plan
 
         return apply_plan(
-            self, model, devices, cluster=cluster, timeout_s=timeout_s, step_timeout_s=step_timeout_s
+            self,
+            model,
+            devices,
+            cluster=cluster,
+            timeout_s=timeout_s,
+            step_timeout_s=step_timeout_s,
         )
 
     # -- JSON -------------------------------------------------------------------------------
@@ -382,7 +393,7 @@ class Plan:
         strategy = _chosen(data.get("strategy"), origin)
         pipeline = _pipeline(data.get("pipeline"), origin)
         _check_consistency(
-            data["batch_size"], len(devices), order, device_of, strategy, pipeline, origin
+            data["batch_size"], devices, order, device_of, strategy, pipeline, origin
         )
         input_shape = _optional_tuple(data.get("input_shape"))
         fingerprint = _fingerprint(data.get("fingerprint"), order, origin)
@@ -413,7 +424,10 @@ class Plan:
         return json.dumps(self.to_json_dict(), indent=2, sort_keys=False) + "\n"
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the plan as JSON, atomically: the file is whole or untouched."""
+        """Write the plan as JSON, atomically: the file is whole or untouched. An existing file
+        that holds binary data (the user's, never a plan) is not replaced: OutputError, as the
+        CLI's ``--out`` (:func:`~partitioner.core.files.check_replaceable`)."""
+        check_replaceable(check_output_path(path), f"Plan.save path={os.fspath(path)!r}")
         return write_atomic(path, self.to_json())
 
 
@@ -692,19 +706,79 @@ def _pipeline(data: Mapping[str, Any] | None, origin: str) -> PipelineInfo | Non
 
 def _check_consistency(
     batch_size: int,
-    num_devices: int,
+    devices: Sequence[PlanDevice],
     order: Sequence[str],
     device_of: Sequence[int],
     strategy: Strategy | None,
     pipeline: PipelineInfo | None,
     origin: str,
 ) -> None:
-    """PlanError naming ``origin``, the field and the value unless the strategy and the pipeline
-    agree with the assignment (its device indices already checked in range) and the batch."""
+    """PlanError naming ``origin``, the fields and their values unless the plan file's parts
+    agree: each device name one device, the strategy and the pipeline with the assignment
+    (its device indices already checked in range) and the batch, and the pipeline block with the
+    strategy (``Plan.apply`` runs the pipeline block, ``partition show`` reports the strategy)."""
+    _check_device_names(devices, origin)
     if strategy is not None:
-        _check_strategy_file(batch_size, num_devices, order, device_of, strategy, origin)
+        _check_strategy_file(batch_size, len(devices), order, device_of, strategy, origin)
     if pipeline is not None:
-        _check_pipeline_file(batch_size, num_devices, device_of, strategy, pipeline, origin)
+        _check_pipeline_file(batch_size, len(devices), device_of, pipeline, origin)
+    if strategy is not None:
+        _check_blocks_agree(strategy, pipeline, origin)
+
+
+_LOCAL_TASK = {"job": "localhost", "replica": "0", "task": "0"}
+"""Where a device name without a job, replica or task is: this process."""
+
+
+def device_key(name: str) -> str:
+    """One spelling per TensorFlow device, read as TensorFlow's ``DeviceSpec`` reads a device
+    string (pure Python: a plan file is checked without TensorFlow): ``CPU:0``, ``/cpu:0``,
+    ``/device:CPU:0`` and ``/job:localhost/replica:0/task:0/device:CPU:0`` are one key (a name
+    without a job, replica or task is this process's); ``""`` for no name, the name itself when
+    it is not a device string."""
+    if not name:
+        return ""
+    fields, kind = dict(_LOCAL_TASK), None
+    for part in name.split("/"):
+        bits = part.split(":")
+        if len(bits) == 2 and bits[0] in _LOCAL_TASK:
+            fields[bits[0]] = bits[1]
+        elif kind is None and len(bits) == 3 and bits[0] == "device":
+            kind = bits[1:]
+        elif kind is None and len(bits) <= 2 and bits[0] and bits[0] not in fields:
+            kind = [bits[0], bits[1] if len(bits) == 2 else "*"]
+        elif part:
+            return name
+    if kind is None:
+        return name
+    try:
+        numbers = [str(int(fields[k])) for k in ("replica", "task")]
+        index = kind[1] if kind[1] == "*" else str(int(kind[1]))
+    except ValueError:
+        return name
+    return (
+        f"/job:{fields['job']}/replica:{numbers[0]}/task:{numbers[1]}/device:"
+        f"{kind[0].upper()}:{index}"
+    )
+
+
+def _check_device_names(devices: Sequence[PlanDevice], origin: str) -> None:
+    """No two plan devices name one TensorFlow device, however spelled (:func:`device_key`):
+    their layers would run one after another there, not as planned and predicted."""
+    first: dict[str, int] = {}
+    for device in devices:
+        key = device_key(device.name)
+        if not key:
+            continue
+        j = first.setdefault(key, device.index)
+        if j != device.index:
+            raise PlanError(
+                f"{origin}: field 'devices[{device.index}].name' is {device.name!r}, the device "
+                f"'devices[{j}].name' names as {devices[j].name!r} ({key}): the layers of plan "
+                f"devices {j} and {device.index} would run one after another there, not as "
+                'planned; name each device once (or "" to choose it at apply time), or make the '
+                "plan again"
+            )
 
 
 def _check_strategy_file(
@@ -716,8 +790,8 @@ def _check_strategy_file(
     origin: str,
 ) -> None:
     """The strategy's devices are the plan's, each of its stages holds a layer, the assignment
-    is its replica 0, and its replicas x micro-batches are at most the batch (the planner makes
-    them divide it; the rewrite checks the batch it is given)."""
+    is its replica 0, and its replicas x micro-batches divide the batch (as the planner makes
+    them: each replica's micro-batch is an equal share)."""
     off_range = [d for d in strategy.devices if d >= num_devices]
     if off_range:
         raise PlanError(
@@ -753,18 +827,24 @@ def _check_strategy_file(
             f"{strategy.replicas} replica(s) x {strategy.num_microbatches} micro-batch(es) are "
             f"more than batch_size={batch_size} samples; make the plan again"
         )
+    shares = strategy.replicas * strategy.num_microbatches
+    if batch_size % shares:
+        raise PlanError(
+            f"{origin}: field 'strategy' splits the batch into {strategy.replicas} replica(s) x "
+            f"{strategy.num_microbatches} micro-batch(es), but batch_size={batch_size} is not "
+            f"divisible by {shares} (each share is equal); make the plan again"
+        )
 
 
 def _check_pipeline_file(
     batch_size: int,
     num_devices: int,
     device_of: Sequence[int],
-    strategy: Strategy | None,
     pipeline: PipelineInfo,
     origin: str,
 ) -> None:
-    """The pipeline's stages are the devices of the assignment (and the strategy's), and its
-    micro-batches are at most the batch."""
+    """The pipeline's stages are the devices of the assignment, and its micro-batches divide
+    the batch."""
     stages, micro = pipeline.stage_devices, pipeline.num_microbatches
     off_range = [d for d in stages if d >= num_devices]
     if off_range:
@@ -777,19 +857,42 @@ def _check_pipeline_file(
             f"{origin}: field 'pipeline.num_microbatches' is {micro}, more than "
             f"batch_size={batch_size} samples; make the plan again"
         )
+    if batch_size % micro:
+        raise PlanError(
+            f"{origin}: field 'pipeline.num_microbatches' is {micro}, but batch_size="
+            f"{batch_size} is not divisible by it (each micro-batch is an equal share); make the "
+            "plan again"
+        )
     if stages and set(stages) != set(device_of):
         raise PlanError(
             f"{origin}: field 'pipeline.stage_devices' is {list(stages)}, but 'assignment' "
             f"uses devices {sorted(set(device_of))}; make the plan again"
         )
-    if strategy is None:
-        return
-    if micro != strategy.num_microbatches or (stages and stages != strategy.device_groups[0]):
+
+
+def _check_blocks_agree(strategy: Strategy, pipeline: PipelineInfo | None, origin: str) -> None:
+    """The pipeline block is the strategy's pipeline: there exactly when the strategy runs
+    micro-batches, with its count, schedule and stage devices (``Plan.apply`` runs the pipeline
+    block, ``partition show`` reports the strategy: they must be one)."""
+    micro, schedule = strategy.num_microbatches, strategy.schedule
+    wanted = (
+        f"field 'strategy' ({strategy.describe()}) runs {micro} micro-batch(es) by schedule "
+        f"{schedule.value!r} on stages {list(strategy.device_groups[0])}; make the plan again"
+    )
+    if pipeline is None:
+        if micro == 1:
+            return
         raise PlanError(
-            f"{origin}: field 'pipeline' runs {micro} micro-batches on stages {list(stages)}, "
-            f"but field 'strategy' {strategy.num_microbatches} on "
-            f"{list(strategy.device_groups[0])}; make the plan again"
+            f"{origin}: field 'pipeline' is null (the plan would apply unpipelined), but {wanted}"
         )
+    stages = pipeline.stage_devices
+    same_stages = not stages or stages == strategy.device_groups[0]
+    if (pipeline.num_microbatches, pipeline.schedule) == (micro, schedule) and same_stages:
+        return
+    raise PlanError(
+        f"{origin}: field 'pipeline' runs {pipeline.num_microbatches} micro-batch(es) by "
+        f"schedule {pipeline.schedule.value!r} on stages {list(stages)}, but {wanted}"
+    )
 
 
 def _fingerprint_json(fingerprint: ModelFingerprint | None) -> dict[str, Any] | None:
@@ -810,7 +913,8 @@ def _fingerprint_json(fingerprint: ModelFingerprint | None) -> dict[str, Any] | 
 def _fingerprint(
     data: Mapping[str, Any] | None, order: Sequence[str], origin: str
 ) -> ModelFingerprint | None:
-    """The ``fingerprint`` record read back; it names only layers of the assignment."""
+    """The ``fingerprint`` record read back; its layer weights name exactly the layers of the
+    assignment (a layer left out would be applied unchecked)."""
     if data is None:
         return None
     known = set(order)
@@ -831,6 +935,13 @@ def _fingerprint(
                 f"{origin}: field 'fingerprint.{key}' names layer {stray[0]!r}, which "
                 "'assignment' does not place; make the plan again"
             )
+    left_out = [name for name in order if name not in data["layer_weights"]]
+    if left_out:
+        raise PlanError(
+            f"{origin}: field 'fingerprint.layer_weights' leaves out layer {left_out[0]!r} "
+            f"({len(left_out)} of the {len(order)} layers 'assignment' places), whose weights "
+            "would go unchecked when the plan is applied; make the plan again"
+        )
     return ModelFingerprint(
         inputs=tuple(
             InputSignature(name=i["name"], shape=tuple(i["shape"]), dtype=i["dtype"])
