@@ -281,3 +281,12 @@ def test_the_command_lines_warnings_spell_the_flags_not_the_api() -> None:
     )
     foreign = logging.LogRecord("other", logging.WARNING, __file__, 1, "batch_size=4", (), None)
     assert _FLAG_SPELLING.filter(foreign) and foreign.getMessage() == "batch_size=4"
+
+
+def test_the_replica_note_does_not_call_a_share_the_model_failed_at_scored() -> None:
+    """Batch 30 on 4 devices: 4 replicas are ruled out by the batch, and 2 replicas' share (15)
+    fails in the model's own code; the batch's note said "scored 1, 2 and 3" all the same."""
+    search = search_strategies(_failing_at({15}), 30)
+    note = next(n for n in search.notes if "replicas not scored: batch_size=30" in n)
+    assert "; scored 1 and 3;" in note, note
+    assert any(n.startswith("strategies on shares of the batch of 15") for n in search.notes)

@@ -643,7 +643,9 @@ def search_strategies(
     if not best.simulation.fits and set(options.families) != set(Family):
         raise InfeasibleError(_forced_family_message(costed_at, batch_size, options, best))
     best, refined = _refined(scorer, best, options)
-    skipped = _skipped_note(num_devices, batch_size, options.families, num_layers)
+    skipped = _skipped_note(
+        num_devices, batch_size, options.families, num_layers, scorer.usable
+    )
     failed, refused = _failed_notes(scorer, options)
     return StrategySearch(
         best=best,
@@ -1025,14 +1027,19 @@ def _microbatch_message(
 
 
 def _skipped_note(
-    num_devices: int, batch_size: int, families: tuple[Family, ...], num_layers: int
+    num_devices: int,
+    batch_size: int,
+    families: tuple[Family, ...],
+    num_layers: int,
+    usable: Callable[[int], bool] = lambda replicas: True,
 ) -> tuple[str, ...]:
-    """Which replica counts the batch ruled out, when some were scored."""
+    """Which replica counts the batch ruled out, when some were scored (those ``usable`` says
+    the model's own code failed at are not: :func:`_failed_notes` says why)."""
     wanted = sorted({r for r, _ in _all_shapes(num_devices, families, num_layers)})
     skipped = [r for r in wanted if batch_size % r]
     if not skipped:
         return ()
-    scored = [r for r in wanted if batch_size % r == 0]
+    scored = [r for r in wanted if batch_size % r == 0 and usable(r)]
     largest = skipped[-1]
     below, above = batch_size // largest * largest, (batch_size // largest + 1) * largest
     sizes = _words([b for b in (below, above) if b >= largest])
