@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -418,3 +421,95 @@ def test_the_plans_device_key_reads_names_as_tensorflow_does() -> None:
     for a in SPELLINGS:
         for b in SPELLINGS:
             assert (device_key(a) == device_key(b)) == (tf_key(a) == tf_key(b)), (a, b)
+
+
+# -- the seventh rerun (34g) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        "import io, pathlib\nio.FileIO(pathlib.Path('dep/settings.txt')).read()\n",
+        "import io, os\nio.FileIO(next(e for e in os.scandir('dep'))).read()\n",
+        "import multiprocessing as mp\n"
+        "def _read(p):\n    with open(p) as f:\n        return f.read()\n"
+        "with mp.get_context('fork').Pool(1) as pool:\n"
+        "    pool.map(_read, ['dep/settings.txt'])\n",
+    ],
+    ids=["FileIO-Path", "FileIO-DirEntry", "forked-pool"],
+)
+def test_a_file_read_through_a_path_object_or_a_forked_child_is_not_replaced(
+    read: str, tmp_path: Path
+) -> None:
+    """``io.FileIO(pathlib.Path(...))`` passes the path object itself to the audit event, which
+    was skipped; a file read in a forked ``multiprocessing`` child was recorded in the child's
+    copy only (34g N1, N51). Both were overwritten by ``--out``."""
+    write_tree(tmp_path, {"m.py": read + TINY, "dep/settings.txt": "lr = 0.1\n"})
+    before = snapshot(tmp_path)
+    proc = run_cli(["m.py", "--gpus", "2", "--out", "dep/settings.txt"], tmp_path)
+    one_line_error(proc, "--out dep/settings.txt is the file dep/settings.txt that the model")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_profile_cache_directory_the_model_re_points_is_refused(tmp_path: Path) -> None:
+    """The model turns ``PARTITIONER_CACHE_DIR`` into a link to another directory at import:
+    ``--profile`` wrote its entries there (34g N22). The cache is resolved before the model's
+    code runs and checked after it, as outputs are (row 97)."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    write_tree(
+        tmp_path,
+        {
+            "m.py": "import os\nos.rename('cache', 'cache_old')\n"
+            "os.symlink(os.path.abspath('elsewhere'), 'cache')\n" + TINY
+        },
+    )
+    env = {**os.environ, "PARTITIONER_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "partitioner", "m.py", "--gpus", "1", "--device-type", "cpu",
+         "--profile", "--out", "p.json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "the profile cache directory" in proc.stderr and "now leads to" in proc.stderr
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_json_file_of_millions_of_containers_is_refused_before_parsing(tmp_path: Path) -> None:
+    """A 60 MiB plan file of twenty million ``{}`` under an extra key took 48 s and 3 GB to parse
+    before its error (34g N24)."""
+    from partitioner import load_plan
+    from partitioner.core.errors import PlanError
+    from partitioner.core.jsonfiles import MAX_CONTAINERS
+
+    bomb = tmp_path / "bomb.json"
+    bomb.write_text('{"x": [' + "{}," * MAX_CONTAINERS + "{}]}")
+    with pytest.raises(PlanError, match=rf"holds {MAX_CONTAINERS + 3} lists/objects, more than"):
+        load_plan(bomb)
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [("x.json/", "ends with a slash"), ("/dev/stdout", "is a named pipe (FIFO)")],
+)
+def test_plan_save_refuses_a_directory_spelling_and_a_pipe(
+    path: str, words: str, plan: Any, tmp_path: Path
+) -> None:
+    """``Plan.save('x.json/')`` wrote x.json (34g L3); ``Plan.save('/dev/stdout')`` with stdout
+    a pipe said "No such file or directory" of ``/proc/<pid>/fd/pipe:[N]`` (L9)."""
+    if path == "/dev/stdout":
+        read, write = os.pipe()
+        saved = os.dup(1)
+        os.dup2(write, 1)
+        try:
+            with pytest.raises(OutputError, match=f"/dev/stdout: it {re.escape(words)}"):
+                plan.save(path)
+        finally:
+            os.dup2(saved, 1)
+            for fd in (read, write, saved):
+                os.close(fd)
+        return
+    with pytest.raises(OutputError, match=words):
+        plan.save(f"{tmp_path}/{path}")
+    assert not (tmp_path / "x.json").exists()

@@ -325,6 +325,13 @@ def _write_entry(
     from partitioner.core.files import write_atomic
 
     path = _entry_path(cache_dir, key)
+    now = os.path.realpath(cache_dir)
+    if now != str(cache_dir):
+        raise PartitionError(
+            f"the cache directory {cache_dir} now leads to {now} (a symbolic link put on it "
+            "after the run started, by the model's code or another process), which a cache "
+            "entry is never written through"
+        )
     if path.parent.is_symlink():
         raise PartitionError(
             f"its directory {path.parent} is a symbolic link (to "
@@ -811,7 +818,8 @@ def profile_model(
         raise PartitionError(f"batch_size={batch_size!r} must be an integer >= 1")
     devs = tuple(devices) if devices else default_profile_devices()
     kinds = _device_kinds(devs)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    # resolved now: entries go where the cache was when the run started (see _write_entry)
+    cache = Path(os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir()))
     run = _Run(
         model.name, batch_size, ProfileSettings() if settings is None else settings, cache,
         use_cache, seed, tf.__version__,

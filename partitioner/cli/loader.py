@@ -18,6 +18,7 @@ import os
 import site
 import sys
 import sysconfig
+import tempfile
 import threading
 import traceback
 from collections.abc import Collection, Iterator
@@ -120,11 +121,18 @@ def user_module_files(before: Collection[str]) -> list[Path]:
 
 class _FilesRead:
     """Where :func:`recording_files_read` collects the files opened for reading, by any thread
-    of the process (a model may read its files in a thread pool); ``None``: not now."""
+    of the process (a model may read its files in a thread pool) and by any process forked from
+    it meanwhile (a ``multiprocessing`` pool that loads data): a child's own copy of ``files``
+    is lost when it exits, so it appends what it reads to ``channel``, an unnamed file the
+    recording process reads back at the end. ``files`` None: not recording."""
 
     def __init__(self) -> None:
         self.files: set[str] | None = None
         self.lock = threading.Lock()
+        self.pid = 0
+        """The recording process."""
+        self.channel: int | None = None
+        """A descriptor of the unnamed file forked children append their reads to."""
 
 
 _FILES_READ = _FilesRead()
@@ -132,14 +140,19 @@ _FILES_READ = _FilesRead()
 
 def _record_open(event: str, args: tuple[Any, ...]) -> None:
     """The audit hook: an ``open`` for reading while recording adds the file's resolved path,
-    resolved now (a symbolic link the code re-points later does not move it)."""
+    resolved now (a symbolic link the code re-points later does not move it). The name may be
+    a path object (``io.FileIO(pathlib.Path(...))`` passes it as it is)."""
     if event != "open" or _FILES_READ.files is None:
         return
-    if not args or not isinstance(args[0], (str, bytes)):
+    if not args or not isinstance(args[0], (str, bytes, os.PathLike)):
         return
     mode = args[1] if len(args) > 1 else None
     if mode is None or "r" in mode or "+" in mode:
-        found = _resolved_reads(os.fsdecode(args[0]))
+        found = _resolved_reads(os.fsdecode(os.fspath(args[0])))
+        if os.getpid() != _FILES_READ.pid and _FILES_READ.channel is not None:
+            with contextlib.suppress(OSError):  # a forked child: tell the recording process
+                os.write(_FILES_READ.channel, "".join(f"{f}\0" for f in found).encode())
+            return
         with _FILES_READ.lock:
             if _FILES_READ.files is not None:
                 _FILES_READ.files.update(found)
@@ -187,18 +200,25 @@ def _install_audit_hook() -> None:
 
 @contextlib.contextmanager
 def recording_files_read(into: set[str]) -> Iterator[None]:
-    """Every file the process opens for reading while inside (any thread), added to ``into``:
-    the model's code may load a module without importing it (``spec_from_file_location`` and
-    ``exec_module``, ``runpy.run_path``) or read data files, and an output must not replace
-    any of them (:func:`user_files_read`)."""
+    """Every file the process opens for reading while inside (any thread, and any process
+    forked from it), added to ``into``: the model's code may load a module without importing
+    it (``spec_from_file_location`` and ``exec_module``, ``runpy.run_path``) or read data
+    files, and an output must not replace any of them (:func:`user_files_read`). Not seen: what
+    a new interpreter reads (a ``spawn`` pool, a subprocess such as ``cat``)."""
     _install_audit_hook()
+    channel = tempfile.TemporaryFile()
     with _FILES_READ.lock:
-        previous, _FILES_READ.files = _FILES_READ.files, into
+        previous = (_FILES_READ.files, _FILES_READ.pid, _FILES_READ.channel)
+        _FILES_READ.files, _FILES_READ.pid = into, os.getpid()
+        _FILES_READ.channel = channel.fileno()
     try:
         yield
     finally:
         with _FILES_READ.lock:
-            _FILES_READ.files = previous
+            _FILES_READ.files, _FILES_READ.pid, _FILES_READ.channel = previous
+        with channel:
+            channel.seek(0)
+            into.update(f for f in os.fsdecode(channel.read()).split("\0") if f)
 
 
 def user_files_read(read: Collection[str]) -> list[Path]:

@@ -550,7 +550,15 @@ def _check_out(path: str, option: str, shown: str) -> None:
 def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path]]) -> None:
     """Every output path can be written, no two options name the same file, and none is one of
     the run's ``inputs`` (``(what, path)``: the model file, the topology file, and once the
-    model is loaded the modules it imported)."""
+    model is loaded the modules it imported); and the profile cache directory still resolves
+    to the directory it was when the run started."""
+    if paths.cache_dir is not None and os.path.realpath(paths.cache_dir) != paths.cache_dir:
+        raise OutputError(
+            f"the profile cache directory {paths.cache_dir} now leads to "
+            f"{os.path.realpath(paths.cache_dir)} (the model's code put a symbolic link on it); "
+            "refusing to write the cache through it: set PARTITIONER_CACHE_DIR to a directory "
+            "the model's code leaves alone"
+        )
     seen: list[_Output] = []
     for out in paths.outputs:
         shown = paths.shown(out.given, out.path)

@@ -236,7 +236,7 @@ def _port(address: str) -> int:
 def is_loopback(host: str) -> bool:
     """Whether every address ``host`` names is on this machine's loopback (127.0.0.0/8, ::1)."""
     try:
-        infos = socket.getaddrinfo(host.strip("[]"), None)
+        infos = socket.getaddrinfo(host.strip("[]").rstrip(".") or host, None)
     except (OSError, UnicodeError):
         return False
     addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
@@ -352,7 +352,8 @@ def _check_loopback_address(address: str, index: int) -> None:
     if not is_loopback(_host(address)):
         raise UsageError(
             f"task {index}'s cluster address {address} is not this machine's loopback, and a "
-            f"worker listens on {LOOPBACK} only unless --bind names an address: pass --bind "
+            f"worker listens on {LOOPBACK} only unless --bind names an address: if the task "
+            f"runs on this machine only, write it {LOOPBACK}:{_port(address)}; else pass --bind "
             f"0.0.0.0 to serve other hosts ({WORKER_WARNING})"
         )
 

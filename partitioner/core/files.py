@@ -77,9 +77,13 @@ def check_output_path(
     Raises :class:`OutputError` (``"<what> <path>: it is a named pipe (FIFO), ..."``) unless
     that is a regular file (or a link, not followed), or does not exist yet in an existing
     directory."""
+    if os.fspath(path).endswith(("/", os.sep)):
+        raise OutputError(
+            f"{what} {path}: it ends with a slash, which names a directory; give a file path"
+        )
     target = Path(os.path.realpath(path) if follow_symlinks else os.path.abspath(path))
-    try:
-        mode = os.stat(target, follow_symlinks=follow_symlinks).st_mode
+    try:  # the path itself, followed: /dev/stdout is a pipe, though its resolved name is none
+        mode = os.stat(path if follow_symlinks else target, follow_symlinks=follow_symlinks).st_mode
     except FileNotFoundError:
         mode = None
     except OSError as exc:
@@ -350,4 +354,6 @@ def read_input_text(
             raise error(f"{what} {path} {kind}; give a regular file") from None
         if exc.kind in ("size", "encoding"):
             raise error(f"{what} {path} {reason}; is it the right file?") from None
-        raise error(f"cannot read {what} {path}: {exc.reason}") from None
+        raise error(
+            f"cannot read {what} {path}: {exc.reason}; check it is the right file and readable"
+        ) from None
