@@ -525,7 +525,7 @@ def apply_plan(
     _check_distinct(plan, strategy, device_strings, given is not None)
     _check_applies_to(plan, model)
     check_batch_split(model, plan)
-    specs = input_specs(model, sample_batch_size(model), plan.input_shape)
+    specs = input_specs(model, sample_batch_size(model, plan.share_batch_size), plan.input_shape)
     # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own
     # structure (a dict of inputs too).
     sample = [_sample_array(s) for s in specs]

@@ -381,6 +381,25 @@ def _built_shapes(model: keras.Model) -> list[tuple[Any, ...]] | None:
     return [tuple(shape)]
 
 
+def _check_unbuilt_names(model: keras.Model, input_shape: Mapping[str, Any]) -> None:
+    """TraceError when ``input_shape`` names inputs of a subclassed model that was never built:
+    Keras knows no input names before a call, so its one input is ``input_0`` and names that
+    are not it are a dict's keys, whose dtypes Keras would not record even once built (as
+    :func:`_built_shapes` says): the advice is the functional wrapper, or one shape."""
+    keys = [str(k) for k in input_shape]
+    if keys == ["input_0"]:
+        return
+    shown = {k: tuple(input_shape[k]) for k in input_shape}
+    one = next(iter(shown.values()), (128,))
+    raise TraceError(
+        f"input_shape={shown}: subclassed model {model.name!r} was never built, so Keras knows "
+        f"no names or dtypes for its inputs; if its call takes a dict "
+        f"({', '.join(map(repr, keys))}), wrap it in a functional model, one "
+        "keras.Input(shape=..., dtype=..., name=KEY) per key, and plan that; if it takes one "
+        f"tensor, give its shape alone, e.g. input_shape={one}"
+    )
+
+
 def _example_shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
     return tuple(128 if d is None else int(d) for d in shape[1:])
 
@@ -478,11 +497,12 @@ def fixed_batch(model: Any) -> int | None:
     return fixed[0] if fixed else None
 
 
-def sample_batch_size(model: Any) -> int:
+def sample_batch_size(model: Any, share: int = 1) -> int:
     """The batch a rewritten copy of ``model`` is built on (``Plan.apply``, an emitted module's
-    ``SAMPLE_INPUTS``): one sample, or the batch ``model``'s inputs fix (a stateful layer's
-    state is made at the batch it is built on, and takes no other)."""
-    return fixed_batch(model) or 1
+    ``SAMPLE_INPUTS``): the batch ``model``'s inputs fix (a stateful layer's state is made at the
+    batch it is built on, and takes no other), else ``share``: the plan's own share of the
+    batch, which the model was traced at (a layer may refuse a batch of one)."""
+    return fixed_batch(model) or share
 
 
 def input_specs(
@@ -503,6 +523,8 @@ def input_specs(
         dtypes = [str(t.dtype) for t in inputs]
     else:
         built = _built_shapes(model)
+        if built is None and isinstance(input_shape, Mapping):
+            _check_unbuilt_names(model, input_shape)
         if built is None and input_shape is None:
             raise TraceError(
                 f"model {model.name!r} has no known input shape (a subclassed model that was never "

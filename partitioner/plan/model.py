@@ -254,6 +254,17 @@ class Plan:
         return len(self.devices)
 
     @property
+    def share_batch_size(self) -> int:
+        """The samples each layer runs on at once in the plan's step: the batch over its
+        replicas and micro-batches (a batch the planner traced the model at)."""
+        replicas = self.strategy.replicas if self.strategy is not None else 1
+        micro = max(
+            self.strategy.num_microbatches if self.strategy is not None else 1,
+            self.pipeline.num_microbatches if self.pipeline is not None else 1,
+        )
+        return max(1, self.batch_size // (replicas * micro))
+
+    @property
     def device_type(self) -> str:
         return self.devices[0].device_type
 

@@ -262,6 +262,19 @@ def _importable(module_name: str) -> bool:
     return loaded is None or Path(spec.origin).resolve() == loaded
 
 
+def _registered_function_names(value: Any) -> list[str]:
+    """The names (``package>name``) of the user's registered functions a config serializes
+    (``{"class_name": "function", "config": "c34g>twice", ...}``); Keras's own functions are
+    serialized by their plain names."""
+    if isinstance(value, dict):
+        if value.get("class_name") == "function" and ">" in str(value.get("config", "")):
+            return [str(value["config"])]
+        return [n for v in value.values() for n in _registered_function_names(v)]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _registered_function_names(v)]
+    return []
+
+
 def _defining_file(cls: type) -> Path | None:
     """The file of the functions a class defines (its module may be in no ``sys.modules``)."""
     for value in vars(cls).values():
@@ -279,6 +292,35 @@ class _Emitter:
         self.model_source = Path(model_source).resolve() if model_source is not None else None
         self.imports: set[str] = set()
         self.uses_source = False
+        self.registers = False
+        """A layer's config names a function the model's code registered with Keras (a
+        ``Lambda`` of ``@keras.saving.register_keras_serializable()``): ``make_layers`` loads
+        the model's file first, so Keras finds it by that name."""
+
+    def registered_functions(self, config: Mapping[str, Any], what: str) -> None:
+        """Note the functions of the user's registered in ``config`` (:attr:`registers`), and
+        the file that registers them as the model's source."""
+        for name in _registered_function_names(config):
+            function = keras.saving.get_registered_object(name)
+            code = getattr(function, "__code__", None)
+            file = Path(code.co_filename).resolve() if code is not None else None
+            module = getattr(function, "__module__", "") or ""
+            if _importable(module) and not module.startswith("_partitioner_model_"):
+                self.imports.add(module)  # importing it registers the function
+                continue
+            if file is None or not file.is_file():
+                raise RewriteError(
+                    f"{what}: cannot tell which file registers function {_safe_text(name)}; "
+                    "pass model_source= (the model's .py file)"
+                )
+            if self.model_source is None:
+                self.model_source = file
+            elif file != self.model_source:
+                raise RewriteError(
+                    f"{what}: function {_safe_text(name)} is registered in {file}, not in the "
+                    f"model file {self.model_source}; make its module importable"
+                )
+            self.uses_source = self.registers = True
 
     def class_ref(self, cls: type, what: str) -> _ClassRef:
         name = cls.__name__
@@ -470,6 +512,7 @@ def _construction(op: Any, emitter: _Emitter, what: str, indent: int, lead: int 
     cls = type(op)
     ref = emitter.class_ref(cls, what)
     config = _config_of(op, what)
+    emitter.registered_functions(config, what)
     nested = _nested_layers(op, config)
     source = None
     if nested:
@@ -993,9 +1036,12 @@ def _check_weight_order(model: Any, units: Sequence[Unit], made: Mapping[str, st
         )
 
 
-def _make_layers_lines(made: Mapping[str, str], placed: bool = True) -> list[str]:
+def _make_layers_lines(
+    made: Mapping[str, str], placed: bool = True, registers: bool = False
+) -> list[str]:
     """``make_layers()``: every layer of the copy, keyed by its DEVICES name (its layer name in a
-    replica, which has no DEVICES)."""
+    replica, which has no DEVICES); ``registers``: it loads the model's file first (functions it
+    registers with Keras, which configs name)."""
     body = ["def make_layers() -> dict[str, Any]:"]
     key = "DEVICES name" if placed else "layer name"
     body.append(
@@ -1003,6 +1049,8 @@ def _make_layers_lines(made: Mapping[str, str], placed: bool = True) -> list[str
     )
     body.append(f"{INDENT}weight order: load_original_weights (set_weights) relies on that order.")
     body.append(f'{INDENT}"""')
+    if registers:
+        body.append(f"{INDENT}model_source()  # registers the model's functions that configs name")
     if made:
         body.append(f"{INDENT}return {{")
         for unit, source in made.items():
@@ -1069,7 +1117,7 @@ def _graph_module_body(
         result = outputs[0]
 
     _check_weight_order(model, units, writer.made)
-    body = _make_layers_lines(writer.made, placed)
+    body = _make_layers_lines(writer.made, placed, emitter.registers)
     body += _placed_model_lines([*input_lines, *writer.lines], result, placed)
     return body, sorted(emitter.imports)
 
@@ -1165,18 +1213,28 @@ def _stages_lines(stages: Sequence[Sequence[str]] | None) -> list[str]:
     return lines
 
 
-def _sample_lines(model: Any, input_shape: ShapeArg | None, graph_model: bool) -> list[str]:
-    specs = input_specs(model, sample_batch_size(model), input_shape)
+def _sample_lines(
+    model: Any,
+    input_shape: ShapeArg | None,
+    graph_model: bool,
+    share: int = 1,
+    where: str = "on its device",
+) -> list[str]:
+    """``SAMPLE_INPUTS``: (shape, dtype) of each input at the batch a copy is built on
+    (:func:`~passes.trace.sample_batch_size`: the plan's ``share`` of the batch, or the batch
+    the model's inputs fix); ``where`` the variables are created, for its comment."""
+    batch = sample_batch_size(model, share)
+    specs = input_specs(model, batch, input_shape)
     samples = [(tuple(int(d) for d in s.shape), s.dtype.name) for s in specs]
     value: Any = samples
     struct = _graph_of(model)._inputs_struct if graph_model else None
     if isinstance(struct, dict):  # a model that takes a dict: the sample is a dict too
         key_of = {id(t): k for k, t in struct.items()}
         value = {key_of[id(t)]: sample for t, sample in zip(model.inputs, samples)}
+    what = "one sample" if batch == 1 else f"a batch of {batch}, one the model was planned at"
     return [
-        "# (shape, dtype) of each model input for one sample (or the batch its inputs fix):",
-        "# build_model() runs the model on zeros of these shapes so that every layer creates its",
-        "# variables on its device.",
+        f"# (shape, dtype) of each model input for {what}: build_model() runs the model on",
+        f"# zeros of these shapes so that every layer creates its variables {where}.",
         f"SAMPLE_INPUTS = {_literal(value, 0)}",
     ]
 
@@ -1473,6 +1531,7 @@ def emit_placed_module(
     model_source: str | os.PathLike[str] | None = None,
     stages: Sequence[Sequence[str]] | None = None,
     input_shape: ShapeArg | None = None,
+    share_batch_size: int = 1,
 ) -> str:
     """The source of a module that rebuilds ``model`` with each layer on ``layer_devices[name]``.
 
@@ -1481,7 +1540,8 @@ def emit_placed_module(
     module imports it for subclassed models and custom layer classes (by default the file that
     defines their class). ``stages`` (unit names per pipeline stage) are listed in the module.
     ``input_shape`` (without the batch) is needed where the model leaves an input dim unknown.
-    See the module docstring for what the emitted code looks like.
+    ``share_batch_size``: the batch the module builds its copy on (a plan's share of the batch,
+    :attr:`~partitioner.plan.model.Plan.share_batch_size`). See the module docstring for what the emitted code looks like.
     """
     if not isinstance(model, keras.Model):
         raise RewriteError(f"expected a keras.Model, got {type(model).__name__}")
@@ -1507,7 +1567,7 @@ def emit_placed_module(
         lines += _subclassed_config_lines(model)
     lines += [*_devices_lines(units, layer_devices, graph_model), ""]
     lines += [*_stages_lines(stages), ""]
-    lines += _sample_lines(model, input_shape, graph_model)
+    lines += _sample_lines(model, input_shape, graph_model, share_batch_size)
     text = "\n".join(lines)
     if loads_source:
         text += "\n" + _SOURCE_LOADER
@@ -1585,6 +1645,7 @@ def emit_plan_module(
         model_source=model_source,
         stages=stages,
         input_shape=plan.input_shape,
+        share_batch_size=plan.share_batch_size,
     )
 
 
@@ -2084,9 +2145,9 @@ def _replicated_text(
     if not graph_model:
         lines += _subclassed_config_lines(model)
     lines += [*_replica_devices_lines(plan, replica_devices, cluster), ""]
-    sample = _sample_lines(model, plan.input_shape, graph_model)
-    sample[1] = "# of these shapes so that every layer creates its variables (in strategy.scope())."
-    lines += sample
+    lines += _sample_lines(
+        model, plan.input_shape, graph_model, plan.share_batch_size, "in strategy.scope()"
+    )
     text = "\n".join(lines)
     if loads_source:
         text += "\n" + _SOURCE_LOADER
@@ -2176,7 +2237,9 @@ def _emit_hybrid_module(
     lines += [f"SCHEDULE = {_flat_literal(strategy.schedule.value)}", ""]
     lines += ["# Layer -> device of each replica (replica 0 first), from the plan."]
     lines += [f"LAYER_DEVICES_PER_REPLICA = {_literal(per_replica, 0)}", ""]
-    lines += _sample_lines(model, plan.input_shape, _is_graph_model(model))
+    lines += _sample_lines(
+        model, plan.input_shape, _is_graph_model(model), plan.share_batch_size, "on its device"
+    )
     text = "\n".join(lines) + "\n" + _HYBRID_BODY
     _compile_check(text, "<emitted module>")
     return text

@@ -315,7 +315,9 @@ def test_plans_without_replicas_emit_as_before() -> None:
     names = [u.name for u in placement_units(model)]
     split = Strategy(((0, 1),), (0, 0, 1))
     plan = replace(strategy_plan(model, split), strategy=None)
-    before = emit_placed_module(model, dict(zip(names, ["/device:GPU:0"] * 2 + ["/device:GPU:1"])))
+    devices = dict(zip(names, ["/device:GPU:0"] * 2 + ["/device:GPU:1"]))
+    # a plan's module builds its copy at the plan's share of the batch (what it was traced at)
+    before = emit_placed_module(model, devices, share_batch_size=plan.share_batch_size)
     assert emit_plan_module(model, plan) == before
     assert emit_plan_module(model, replace(plan, strategy=split)) == before
 
