@@ -600,3 +600,50 @@ def test_an_emitted_module_of_a_registered_lambda_loads_the_model_file_first(
     )
     _emit_and_build(tmp_path, "--strategy", "pipeline")
     assert "model_source()  # registers" in (tmp_path / "emitted.py").read_text()
+
+
+def test_a_worker_given_a_cluster_file_says_tf_configs_task_is_not_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``partition worker --cluster FILE`` with TF_CONFIG's ``task.index`` set was told "set
+    TF_CONFIG's task.index", which was set and is not read beside a cluster file (34g c D5)."""
+    from partitioner.cli.worker import run_worker
+    from partitioner.core.errors import UsageError
+
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}
+        ),
+    )
+    cluster = tmp_path / "cl.json"
+    cluster.write_text(json.dumps({"worker": ["127.0.0.1:2", "127.0.0.1:3"]}))
+    with pytest.raises(
+        UsageError,
+        match=r"pass --task I for this worker \(cluster file .* names no task, and TF_CONFIG's task is not read",
+    ) as info:
+        run_worker(None, str(cluster))
+    assert "set TF_CONFIG's task.index" not in str(info.value)
+
+
+def test_a_tf_config_topology_never_names_cpu_devices_no_worker_has() -> None:
+    """``--topology tf-config --device-type cpu --gpus 4`` over 2 tasks planned stages on
+    ``/task:0/device:CPU:0`` and ``CPU:1``: a TensorFlow process has one CPU device, so the
+    plan named a device no worker serves (34g c D6)."""
+    from cost_models.devices.topology import load_topology, topology_from_tf_config
+    from partitioner.core.errors import UsageError
+
+    config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}})
+    environ = {"TF_CONFIG": config}
+    with pytest.raises(UsageError, match=r"gpus=4 over the 2 TF_CONFIG tasks makes 2 CPU devices"):
+        load_topology("tf-config", device_type="cpu", num_devices=4, environ=environ)
+    with pytest.raises(UsageError, match=r"devices_per_task=2 CPU devices"):
+        topology_from_tf_config(config, device_type="cpu", devices_per_task=2)
+    assert (
+        load_topology("tf-config", device_type="cpu", num_devices=2, environ=environ).num_devices
+        == 2
+    )
+    assert (
+        load_topology("tf-config", device_type="h100", num_devices=4, environ=environ).num_devices
+        == 4
+    )

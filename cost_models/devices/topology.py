@@ -817,6 +817,11 @@ def topology_from_tf_config(
     )
     per_task = _count(where, "devices_per_task", devices_per_task)
     dtype = _device_type(where, "device_type", device_type)
+    if per_task > 1 and dtype.kind is DeviceKind.CPU:
+        raise UsageError(
+            f"devices_per_task={per_task} CPU devices: a TensorFlow process (a TF_CONFIG task) "
+            "has one CPU device, so no worker would have the others; give devices_per_task=1"
+        )
     intra = _link_spec(where, "intra_link", intra_link, allow_alias=True)
     inter = _between_hosts(where, "inter_link", inter_link)
     tasks = _tf_tasks(where, config)
@@ -906,6 +911,12 @@ def _load_tf_config(
                 f"use a multiple of {tasks}"
             )
         per_task = num_devices // tasks
+    if per_task > 1 and get_device_type(device_type).kind is DeviceKind.CPU:
+        raise UsageError(
+            f"gpus={num_devices} over the {tasks} TF_CONFIG tasks makes {per_task} CPU devices "
+            f"per task, but a TensorFlow process has one CPU device, so no worker would have the "
+            f"others; plan gpus={tasks} (one device per task), or for a GPU device type"
+        )
     return topology_from_tf_config(
         raw,
         device_type=device_type,

@@ -430,6 +430,11 @@ def _task_index(cluster: WorkerCluster, task_index: int | None, job_name: str) -
             f"job {job_name!r}: pass --job {cluster.task_type} to serve that task, or --task I "
             f"for task I of {job_name!r}"
         )
+    if index is None and cluster.source != "TF_CONFIG":
+        raise UsageError(
+            f"no task index: pass --task I for this worker ({cluster.source} names no task, "
+            "and TF_CONFIG's task is not read when a cluster is given)"
+        )
     if index is None:
         raise UsageError(
             "no task index: pass --task I (or set TF_CONFIG's task.index) for this worker"
