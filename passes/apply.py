@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -199,6 +200,12 @@ def _given_devices(devices: Any) -> tuple[str, ...] | None:
     """``devices=`` as a tuple of non-empty strings; UsageError naming the first bad entry."""
     if devices is None:
         return None
+    if isinstance(devices, AbstractSet):
+        raise UsageError(
+            f"devices={_shown(devices)} is a set, which has no order: which plan device lands "
+            "where would change from run to run; give a list, one device per plan device in "
+            "order, e.g. devices=['/device:GPU:0', '/device:GPU:1']"
+        )
     if isinstance(devices, (str, bytes, Mapping)) or not isinstance(devices, Iterable):
         raise UsageError(
             f"devices={_shown(devices)} must be a list of TensorFlow device strings, one per plan "

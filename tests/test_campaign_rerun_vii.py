@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import keras
 import pytest
 
 from partitioner.core.errors import OutputError, PartitionError
@@ -647,3 +648,82 @@ def test_a_tf_config_topology_never_names_cpu_devices_no_worker_has() -> None:
         load_topology("tf-config", device_type="h100", num_devices=4, environ=environ).num_devices
         == 4
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda d: d["predicted"].update(step_time_s=1e300), "predicted.step_time_s"),
+        (lambda d: d["solver"].update(objective=1e300), "solver.objective"),
+        (lambda d: d["phase_times_s"].update(trace=1e300), "phase_times_s"),
+        (lambda d: d["pipeline"].update(num_microbatches=2048), "pipeline.num_microbatches"),
+    ],
+    ids=["step", "objective", "phase", "microbatches"],
+)
+def test_a_plan_files_times_and_micro_batches_are_held_to_the_planners_bounds(
+    edit: Any, words: str, mlp: Any, tmp_path: Path
+) -> None:
+    """A plan file with a step of 1e300 s showed a 300-digit time; one of 2048 micro-batches
+    (the planner takes at most 1024) loaded and applied, and its step never ended (34g b E46,
+    E10)."""
+    import partitioner
+    from partitioner import load_plan
+    from partitioner.core.errors import PlanError
+
+    plan = partitioner.partition(mlp, gpus=2, device_type="cpu", batch_size=32, pipeline=True)
+    data = json.loads(plan.to_json())
+    data.setdefault("phase_times_s", {})
+    edit(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match=re.escape(words)):
+        load_plan(path)
+
+
+@pytest.mark.parametrize(
+    "devices", [{"/device:CPU:0", "/device:CPU:1"}, frozenset({"/device:CPU:0"})]
+)
+def test_apply_refuses_devices_given_as_a_set(devices: Any, plan: Any, mlp: Any) -> None:
+    """``plan.apply(model, devices={...})``: which stage landed where changed with
+    ``PYTHONHASHSEED`` (34g b A18)."""
+    from partitioner.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"is a set, which has no order"):
+        plan.apply(mlp, devices=devices)
+
+
+class _NoConfig(keras.Model):
+    """The usual subclass: an ``__init__`` of no arguments, so Keras cannot rebuild it."""
+
+    def __init__(self) -> None:
+        super().__init__(name="sub")
+        self.d1 = keras.layers.Dense(8, name="d1")
+        self.d2 = keras.layers.Dense(2, name="d2")
+
+    def call(self, x: Any) -> Any:
+        return self.d2(self.d1(x))
+
+
+class _WithConfig(_NoConfig):
+    """The same model, rebuildable (what the plan is made from)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+
+
+def test_applying_to_a_subclassed_model_keras_cannot_rebuild_is_one_line() -> None:
+    """``Plan.apply`` on such a model raised a 5-line RewriteError holding Keras's whole "Unable
+    to revive model from config" text and the config (34g b A10, A11)."""
+    import numpy as np
+
+    import partitioner
+    from partitioner.core.errors import RewriteError
+
+    twin, model = _WithConfig(), _NoConfig()
+    for m in (twin, model):
+        m(np.zeros((1, 16), "float32"))
+    plan = partitioner.partition(twin, gpus=2, device_type="cpu", strategy="placed", batch_size=8)
+    with pytest.raises(RewriteError) as info:
+        plan.apply(model, devices=["/device:CPU:0", "/device:CPU:1"])
+    assert "\n" not in str(info.value) and len(str(info.value)) < 600, str(info.value)
+    assert "cannot be rebuilt from its config (TypeError: Unable to revive" in str(info.value)

@@ -33,6 +33,7 @@ __all__ = [
     "MAX_DEVICES",
     "MAX_MEMORY_BYTES",
     "MAX_MICROBATCHES",
+    "MAX_PLAN_SECONDS",
     "MAX_SAMPLE_VALUES",
     "MAX_SEED",
     "MAX_TIME_LIMIT_S",
@@ -66,6 +67,9 @@ MAX_MICROBATCHES = 1024
 """The most ``num_microbatches``."""
 MAX_TIME_LIMIT_S = 86_400.0
 """The longest ``time_limit_s``: a day."""
+MAX_PLAN_SECONDS = 1e9
+"""The longest time a plan file may state (a step, a phase, a link's latency): about 30 years;
+a planner's figure is far below it, so a larger one is an edited or corrupted file."""
 MAX_SAMPLE_VALUES = 1 << 31
 """The most values in one sample of ``input_shape`` (the product of its dimensions)."""
 MAX_MEMORY_BYTES = MAX_SIZE_BYTES

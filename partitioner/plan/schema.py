@@ -27,7 +27,13 @@ from cost_models.devices.catalog import device_type_names
 from partitioner.core.errors import PlanError
 from partitioner.core.ir import Schedule
 from partitioner.core.jsonfiles import error_order, field_path, strict_validator
-from partitioner.core.options import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MEMORY_BYTES
+from partitioner.core.options import (
+    MAX_BATCH_SIZE,
+    MAX_DEVICES,
+    MAX_MEMORY_BYTES,
+    MAX_MICROBATCHES,
+    MAX_PLAN_SECONDS,
+)
 from partitioner.core.strategy import Family
 
 __all__ = [
@@ -87,6 +93,27 @@ def _put_bounds(fields: dict[str, Any]) -> None:
         predicted[key]["items"]["maximum"] = MAX_MEMORY_BYTES
     row = fields["strategies"]["items"]["properties"]
     row["memory_limit_bytes"]["maximum"] = MAX_MEMORY_BYTES
+    fields["pipeline"]["properties"]["num_microbatches"]["maximum"] = MAX_MICROBATCHES
+    fields["strategy"]["properties"]["num_microbatches"]["maximum"] = MAX_MICROBATCHES
+    fields["solver"]["properties"]["objective"]["maximum"] = float(MAX_MEMORY_BYTES)
+    _bound_seconds(fields)
+
+
+def _bound_seconds(node: Any) -> None:
+    """Every number of seconds in the schema (a property named ``..._s``, or a list of them) at
+    most :data:`~partitioner.core.options.MAX_PLAN_SECONDS`: a 300-digit step time showed."""
+    if isinstance(node, list):
+        for item in node:
+            _bound_seconds(item)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if isinstance(value, dict) and (key.endswith("_s") or key.endswith("_seconds")):
+            for target in (value, value.get("items"), value.get("additionalProperties")):
+                if isinstance(target, dict) and "number" in str(target.get("type")):
+                    target.setdefault("maximum", MAX_PLAN_SECONDS)
+        _bound_seconds(value)
 
 
 @functools.lru_cache(maxsize=1)

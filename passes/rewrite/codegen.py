@@ -89,6 +89,7 @@ from partitioner.core.errors import RewriteError
 from partitioner.core.strategy import Strategy
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan
+from passes.checks import one_line
 from passes.trace import ShapeArg, Unit, input_specs, placement_units, sample_batch_size
 
 logger = logging.getLogger(__name__)
@@ -2269,8 +2270,9 @@ def _subclassed_checks(model: Any, emitter: _Emitter) -> None:
     except Exception as exc:
         raise RewriteError(
             f"subclassed model {type(model).__name__} cannot be rebuilt from its config "
-            f"({type(exc).__name__}: {exc}); give its __init__ serialisable arguments or "
-            "implement get_config/from_config"
+            f"({type(exc).__name__}: {one_line(exc)}); give its __init__ "
+            "serialisable arguments, pass **kwargs to super().__init__ and implement "
+            "get_config/from_config"
         ) from exc
     emitter.uses_source = True
 

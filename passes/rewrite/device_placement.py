@@ -31,6 +31,7 @@ from keras.src import tree
 from keras.src.backend import get_keras_mask, set_keras_mask
 
 from partitioner.core.errors import RewriteError
+from passes.checks import one_line
 from passes.trace import Unit, model_input, placement_units
 from passes.weightless import is_deferred
 
@@ -185,8 +186,9 @@ def _rebuild_subclassed(
     except Exception as exc:
         raise RewriteError(
             f"subclassed model {type(model).__name__} cannot be rebuilt from its config "
-            f"({type(exc).__name__}: {exc}); give its __init__ serialisable arguments or "
-            "implement get_config/from_config"
+            f"({type(exc).__name__}: {one_line(exc)}); give its __init__ "
+            "serialisable arguments, pass **kwargs to super().__init__ and implement "
+            "get_config/from_config"
         ) from exc
     for unit, device in zip(placement_units(copy), devices):
         _pin(unit.operation, device)
