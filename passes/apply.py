@@ -285,12 +285,11 @@ def _check_local_devices(device_strings: Sequence[str], given: bool) -> None:
         )
 
 
-def _check_waits(cluster: Any, timeout_s: float, step_timeout_s: float | None) -> None:
+def _check_waits(timeout_s: float, step_timeout_s: float | None) -> None:
     """Before connecting to ``cluster``: an infinite (or over an hour) wait on a down task is
     refused, as ``partition calibrate`` refuses it
-    (:func:`~passes.cluster.calibrate.check_timeout_s`); nothing to check without a cluster."""
-    if cluster is None:
-        return
+    (:func:`~passes.cluster.calibrate.check_timeout_s`); the waits are checked without a cluster
+    too (they are unused then, but a NaN is a mistake either way)."""
     from passes.cluster.calibrate import check_timeout_s
 
     check_timeout_s("timeout_s", timeout_s)
@@ -523,7 +522,7 @@ def apply_plan(
     _check_model(model)
     given = _given_devices(devices)
     strategy = _replicas(plan)
-    _check_waits(cluster, timeout_s, step_timeout_s)
+    _check_waits(timeout_s, step_timeout_s)
     handle = _connected(plan, cluster, timeout_s)
     if strategy is not None and handle is not None:
         _check_cluster_holds(strategy, handle)

@@ -727,3 +727,23 @@ def test_applying_to_a_subclassed_model_keras_cannot_rebuild_is_one_line() -> No
         plan.apply(model, devices=["/device:CPU:0", "/device:CPU:1"])
     assert "\n" not in str(info.value) and len(str(info.value)) < 600, str(info.value)
     assert "cannot be rebuilt from its config (TypeError: Unable to revive" in str(info.value)
+
+
+def test_sizes_take_the_units_of_their_own_bound_and_say_what_is_wrong() -> None:
+    """``--memory-limit 1EiB`` (the bound the refusal of ``1e400KiB`` names) was "not a size";
+    ``0.5`` was "not a positive size" (34g b C11, C12, C15)."""
+    from partitioner.core.units import MAX_SIZE_BYTES, parse_bytes
+
+    assert parse_bytes("1EiB") == parse_bytes("1024PiB") == MAX_SIZE_BYTES
+    assert parse_bytes("2PB") == 2 * 10**15
+    with pytest.raises(ValueError, match="'0.5' is less than one byte"):
+        parse_bytes("0.5")
+    with pytest.raises(ValueError, match="'0' is not a positive size"):
+        parse_bytes("0")
+
+
+def test_apply_checks_its_waits_without_a_cluster_too(plan: Any, mlp: Any) -> None:
+    """``plan.apply(model, devices=..., timeout_s=nan)`` was accepted when no cluster was given
+    (34g b A19)."""
+    with pytest.raises(PartitionError, match="timeout_s"):
+        plan.apply(mlp, devices=["/device:CPU:0", "/device:CPU:1"], timeout_s=float("nan"))

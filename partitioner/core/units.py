@@ -17,10 +17,14 @@ _UNITS = {
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
+    "pb": 10**15,
+    "eb": 10**18,
     "kib": 2**10,
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
+    "pib": 2**50,
+    "eib": 2**60,
 }
 
 
@@ -66,5 +70,6 @@ def parse_bytes(text: str) -> int:
         )
     value = int(number)
     if value <= 0:
-        raise ValueError(f"{text!r} must be a positive size")
+        what = "less than one byte" if number > 0 else "not a positive size"
+        raise ValueError(f"{text!r} is {what}; give a size such as 16GiB or 512MiB")
     return value
