@@ -596,6 +596,13 @@ class _CostedAt:
         self._traced[batch] = _trace(self.model, target, _no_progress, [])
         return self._traced[batch]
 
+    def confirm(self, batch: int) -> None:
+        """Trace the model for real at ``batch`` unless it was: a derived graph never ran the
+        model's own code there (a layer that refuses some batches); its error is raised."""
+        if batch not in self._traced:
+            target = replace(self._prepared.target, batch_size=batch)
+            self._traced[batch] = _trace(self.model, target, _no_progress, [])
+
     def __call__(self, batch: int) -> CostedGraph:
         if batch not in self.graphs:
             at = replace(self._prepared, target=replace(self._prepared.target, batch_size=batch))
@@ -644,7 +651,7 @@ def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Comp
     )
     t0 = time.perf_counter()
     try:
-        search = search_strategies(costed_at, batch, options)
+        search = search_strategies(costed_at, batch, options, confirm=costed_at.confirm)
     except PartitionError as exc:
         if families is not None and set(families) != set(Family):
             raise

@@ -736,7 +736,7 @@ def test_sizes_take_the_units_of_their_own_bound_and_say_what_is_wrong() -> None
 
     assert parse_bytes("1EiB") == parse_bytes("1024PiB") == MAX_SIZE_BYTES
     assert parse_bytes("2PB") == 2 * 10**15
-    with pytest.raises(ValueError, match="'0.5' is less than one byte"):
+    with pytest.raises(ValueError, match=r"'0\.5' is less than one byte"):
         parse_bytes("0.5")
     with pytest.raises(ValueError, match="'0' is not a positive size"):
         parse_bytes("0")

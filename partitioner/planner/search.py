@@ -51,6 +51,9 @@ time: ``tf.distribute`` gives every replica an equal share, so the slowest paces
 model's own code fails at (a layer that takes only some batches) leaves out the candidates that
 need it, and a note names the first failure; when that leaves no candidate, the failure is the
 error, naming the share and what changes it (:class:`~partitioner.core.batching.BatchShare`).
+Shares that ``costed_at`` only derived from traces at other batches never ran the model's code,
+so the best candidate's shares are run for real (``confirm``) before it is returned, and one
+that fails there is left out the same way.
 
 Pure Python, no TensorFlow.
 """
@@ -100,6 +103,11 @@ logger = logging.getLogger(__name__)
 
 CostedAt = Callable[[int], CostedGraph]
 """The model costed at a per-replica batch size, on the whole topology."""
+
+Confirm = Callable[[int], None]
+"""Runs the model's own code at a batch size for real (a trace), raising its
+:class:`~partitioner.core.errors.PartitionError` there: ``costed_at`` may only derive a batch's
+graph from traces at others (:func:`~partitioner.core.batching.graph_at_batch`)."""
 
 
 @dataclass(frozen=True)
@@ -411,6 +419,8 @@ class _Scorer:
         self.failed: dict[int, PartitionError] = {}
         """Each share of the batch the model could not be costed at (its own code fails there:
         a layer that takes only some batches), with the error, worded as that share."""
+        self.confirmed: set[int] = {batch_size}
+        """The batches the model's code was run at for real (:meth:`confirms`)."""
 
     def at(self, share: BatchShare) -> CostedGraph:
         """The model costed at ``share`` of the batch (``costed_at``, once per batch); an error
@@ -434,6 +444,30 @@ class _Scorer:
         ``num_microbatches`` (and at the replica's share it is cut from)."""
         share = self.batch_size // replicas
         return share not in self.failed and share // num_microbatches not in self.failed
+
+    def confirms(self, strategy: Strategy, confirm: Confirm) -> bool:
+        """Whether the model's code runs for real at the shares ``strategy`` runs (a replica's,
+        its micro-batch), each run once by ``confirm``; a share it fails at is kept in
+        :attr:`failed`, worded as that share (:meth:`usable` then leaves out what needs it)."""
+        counts = sorted({1, strategy.num_microbatches})
+        for share in (BatchShare(self.batch_size, strategy.replicas, m) for m in counts):
+            if share.size in self.confirmed:
+                continue
+            try:
+                confirm(share.size)
+            except PartitionError as exc:
+                self.failed[share.size] = at_share(exc, share)
+                return False
+            self.confirmed.add(share.size)
+        return True
+
+    def again(self) -> _Scorer:
+        """A scorer for scoring every shape again, keeping this one's costs, failures, confirmed
+        shares and deadline (the time limit bounds every round together)."""
+        fresh = _Scorer(self._costed_at, self.batch_size, self.deadline, self.prune)
+        fresh._costed, fresh._priced = self._costed, self._priced
+        fresh.failed, fresh.confirmed = self.failed, self.confirmed
+        return fresh
 
     def microbatches(self, replicas: int, stages: int, options: StrategyOptions) -> tuple[int, ...]:
         """:func:`microbatch_choices` of a replica's share, but those the model fails at."""
@@ -613,12 +647,19 @@ def _score_placements(
 
 
 def search_strategies(
-    costed_at: CostedAt, batch_size: int, options: StrategyOptions | None = None
+    costed_at: CostedAt,
+    batch_size: int,
+    options: StrategyOptions | None = None,
+    *,
+    confirm: Confirm | None = None,
 ) -> StrategySearch:
     """Score every strategy family and return the best (see the module docstring).
 
     The costs of every per-replica batch are computed first; ``options.time_limit_s`` bounds the
-    search and the refinement, not the costing."""
+    search and the refinement, not the costing. With ``confirm``, the model's code is run for
+    real at the shares of the batch the best candidate runs before it is returned; a share it
+    fails at is left out and every shape scored again (a bound may have skipped the next best
+    because of the candidate that failed), until a best runs or none is left (the error)."""
     options = options or StrategyOptions()
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be >= 1")
@@ -626,20 +667,10 @@ def search_strategies(
     num_devices, num_layers = first.topology.num_devices, first.problem().num_layers
     shapes = _checked_shapes(num_devices, batch_size, options, num_layers)
     scorer = _Scorer(costed_at, batch_size, deadline=0.0, prune=options.prune)
-    shapes = _cost_first(scorer, shapes, options)
-    items = _items(scorer, shapes, options)
-    scorer.deadline = time.monotonic() + options.time_limit_s
-    for item in items:
-        _score_item(scorer, item, options)
-    scorer.in_enumeration_order()
-    scorer.position = (len(items), 0)
-    for strategy, placement in options.also_score:
-        if strategy.family in options.families and strategy not in _scored(scorer):
-            scorer.score(strategy, placement, prune=False)
-    _check_scored(scorer, options, num_devices)
-    best = min(scorer.candidates, key=StrategyCandidate.rank)
-    if _score_all_devices(scorer, best, num_devices, options):
-        best = min(scorer.candidates, key=StrategyCandidate.rank)
+    best = _scored_best(scorer, shapes, options, num_devices)
+    while confirm is not None and not scorer.confirms(best.strategy, confirm):
+        scorer = scorer.again()
+        best = _scored_best(scorer, shapes, options, num_devices)
     if not best.simulation.fits and set(options.families) != set(Family):
         raise InfeasibleError(_forced_family_message(costed_at, batch_size, options, best))
     best, refined = _refined(scorer, best, options)
@@ -660,6 +691,30 @@ def search_strategies(
         ),
         refused=refused,
     )
+
+
+def _scored_best(
+    scorer: _Scorer, shapes: list[tuple[int, int]], options: StrategyOptions, num_devices: int
+) -> StrategyCandidate:
+    """Score ``shapes`` but the shares the model fails at (:meth:`_Scorer.usable`), the
+    strategies of ``options.also_score`` too; the best candidate. The time limit starts at the
+    first round's scoring, after its costing."""
+    shapes = _cost_first(scorer, shapes, options)
+    items = _items(scorer, shapes, options)
+    if not scorer.deadline:
+        scorer.deadline = time.monotonic() + options.time_limit_s
+    for item in items:
+        _score_item(scorer, item, options)
+    scorer.in_enumeration_order()
+    scorer.position = (len(items), 0)
+    for strategy, placement in options.also_score:
+        if strategy.family in options.families and strategy not in _scored(scorer):
+            scorer.score(strategy, placement, prune=False)
+    _check_scored(scorer, options, num_devices)
+    best = min(scorer.candidates, key=StrategyCandidate.rank)
+    if _score_all_devices(scorer, best, num_devices, options):
+        best = min(scorer.candidates, key=StrategyCandidate.rank)
+    return best
 
 
 def _check_scored(scorer: _Scorer, options: StrategyOptions, num_devices: int) -> None:

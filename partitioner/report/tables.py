@@ -26,7 +26,7 @@ from enum import Enum
 from partitioner.core.ir import EventKind
 from partitioner.core.strategy import Family
 from partitioner.core.units import format_bytes, format_seconds
-from partitioner.plan.model import BaselineResult, DevicePrediction, Plan
+from partitioner.plan.model import BaselineResult, DevicePrediction, PipelineInfo, Plan
 from partitioner.planner.explain import FamilyRow, devices_text
 
 __all__ = [
@@ -364,6 +364,15 @@ _STAGE_COLUMNS = (
 )
 
 
+def _microbatches_text(plan: Plan, pipe: PipelineInfo) -> str:
+    """``4 micro-batches of 8``; a hybrid's replica runs its share of the batch in them:
+    ``2 micro-batches of 4 per replica`` (the batch of 16 over 2 replicas)."""
+    replicas = plan.strategy.replicas if plan.strategy is not None else 1
+    size = plan.batch_size / (replicas * pipe.num_microbatches)
+    each = " per replica" if replicas > 1 else ""
+    return f"{pipe.num_microbatches} micro-batches of {size:g}{each}"
+
+
 def stage_table(plan: Plan, medium: Medium) -> Table | None:
     """A row per pipeline stage, with its device's loads and bubble; None without a pipeline."""
     pipe = plan.pipeline
@@ -382,8 +391,8 @@ def stage_table(plan: Plan, medium: Medium) -> Table | None:
         cells = (*map(cell, texts), _memory_cell(load), *map(cell, tail))
         rows.append(Row(cells, _fits_kind(load)))
     title = (
-        f"Pipeline: {pipe.schedule.value} schedule, {pipe.num_microbatches} micro-batches "
-        f"of {plan.batch_size / pipe.num_microbatches:g}, {len(pipe.stage_devices)} stages"
+        f"Pipeline: {pipe.schedule.value} schedule, {_microbatches_text(plan, pipe)}, "
+        f"{len(pipe.stage_devices)} stages"
     )
     return Table(title=cell(title), columns=_STAGE_COLUMNS, rows=tuple(rows))
 
