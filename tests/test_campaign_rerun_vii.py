@@ -18,6 +18,7 @@ import pytest
 
 from partitioner.core.errors import OutputError, PartitionError
 from partitioner.core.files import MAX_REPLACEABLE_BYTES, binary_offset, check_replaceable
+from tests.test_campaign_rerun_v_files import _tiny_model
 from tests.test_hostile_input_iii_paths import (
     CUSTOM_LAYERS,
     TINY,
@@ -264,15 +265,6 @@ def test_a_model_path_to_a_proc_file_is_one_line_with_a_next_step(tmp_path: Path
     line = one_line_error(proc, "m.py")
     assert "is it the right file?" in line or "give a Python file" in line, line
     assert "Errno" not in line or "cannot read" in line
-
-
-def _tiny_model() -> Any:
-    import keras
-
-    keras.utils.set_random_seed(0)
-    return keras.Sequential(
-        [keras.Input((8,)), keras.layers.Dense(16, name="d1"), keras.layers.Dense(4, name="d2")]
-    )
 
 
 def test_a_profile_cache_that_cannot_be_written_is_one_warning(

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from partitioner.core.errors import OutputError, PlanError
+from partitioner.core.errors import OutputError
 from partitioner.plan.model import Plan, load_plan
+from tests.test_campaign_rerun_v_plans import _refused, _show
 
 cli = importlib.import_module("partitioner.cli.main")  # the module, not its main()
 
@@ -36,29 +35,6 @@ def _written(plan: Plan, tmp_path: Path, change: Edit, name: str = "edited") -> 
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(data), encoding="utf-8")
     return path
-
-
-def _refused(path: Path) -> str:
-    """The one-line PlanError of ``load_plan(path)``."""
-    with pytest.raises(PlanError) as info:
-        load_plan(path)
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith(f"{path}: ")
-    assert message.endswith("make the plan again")
-    return message
-
-
-def _show(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """``partition show PATH`` in this process: (exit code, stderr)."""
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        code = cli.main(["show", os.fspath(path)])
-    except SystemExit as exc:  # argparse
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        signal.signal(signal.SIGTERM, handler)
-    return code, capsys.readouterr().err
 
 
 def _pipelined(schedule: str = "1f1b", micro: int = 2) -> Edit:
