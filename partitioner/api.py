@@ -343,6 +343,7 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
     if not isinstance(prepared, Prepared):
         raise UsageError(f"prepared={prepared!r} must be what prepare(...) returns")
     _check_progress(progress)
+    prepared = _cache_checked(prepared)
     say: Progress = progress or _no_progress
     phases: list[tuple[str, float]] = []
     inexact = _check_model(model)
@@ -716,6 +717,26 @@ def _cost(
     return costed, (*notes, f"priced at precision {policy.value} ({origin})", links)
 
 
+def _cache_checked(prepared: Prepared) -> Prepared:
+    """With ``profile``, the profile cache checked once for writing: one that cannot be written
+    is one warning, and the run's profiles (one per batch the strategy search costs) read it
+    without writing (``write_cache=False``), instead of one warning each."""
+    measure = prepared.measure
+    if not measure.profile or not measure.write_cache:
+        return prepared
+    from cost_models.measure.profiled import cache_write_problem
+
+    problem = cache_write_problem(measure.cache_dir)
+    if problem is None:
+        return prepared
+    logger.warning(
+        "profile cache %s not written (%s); this run's measurements are not cached",
+        measure.cache_dir or "(default)",
+        problem,
+    )
+    return replace(prepared, measure=replace(measure, write_cache=False))
+
+
 def _measured(
     model: Any,
     traced: TraceResult,
@@ -729,9 +750,7 @@ def _measured(
     measure = prepared.measure
     if measure.profile:
         with _timed(phases, "profile"):
-            costed, notes = _profile(
-                model, costed, target=prepared.target, cache_dir=measure.cache_dir, say=say
-            )
+            costed, notes = _profile(model, costed, target=prepared.target, measure=measure, say=say)
     if measure.profile_ops:
         with _timed(phases, "profile ops"):
             costed, op_notes = _profile_ops(
@@ -1029,7 +1048,7 @@ def _profile(
     costed: CostedGraph,
     *,
     target: TargetOptions,
-    cache_dir: str | None,
+    measure: MeasureOptions,
     say: Progress,
 ) -> tuple[CostedGraph, tuple[str, ...]]:
     """Measure the layers on the devices present and merge the times into ``costed``."""
@@ -1053,7 +1072,8 @@ def _profile(
         batch_size=target.batch_size,
         devices=devices,
         input_shape=target.input_shape,
-        cache_dir=cache_dir,
+        cache_dir=measure.cache_dir,
+        write_cache=measure.write_cache,
         progress=lambda done, total, _label: say("profiling layers", done, total),
     )
     profiled = apply_profile(costed, result, device_rows=rows)

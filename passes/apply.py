@@ -154,6 +154,22 @@ def _first_difference(made_for: ModelFingerprint, here: ModelFingerprint) -> str
             f"layer {name!r} is fed by {list(found)} here, but in the plan's model by "
             f"{list(planned)} (the layers are wired otherwise)"
         )
+    return _unrecorded_wiring(made_for, here)
+
+
+def _unrecorded_wiring(made_for: ModelFingerprint, here: ModelFingerprint) -> str | None:
+    """A layer wired in ``here``'s graph whose inputs the plan's fingerprint, which records
+    wiring, leaves out (an edited file: the planner records every layer of a graph model), in
+    words; None when the plan records none (a subclassed model, an earlier release)."""
+    recorded = made_for.inputs_of
+    if not recorded:
+        return None
+    for name, fed_by in here.layer_inputs:
+        if name not in recorded:
+            return (
+                f"layer {name!r} is fed by {list(fed_by)} here, but the plan's fingerprint "
+                "records no inputs for it (its wiring would go unchecked)"
+            )
     return None
 
 

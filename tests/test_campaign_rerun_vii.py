@@ -739,3 +739,59 @@ def test_apply_checks_its_waits_without_a_cluster_too(plan: Any, mlp: Any) -> No
     (34g b A19)."""
     with pytest.raises(PartitionError, match="timeout_s"):
         plan.apply(mlp, devices=["/device:CPU:0", "/device:CPU:1"], timeout_s=float("nan"))
+
+
+# -- the eighth rerun (34h) ----------------------------------------------------------------------
+
+
+def test_a_plan_records_the_wiring_of_every_layer_it_applies_to(mlp: Any, tmp_path: Path) -> None:
+    """A plan file whose ``fingerprint.layer_inputs`` lost entries applied to a model wired
+    otherwise (34h b D1): the layers it no longer records are compared too."""
+    import partitioner
+    from partitioner import load_plan
+    from partitioner.core.errors import PlanError
+
+    plan = partitioner.partition(mlp, gpus=2, device_type="cpu", batch_size=16, strategy="placed")
+    data = json.loads(plan.to_json())
+    wiring = data["fingerprint"]["layer_inputs"]
+    dropped = sorted(wiring)[-1]
+    del wiring[dropped]
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        PlanError, match=rf"layer '{dropped}' is fed by .* records no inputs for it"
+    ):
+        load_plan(path).apply(mlp, devices=["/device:CPU:0", "/device:CPU:1"])
+
+
+@pytest.mark.parametrize("speedup", [1e300, -3.0, 0.0])
+def test_a_plan_files_speedup_is_bounded(speedup: float, mlp: Any, tmp_path: Path) -> None:
+    """``strategies[].speedup_over_single`` of 1e300, -3 or 0 showed with exit 0 (34h b D2)."""
+    import partitioner
+    from partitioner import load_plan
+    from partitioner.core.errors import PlanError
+
+    plan = partitioner.partition(mlp, gpus=2, device_type="cpu", batch_size=16)
+    data = json.loads(plan.to_json())
+    data["strategies"][0]["speedup_over_single"] = speedup
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match=r"strategies\[0\]\.speedup_over_single"):
+        load_plan(path)
+
+
+def test_a_profile_cache_that_cannot_be_written_is_one_warning_per_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, mlp: Any
+) -> None:
+    """With the strategy search, each batch it costs profiles again: a cache that cannot be
+    written warned once per batch, 4 times (34h b D4). The run checks it once."""
+    import partitioner
+
+    cache = tmp_path / "cache"
+    cache.write_text("a file\\n")
+    with caplog.at_level(logging.WARNING):
+        partitioner.partition(
+            mlp, gpus=2, device_type="cpu", batch_size=16, profile=True, cache_dir=str(cache)
+        )
+    warned = [r for r in caplog.records if "not written" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]

@@ -48,6 +48,7 @@ import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ __all__ = [
     "ProgressCallback",
     "Statistic",
     "apply_profile",
+    "cache_write_problem",
     "default_cache_dir",
     "default_profile_devices",
     "device_kind",
@@ -351,6 +353,22 @@ def _write_entry(
     # in the cache, by mistake or by another user of a shared cache, points at somebody's file.
     text = json.dumps(body, indent=1, sort_keys=True, default=str) + "\n"
     write_atomic(path, text, follow_symlinks=False)
+
+
+def cache_write_problem(cache_dir: str | os.PathLike[str] | None) -> str | None:
+    """Why the profile cache in ``cache_dir`` (default :func:`default_cache_dir`) cannot take
+    entries (made if missing), or None: a caller that profiles several times says it once."""
+    cache = Path(os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir()))
+    layers = cache / "layers"
+    if layers.is_symlink():
+        return f"its directory {layers} is a symbolic link, which entries are never written through"
+    try:
+        layers.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=layers):
+            pass
+    except OSError as exc:
+        return f"{exc.strerror or exc}"
+    return None
 
 
 def _cache_key(signature: Mapping[str, Any]) -> str:
@@ -667,6 +685,7 @@ class _Run:
     use_cache: bool
     seed: int
     tf_version: str
+    write_cache: bool = True
 
 
 @dataclass
@@ -736,7 +755,7 @@ def _measure_and_store(
     tally.measured_count += 1
     tally.memo[key] = (fwd, bwd, reps)
     tally.timings.append(LayerTiming(unit.name, dev, fwd, bwd, reps, cached=False))
-    if run.use_cache and not tally.cache_unwritable:
+    if run.use_cache and run.write_cache and not tally.cache_unwritable:
         try:
             _write_entry(run.cache, key, signature, fwd, bwd, reps)
         except (OSError, PartitionError) as exc:
@@ -801,13 +820,15 @@ def profile_model(
     settings: ProfileSettings | None = None,
     progress: ProgressCallback | None = None,
     seed: int = 0,
+    write_cache: bool = True,
 ) -> ProfileResult:
     """Measure every placement unit's forward and backward time on each of ``devices``.
 
     ``devices`` are TF device strings (default :func:`default_profile_devices`). Units are those
     of :func:`passes.trace.placement_units`, so the names match the traced graph's layers.
     Results come from the cache when an entry with the same key exists (``use_cache``); new
-    measurements are written to it. ``progress(done, total, label)`` is called before each
+    measurements are written to it unless ``write_cache`` is False (a caller that found the
+    cache unwritable, :func:`cache_write_problem`). ``progress(done, total, label)`` is called before each
     measurement and once at the end with ``done == total``.
     """
     import tensorflow as tf
@@ -822,7 +843,7 @@ def profile_model(
     cache = Path(os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir()))
     run = _Run(
         model.name, batch_size, ProfileSettings() if settings is None else settings, cache,
-        use_cache, seed, tf.__version__,
+        use_cache, seed, tf.__version__, write_cache,
     )  # fmt: skip
     start = time.perf_counter()
     units = placement_units(model)

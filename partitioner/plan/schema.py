@@ -77,6 +77,11 @@ def plan_schema() -> dict[str, Any]:
     return schema
 
 
+MAX_SPEEDUP = 1e6
+"""The largest speed-up over one device a plan file may state: at most 512 devices, each at
+most a few thousand times faster than the slowest of the catalog."""
+
+
 def _put_bounds(fields: dict[str, Any]) -> None:
     """The bounds the planner itself holds a run to, from their one home
     (:mod:`partitioner.core.options`, the device catalog): the batch, the device count, each
@@ -93,6 +98,7 @@ def _put_bounds(fields: dict[str, Any]) -> None:
         predicted[key]["items"]["maximum"] = MAX_MEMORY_BYTES
     row = fields["strategies"]["items"]["properties"]
     row["memory_limit_bytes"]["maximum"] = MAX_MEMORY_BYTES
+    row["speedup_over_single"].update(exclusiveMinimum=0, maximum=MAX_SPEEDUP)
     fields["pipeline"]["properties"]["num_microbatches"]["maximum"] = MAX_MICROBATCHES
     fields["strategy"]["properties"]["num_microbatches"]["maximum"] = MAX_MICROBATCHES
     fields["solver"]["properties"]["objective"]["maximum"] = float(MAX_MEMORY_BYTES)
