@@ -145,6 +145,9 @@ class Prepared:
     """The pipeline schedule; ``None`` without pipelining."""
     num_microbatches: int
     """Micro-batches per batch (1 without pipelining)."""
+    write_cache: bool = True
+    """With ``profile``: whether the profile cache takes entries (False once the run found it
+    cannot: :func:`_cache_checked`; its profiles then read it without writing)."""
 
 
 def prepare(
@@ -722,7 +725,7 @@ def _cache_checked(prepared: Prepared) -> Prepared:
     is one warning, and the run's profiles (one per batch the strategy search costs) read it
     without writing (``write_cache=False``), instead of one warning each."""
     measure = prepared.measure
-    if not measure.profile or not measure.write_cache:
+    if not measure.profile or not prepared.write_cache:
         return prepared
     from cost_models.measure.profiled import cache_write_problem
 
@@ -734,7 +737,7 @@ def _cache_checked(prepared: Prepared) -> Prepared:
         measure.cache_dir or "(default)",
         problem,
     )
-    return replace(prepared, measure=replace(measure, write_cache=False))
+    return replace(prepared, write_cache=False)
 
 
 def _measured(
@@ -750,7 +753,7 @@ def _measured(
     measure = prepared.measure
     if measure.profile:
         with _timed(phases, "profile"):
-            costed, notes = _profile(model, costed, target=prepared.target, measure=measure, say=say)
+            costed, notes = _profile(model, costed, prepared, say=say)
     if measure.profile_ops:
         with _timed(phases, "profile ops"):
             costed, op_notes = _profile_ops(
@@ -1046,12 +1049,12 @@ def _profile_rows(topology: Topology) -> dict[int, str]:
 def _profile(
     model: Any,
     costed: CostedGraph,
+    prepared: Prepared,
     *,
-    target: TargetOptions,
-    measure: MeasureOptions,
     say: Progress,
 ) -> tuple[CostedGraph, tuple[str, ...]]:
     """Measure the layers on the devices present and merge the times into ``costed``."""
+    target, measure = prepared.target, prepared.measure
     from cost_models.measure.profiled import apply_profile, profile_model
 
     topo = costed.topology
@@ -1073,7 +1076,7 @@ def _profile(
         devices=devices,
         input_shape=target.input_shape,
         cache_dir=measure.cache_dir,
-        write_cache=measure.write_cache,
+        write_cache=prepared.write_cache,
         progress=lambda done, total, _label: say("profiling layers", done, total),
     )
     profiled = apply_profile(costed, result, device_rows=rows)

@@ -525,19 +525,15 @@ class MeasureOptions:
     times replace the estimates; the plan records which layers were measured. ``profile_ops``
     times every op of the traced training step inside the step on this machine's CPU
     (:func:`cost_models.measure.op_profile.profile_step_ops`) and those times replace the
-    estimates of the topology's cpu devices (glue ops included; not cached). ``write_cache``
-    False reads the cache but writes nothing to it (a run whose cache cannot be written says
-    so once, then profiles every batch so).
+    estimates of the topology's cpu devices (glue ops included; not cached).
     """
 
     profile: bool = False
     profile_ops: bool = False
     cache_dir: str | None = None
-    write_cache: bool = True
 
     def __post_init__(self) -> None:
         _flag("profile", self.profile)
         _flag("profile_ops", self.profile_ops)
-        _flag("write_cache", self.write_cache)
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", _text("cache_dir", self.cache_dir))
