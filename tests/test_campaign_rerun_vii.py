@@ -795,3 +795,40 @@ def test_a_profile_cache_that_cannot_be_written_is_one_warning_per_run(
         )
     warned = [r for r in caplog.records if "not written" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in warned]
+
+
+@pytest.mark.parametrize(
+    ("moves", "out", "named"),
+    [
+        ("open('settings.txt').read()\nos.rename('settings.txt', 'settings.bak')\n",
+         "settings.bak", "settings.txt"),
+        ("os.link('settings.txt', 'alias.txt')\nopen('alias.txt').read()\nos.unlink('alias.txt')\n",
+         "settings.txt", "alias.txt"),
+    ],
+    ids=["renamed-after-read", "read-through-a-removed-hard-link"],
+)  # fmt: skip
+def test_a_file_read_stays_protected_under_another_name(
+    moves: str, out: str, named: str, tmp_path: Path
+) -> None:
+    """Reads were protected by the path they were read under: a file the model renamed after
+    reading it, or read through a hard link it then removed, was replaced by ``--out`` (34h a
+    A3, C5). A read records the file's identity (device, inode) too."""
+    write_tree(tmp_path, {"m.py": "import os\n" + moves + TINY, "settings.txt": "lr = 0.1\n"})
+    proc = run_cli(["m.py", "--gpus", "2", "--out", out], tmp_path)
+    one_line_error(proc, f"--out {out} is the file the model's code read as {named}")
+    assert (tmp_path / out).read_text() == "lr = 0.1\n"
+
+
+@pytest.mark.skipif(
+    not os.access("/proc/kmsg", os.R_OK), reason="/proc/kmsg is readable by root only"
+)
+def test_a_file_whose_read_would_block_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    """``/proc/kmsg`` (a "regular" file whose read waits for the next kernel message) as the
+    model file hung ``partition``; as a plan file, the non-blocking read returned None and
+    ``partition show`` crashed with a TypeError (34h a C7, C8)."""
+    (tmp_path / "k.py").symlink_to("/proc/kmsg")
+    (tmp_path / "k.json").symlink_to("/proc/kmsg")
+    line = one_line_error(run_cli(["k.py", "--gpus", "2"], tmp_path), "a read would block")
+    assert "k.py" in line
+    proc = run_cli(["show", "k.json"], tmp_path)
+    one_line_error(proc, "cannot read plan file k.json", "a read would block")

@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 import site
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -87,14 +88,21 @@ def _check_path(path: Path) -> None:
             f"{path} is {format_bytes(size)}, more than {format_bytes(MAX_MODEL_FILE_BYTES)}, "
             "the largest model file partition reads; is it the right file?"
         )
-    try:  # a file of /proc says st_size 0 and may refuse to be read, or never end
-        with open(path, "rb") as f:
-            size = len(f.read(MAX_MODEL_FILE_BYTES + 1))
+    try:  # a file of /proc says st_size 0 and may refuse to be read, block, or never end
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_MODEL_FILE_BYTES + 1)
     except OSError as exc:
         raise ModelLoadError(
             f"cannot read {path} ({exc.strerror or exc}); give a Python file that builds a "
             "Keras model"
         ) from None
+    if data is None:  # nothing ready to read: reading it would block (/proc/kmsg)
+        raise ModelLoadError(
+            f"cannot read {path} (a read would block: it is no file's source); give a Python "
+            "file that builds a Keras model"
+        )
+    size = len(data)
     if size > MAX_MODEL_FILE_BYTES:
         raise ModelLoadError(
             f"{path} holds more than {format_bytes(MAX_MODEL_FILE_BYTES)}, the largest model "
@@ -149,6 +157,7 @@ def _record_open(event: str, args: tuple[Any, ...]) -> None:
     mode = args[1] if len(args) > 1 else None
     if mode is None or "r" in mode or "+" in mode:
         found = _resolved_reads(os.fsdecode(os.fspath(args[0])))
+        found += _identities(found)
         if os.getpid() != _FILES_READ.pid and _FILES_READ.channel is not None:
             with contextlib.suppress(OSError):  # a forked child: tell the recording process
                 os.write(_FILES_READ.channel, "".join(f"{f}\0" for f in found).encode())
@@ -171,6 +180,24 @@ def _resolved_reads(name: str) -> list[str]:
         if os.path.isfile(candidate):
             found.append(candidate)
     return found
+
+
+IDENTITY_PREFIX = "inode:"
+"""A recorded read's file identity, ``inode:DEV:INO:PATH`` (a path recorded is absolute): the
+file stays protected under another name (renamed, or read through a link since removed)."""
+
+
+def _identities(paths: list[str]) -> list[str]:
+    """``inode:DEV:INO:PATH`` of each regular file of ``paths`` as it is now."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append(f"{IDENTITY_PREFIX}{st.st_dev}:{st.st_ino}:{path}")
+    return out
 
 
 def _open_directories() -> list[str]:
@@ -228,9 +255,23 @@ def user_files_read(read: Collection[str]) -> list[Path]:
     return sorted(
         Path(f)
         for f in set(read)
-        if os.path.isfile(f)
+        if not f.startswith(IDENTITY_PREFIX)
+        and os.path.isfile(f)
         and not any(Path(os.path.realpath(f)).is_relative_to(d) for d in system)
     )
+
+
+def user_read_identities(read: Collection[str]) -> dict[tuple[int, int], Path]:
+    """``(st_dev, st_ino)`` -> the path it was read under, of the files of ``read`` in the
+    user's tree, as they were when read (:data:`IDENTITY_PREFIX`)."""
+    system = _system_dirs()
+    out: dict[tuple[int, int], Path] = {}
+    for entry in read:
+        if entry.startswith(IDENTITY_PREFIX):
+            dev, ino, path = entry.removeprefix(IDENTITY_PREFIX).split(":", 2)
+            if not any(Path(path).is_relative_to(d) for d in system):
+                out[(int(dev), int(ino))] = Path(path)
+    return out
 
 
 def is_user_file(filename: str) -> bool:

@@ -547,7 +547,7 @@ def _check_out(path: str, option: str, shown: str) -> None:
         ) from None
 
 
-def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path]]) -> None:
+def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, int]]]) -> None:
     """Every output path can be written, no two options name the same file, and none is one of
     the run's ``inputs`` (``(what, path)``: the model file, the topology file, and once the
     model is loaded the modules it imported); and the profile cache directory still resolves
@@ -569,11 +569,24 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path]]) -> None:
                     f"{earlier.option} and {out.option} both name {shown}; give different files"
                 )
         for what, source in inputs:
-            if same_file(out.path, source):
+            if _is_input(out.path, source):
                 raise UsageError(
                     f"{out.option} {shown} is {what}; refusing to overwrite it: give another path"
                 )
         seen.append(out)
+
+
+def _is_input(path: str, source: Path | tuple[int, int]) -> bool:
+    """Whether the output ``path`` is the input ``source``: a path (however linked), or a file
+    identity ``(st_dev, st_ino)`` recorded when the model's code read it (renamed since, or read
+    through a link since removed)."""
+    if not isinstance(source, tuple):
+        return same_file(path, source)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == source
 
 
 @dataclass(frozen=True)
@@ -585,20 +598,26 @@ class _UserCode:
     read: set[str]
 
 
-def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path]]:
+def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[int, int]]]:
     """The run's inputs the model's code brought in from the user's tree: the files of the
     modules it imported since ``sys.modules`` held ``code.before``, and every other file it
     read (a module loaded without an import, ``runpy``, a data file)."""
-    from partitioner.cli.loader import user_files_read, user_module_files
+    from partitioner.cli.loader import user_files_read, user_module_files, user_read_identities
 
     modules = user_module_files(code.before)
-    return [
+    found: list[tuple[str, Path | tuple[int, int]]] = [
         (f"the module {paths.shown_input(file)} that the model imports", file) for file in modules
-    ] + [
+    ]
+    found += [
         (f"the file {paths.shown_input(file)} that the model's code read", file)
         for file in user_files_read(code.read)
         if file not in modules
     ]
+    found += [
+        (f"the file the model's code read as {paths.shown_input(file)}", identity)
+        for identity, file in user_read_identities(code.read).items()
+    ]
+    return found
 
 
 def _check_counts(args: argparse.Namespace) -> None:

@@ -322,6 +322,8 @@ def read_regular_text(
             data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise UnreadableInput(path, str(exc.strerror or exc), kind="os") from None
+    if data is None:  # a non-blocking read with nothing ready (/proc/kmsg): it would block
+        raise UnreadableInput(path, "it has nothing to read yet (a read would block)", kind="os")
     if len(data) > max_bytes:
         raise too_big
     try:
