@@ -538,10 +538,34 @@ def input_specs(
         shapes = _shape_overrides(model, names, shapes, input_shape)
     if any(d is None for s in shapes for d in s[1:]):
         raise _unknown_dims_error(model, names, shapes, dtypes)
+    _check_tensor_sizes(names, shapes, batch_size)
     return [
         tf.TensorSpec((batch_size, *shape[1:]), dtype=dtype, name=f"input_{k}")
         for k, (shape, dtype) in enumerate(zip(shapes, dtypes))
     ]
+
+
+MAX_TENSOR_VALUES = 2**31 - 1
+"""The most values one tensor of a traced step may hold: TensorFlow computes shapes in 32-bit
+integers there (a batch of 16 samples of 2**27 values failed as "Invalid value in tensor used
+for shape: -2147483648")."""
+
+
+def _check_tensor_sizes(
+    names: Sequence[str], shapes: Sequence[tuple[Any, ...]], batch_size: int
+) -> None:
+    """TraceError naming the input, its values per sample and the largest batch that fits when
+    a batch of its samples would hold more than :data:`MAX_TENSOR_VALUES` values."""
+    for name, shape in zip(names, shapes):
+        per_sample = math.prod(int(d) for d in shape[1:])
+        if per_sample * batch_size > MAX_TENSOR_VALUES:
+            most = MAX_TENSOR_VALUES // max(per_sample, 1)
+            fix = f"batch_size={most} or less, or a smaller " if most >= 1 else "a smaller "
+            raise TraceError(
+                f"input {name!r}: batch_size={batch_size} samples of {per_sample} values each "
+                f"make a tensor of {per_sample * batch_size} values, more than the "
+                f"{MAX_TENSOR_VALUES} TensorFlow's shapes can count; plan {fix}input_shape="
+            )
 
 
 _EMBEDDING_SIZE_ATTRS = ("input_dim", "vocabulary_size")

@@ -832,3 +832,16 @@ def test_a_file_whose_read_would_block_is_one_line_not_a_hang(tmp_path: Path) ->
     assert "k.py" in line
     proc = run_cli(["show", "k.json"], tmp_path)
     one_line_error(proc, "cannot read plan file k.json", "a read would block")
+
+
+def test_an_input_batch_past_tensorflows_shape_integers_names_the_batch_and_shape() -> None:
+    """``--batch-size 16 --input-shape 134217728`` (within the per-sample bound) failed as the
+    model's own "Invalid value in tensor used for shape: -2147483648" (34h b D3)."""
+    from partitioner.core.errors import TraceError
+    from passes.trace import MAX_TENSOR_VALUES, input_specs
+
+    model = keras.Sequential([keras.Input((2**27,)), keras.layers.Activation("relu")])
+    with pytest.raises(TraceError, match=r"batch_size=16 samples of 134217728 values each") as info:
+        input_specs(model, 16)
+    assert "plan batch_size=15 or less" in str(info.value)
+    assert input_specs(model, MAX_TENSOR_VALUES // 2**27)[0].shape[0] == 15
