@@ -845,3 +845,37 @@ def test_an_input_batch_past_tensorflows_shape_integers_names_the_batch_and_shap
         input_specs(model, 16)
     assert "plan batch_size=15 or less" in str(info.value)
     assert input_specs(model, MAX_TENSOR_VALUES // 2**27)[0].shape[0] == 15
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["plans", "fails"])
+def test_a_model_that_sets_sys_stderr_to_none_still_plans_or_says_why(
+    fails: bool, tmp_path: Path
+) -> None:
+    """``sys.stderr = None`` in the model file: every run ended with status 1, no plan and no
+    word (the CLI flushed None) (34h c D2)."""
+    build = "keras.Input((None,))" if fails else "keras.Input((8,))"
+    (tmp_path / "m.py").write_text(
+        "import sys, keras\nsys.stderr = None\n\ndef build_model():\n"
+        f"    return keras.Sequential([{build}, keras.layers.Dense(4, name='d1')])\n"
+    )
+    proc = run_cli(["m.py", "--gpus", "2", "--out", "p.json"], tmp_path)
+    if fails:
+        one_line_error(proc, "m.py")
+        assert proc.returncode == 2 and not (tmp_path / "p.json").exists()
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "p.json").is_file()
+
+
+def test_a_key_error_from_the_models_code_is_its_reason_not_kerass_wrapper() -> None:
+    """A ``KeyError`` raised in a layer's call was shown as the repr of Keras's whole wrapped
+    message: escaped newlines, ANSI codes and the call's arguments (34h c D4)."""
+    from partitioner.core.errors import error_line
+
+    wrapped = KeyError(
+        "Exception encountered when calling K.call().\n\n\x1b[1mbatch_8\x1b[0m\n\n"
+        "Arguments received by K.call():\n  • x=tf.Tensor(shape=(8, 16), dtype=float32)"
+    )
+    assert error_line(wrapped) == "batch_8"
+    assert error_line(KeyError("plain")) == "plain"
+    assert error_line(KeyError(3)) == "3"

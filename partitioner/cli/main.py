@@ -738,7 +738,8 @@ def _quiet_native_stderr(enabled: bool, shown: TextIO) -> Iterator[None]:
             yield
     finally:
         warnings.showwarning = show
-        sys.stderr.flush()
+        with contextlib.suppress(Exception):  # the model's code may have set it to None
+            sys.stderr.flush()
         sys.stderr = python_stderr
         os.dup2(saved, 2)
         os.close(saved)
@@ -838,8 +839,7 @@ def _devices(argv: Sequence[str], out: Console) -> int:
 def _error(exc: PartitionError) -> int:
     """Print a library error on one line (control characters escaped), in the command line's
     terms; its exit code."""
-    sys.stderr.write(f"{PROG}: error: {escape_control(cli_message(str(exc), exc.quoted))}\n")
-    sys.stderr.flush()
+    _say(f"{PROG}: error: {escape_control(cli_message(str(exc), exc.quoted))}\n")
     return exc.exit_code
 
 
@@ -989,10 +989,14 @@ def _stdout_console() -> Console:
 
 
 def _say(line: str) -> None:
-    """``line`` on stderr, if stderr takes it (a full or closed one is not worth a traceback)."""
+    """``line`` on stderr, if stderr takes it (a full or closed one is not worth a traceback);
+    the interpreter's own stderr when the model's code set ``sys.stderr`` to None."""
+    stream = sys.stderr if sys.stderr is not None else sys.__stderr__
+    if stream is None:  # started without a stderr
+        return
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        sys.stderr.write(line)
-        sys.stderr.flush()
+        stream.write(line)
+        stream.flush()
 
 
 def _print_out(text: str, what: str, written: Sequence[str]) -> int:
@@ -1368,7 +1372,7 @@ def _internal_error(exc: BaseException, model_file: str | None = None) -> int:
         )
     text = str(exc).strip()
     first = escape_control(text.splitlines()[0]) if text else ""
-    sys.stderr.write(
+    _say(
         f"{PROG}: internal error: {type(exc).__name__}: {first} (run with --verbose for "
         "the traceback and report it)\n"
     )

@@ -105,7 +105,11 @@ MAX_MESSAGE_CHARS = 1000
 
 
 def message_of(exc: BaseException) -> str:
-    """``str(exc)``, or ``""`` when its ``__str__`` itself raises (the user's code may)."""
+    """``str(exc)``, or ``""`` when its ``__str__`` itself raises (the user's code may). A
+    ``KeyError``'s message is its key's text, not the key's repr (``str(KeyError("a\nb"))`` is
+    ``"'a\\nb'"``: Keras's wrapped message would lose its lines and show its escapes)."""
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        return exc.args[0]
     try:
         return str(exc)
     except Exception:  # an exception's own __str__ failing: report its type instead
