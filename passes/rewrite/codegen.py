@@ -550,7 +550,41 @@ def _config_of(op: Any, what: str) -> dict[str, Any]:
             f"{what}: its config holds a {exc} value that cannot be written as Python code; "
             "make get_config return plain values"
         ) from None
-    return dict(config)
+    config = dict(config)
+    vocabulary = _adapted_vocabulary(op, config, what)
+    if vocabulary is not None:  # adapt()'s vocabulary, which get_config leaves out
+        config["vocabulary"] = vocabulary
+    return config
+
+
+def _adapted_vocabulary(op: Any, config: Mapping[str, Any], what: str) -> list[Any] | None:
+    """The vocabulary ``adapt()`` gave a lookup layer (``IntegerLookup``, ``StringLookup``,
+    ``TextVectorization``: what Keras's saving writes with ``save_assets``) when its config has
+    none; None when there is none to carry. State of another kind is refused in one line."""
+    if not hasattr(op, "save_assets"):
+        return None
+    if type(op).__name__ not in what:
+        what = f"{what} ({type(op).__name__})"
+    if not hasattr(op, "get_vocabulary") or "vocabulary" not in config:
+        raise RewriteError(
+            f"{what}: it keeps state in save_assets that emitted code cannot carry; use "
+            "plan.apply(model, devices=...), which carries it"
+        )
+    if config["vocabulary"] is not None:
+        return None
+    try:
+        words = op.get_vocabulary(include_special_tokens=False)
+        vocabulary = op.get_vocabulary(include_special_tokens=True)
+    except Exception:  # never adapted: nothing to carry
+        return None
+    if not len(words):
+        return None
+    if config.get("output_mode") == "tf_idf":
+        raise RewriteError(
+            f"{what}: its adapted tf-idf vocabulary cannot be written as code; pass "
+            "vocabulary= and idf_weights= to the layer, or use plan.apply(model, devices=...)"
+        )
+    return [v if isinstance(v, str) else int(v) for v in vocabulary]
 
 
 def _direct_construction(
@@ -1477,7 +1511,14 @@ def load_original_weights(model: keras.Model, original: Any) -> None:
             f"the original has weights of shapes {given[:4]}... but this model expects "
             f"{expected[:4]}... ({len(given)} vs {len(expected)} weights); is it the same model?"
         )
-    model.set_weights(weights)'''
+    model.set_weights(weights)
+    for layer in model._flatten_layers():
+        # A layer that loads its variables its own way also derives state from them then
+        # (Normalization: its mean and variance), which set_weights alone leaves stale.
+        if type(layer).load_own_variables is not keras.layers.Layer.load_own_variables:
+            store: dict[str, Any] = {}
+            layer.save_own_variables(store)
+            layer.load_own_variables(store)'''
 
 
 def _import_lines(
@@ -1517,6 +1558,15 @@ def _source_lines(model: keras.Model, emitter: _Emitter) -> list[str]:
 
 def _subclassed_config_lines(model: keras.Model) -> list[str]:
     """``MODEL_CLASS`` and ``MODEL_CONFIG``, from which a subclassed model is rebuilt."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        what = f"layer {layer.name!r} ({type(layer).__name__})"
+        config = layer.get_config() if hasattr(layer, "save_assets") else {}
+        if _adapted_vocabulary(layer, config, what) is not None:
+            raise RewriteError(
+                f"{what}: its adapted vocabulary is not in the config subclassed model "
+                f"{model.name!r} is rebuilt from; pass vocabulary= to the layer, or use "
+                "plan.apply(model, devices=...)"
+            )
     return [
         f"MODEL_CLASS = {_flat_literal(type(model).__qualname__)}",
         "# The model's get_config(): build_model() rebuilds it with MODEL_CLASS.from_config.",

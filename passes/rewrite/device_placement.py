@@ -32,6 +32,7 @@ from keras.src.backend import get_keras_mask, set_keras_mask
 
 from partitioner.core.errors import RewriteError
 from passes.checks import one_line
+from passes.rewrite.saved_state import carry_assets, carry_own_variables
 from passes.trace import Unit, model_input, placement_units
 from passes.weightless import is_deferred
 
@@ -153,6 +154,18 @@ def _move_weights(copy_unit: Unit, source_unit: Unit, device: str) -> int:
     return len(new_weights)
 
 
+def _carry_state(
+    copy_units: Sequence[Unit], units: Sequence[Unit], devices: Sequence[str], *, assets: bool
+) -> None:
+    """What ``adapt()`` left in each unit (a vocabulary, a mean) carried into its copy, the
+    way Keras's saving carries it (``assets=False``: a rebuilt subclassed model's copy got its
+    assets before its first call)."""
+    for copy_unit, unit, device in zip(copy_units, units, devices):
+        if assets:
+            carry_assets(copy_unit.operation, unit.operation, unit.name, device)
+        carry_own_variables(copy_unit.operation, unit.operation, unit.name, device)
+
+
 def _fresh_copy(operation: Any) -> Any:
     return operation.__class__.from_config(operation.get_config())
 
@@ -190,8 +203,9 @@ def _rebuild_subclassed(
             "serialisable arguments, pass **kwargs to super().__init__ and implement "
             "get_config/from_config"
         ) from exc
-    for unit, device in zip(placement_units(copy), devices):
+    for unit, source, device in zip(placement_units(copy), units, devices):
         _pin(unit.operation, device)
+        carry_assets(unit.operation, source.operation, source.name, device)
     copy(model_input(model, sample))
     return copy
 
@@ -310,6 +324,7 @@ def place_model(
             f"({len(copy_units)} vs {len(units)}); implement get_config/from_config"
         )
     moved = sum(_move_weights(c, u, d) for c, u, d in zip(copy_units, units, devices))
+    _carry_state(copy_units, units, devices, assets=_is_graph_model(model))
     if moved != len(model.weights) or len(inner.weights) != len(model.weights):
         # Weights outside every unit (a subclassed model's own add_weight) keep their value.
         unit_ids = {id(w) for u in copy_units for w in getattr(u.operation, "weights", [])}

@@ -99,6 +99,7 @@ from passes.rewrite.pipeline import (
     pipeline_model,
     split_structure,
 )
+from passes.rewrite.saved_state import carry_assets, carry_model_state
 from passes.weightless import is_weightless
 
 logger = logging.getLogger(__name__)
@@ -345,7 +346,10 @@ def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Mo
             copy = keras.models.clone_model(model)
         else:
             copy = model.__class__.from_config(model.get_config())
+        carry_assets(copy, model, model.name)  # a lookup's vocabulary, before the first call
         copy(sample_batch(sample_inputs, model))
+    except RewriteError:
+        raise
     except Exception as exc:
         raise RewriteError(
             f"could not copy model {model.name!r} for replication: {type(exc).__name__}: {exc}; "
@@ -358,6 +362,7 @@ def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Mo
         )
     if not is_weightless(model):  # else the copy's fresh weights, made in this scope, stay
         copy.set_weights(model.get_weights())
+    carry_model_state(copy, model, assets=False)  # what set_weights leaves out (adapt()'s mean)
     return copy
 
 
