@@ -879,3 +879,26 @@ def test_a_key_error_from_the_models_code_is_its_reason_not_kerass_wrapper() -> 
     assert error_line(wrapped) == "batch_8"
     assert error_line(KeyError("plain")) == "plain"
     assert error_line(KeyError(3)) == "3"
+
+
+def test_an_interrupt_that_surfaces_as_another_exception_is_still_the_interrupt(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C landing inside Python's import machinery (a run imports TensorFlow) surfaced as
+    CPython's ``TypeError: expected a message argument`` and the run ended as an internal error
+    with status 1 (CI of a9830dd..5aebc2a, the Ctrl-C-at-1.5-s case under load). Here the
+    model's import turns the interrupt into a TypeError the same way."""
+    (tmp_path / "m.py").write_text(
+        "import os, signal, time\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(5)\n"
+        "except KeyboardInterrupt:\n"
+        "    raise TypeError('expected a message argument') from None\n" + TINY
+    )
+    proc = run_cli(["m.py", "--gpus", "2", "--out", "p.json"], tmp_path)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "partition: interrupted; no file was left half-written"
+    ]
+    assert not (tmp_path / "p.json").exists()

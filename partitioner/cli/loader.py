@@ -115,7 +115,7 @@ def user_module_files(before: Collection[str]) -> list[Path]:
     ``before`` from the user's own tree: the model file and the modules it imported, directly
     or not; not the standard library, installed distributions (site-packages) or this
     project's own packages."""
-    system = _system_dirs()
+    system = system_dirs()
     files: set[Path] = set()
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
@@ -251,7 +251,7 @@ def recording_files_read(into: set[str]) -> Iterator[None]:
 def user_files_read(read: Collection[str]) -> list[Path]:
     """The regular files of ``read`` in the user's tree (not the standard library, installed
     distributions or this project's packages), sorted."""
-    system = _system_dirs()
+    system = system_dirs()
     return sorted(
         Path(f)
         for f in set(read)
@@ -264,7 +264,7 @@ def user_files_read(read: Collection[str]) -> list[Path]:
 def user_read_identities(read: Collection[str]) -> dict[tuple[int, int], Path]:
     """``(st_dev, st_ino)`` -> the path it was read under, of the files of ``read`` in the
     user's tree, as they were when read (:data:`IDENTITY_PREFIX`)."""
-    system = _system_dirs()
+    system = system_dirs()
     out: dict[tuple[int, int], Path] = {}
     for entry in read:
         if entry.startswith(IDENTITY_PREFIX):
@@ -274,18 +274,19 @@ def user_read_identities(read: Collection[str]) -> dict[tuple[int, int], Path]:
     return out
 
 
-def is_user_file(filename: str) -> bool:
+def is_user_file(filename: str, system: Collection[Path] | None = None) -> bool:
     """Whether ``filename`` (a code object's or a warning's) is a file of the user's tree: not
-    the standard library, an installed distribution or this project's packages, nor a
-    pseudo-file such as ``<frozen ...>``."""
+    in ``system`` (default :func:`system_dirs`: the standard library, installed distributions,
+    this project's packages), nor a pseudo-file such as ``<frozen ...>``."""
     if not filename or filename.startswith("<"):
         return False
     real = Path(os.path.realpath(filename))
-    return not any(real.is_relative_to(d) for d in _system_dirs())
+    return not any(real.is_relative_to(d) for d in (system_dirs() if system is None else system))
 
 
-def _system_dirs() -> list[Path]:
-    """The directories whose modules are not the user's: the standard library, every
+
+def system_dirs() -> list[Path]:
+    """The directories whose modules are not the user's (:func:`is_user_file`): the standard library, every
     site-packages, this project's packages (resolved)."""
     dirs = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs.update(site.getsitepackages())

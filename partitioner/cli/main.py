@@ -714,8 +714,9 @@ def _quiet_native_stderr(enabled: bool, shown: TextIO) -> Iterator[None]:
     if not enabled:
         yield
         return
-    from partitioner.cli.loader import is_user_file
+    from partitioner.cli.loader import is_user_file, system_dirs
 
+    system = system_dirs()  # once: TensorFlow's import warns while it runs
     sys.stderr.flush()
     saved, python_stderr, show = os.dup(2), sys.stderr, warnings.showwarning
 
@@ -727,7 +728,7 @@ def _quiet_native_stderr(enabled: bool, shown: TextIO) -> Iterator[None]:
         file: TextIO | None = None,
         line: str | None = None,
     ) -> None:
-        if is_user_file(filename):
+        if is_user_file(filename, system):
             show(message, category, filename, lineno, file, line)
 
     try:
@@ -856,8 +857,26 @@ def _plain_streams() -> None:
                 stream.reconfigure(errors="replace")  # type: ignore[union-attr]
 
 
+class _Interrupts:
+    """The run's SIGINT (and SIGTERM) handler: raises ``KeyboardInterrupt`` and remembers that
+    one arrived. An interrupt landing inside Python's import machinery (a run imports
+    TensorFlow for a second or more) can surface as another exception (CPython's
+    ``TypeError: expected a message argument`` from a failed ImportError): after an interrupt,
+    whatever ends the run is the interrupt's (one line, 130), not an internal error."""
+
+    def __init__(self) -> None:
+        self.arrived = False
+
+    def __call__(self, signum: int, frame: object) -> NoReturn:
+        self.arrived = True
+        raise KeyboardInterrupt
+
+
+_INTERRUPTS = _Interrupts()
+
+
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
-    raise KeyboardInterrupt
+    _INTERRUPTS(signum, frame)
 
 
 THREAD_GRACE_S = 2.0
@@ -939,11 +958,11 @@ def _main_plan(argv: list[str], *, process: bool) -> int:
         if type(handler) is logging.StreamHandler and handler.stream is sys.stderr:
             handler.setStream(err.file)
     if process:  # from here on Ctrl-C unwinds: the run may be writing its files
-        _set_sigint(signal.default_int_handler)
+        _set_sigint(_INTERRUPTS)
     try:
         return _run(args, out, err)
     except PartitionError as exc:
-        return _error(exc)
+        return _interrupted() if _INTERRUPTS.arrived else _error(exc)
     except KeyboardInterrupt:
         return _interrupted()
     except SystemExit as exc:  # only the model's code exits: argparse ran before
@@ -954,6 +973,8 @@ def _main_plan(argv: list[str], *, process: bool) -> int:
             )
         )
     except BaseException as exc:
+        if _INTERRUPTS.arrived:  # an interrupt that surfaced as another exception
+            return _interrupted()
         if args.verbose:
             raise
         return _internal_error(exc, _model_file(args.model))
