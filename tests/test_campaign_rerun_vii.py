@@ -902,3 +902,17 @@ def test_an_interrupt_that_surfaces_as_another_exception_is_still_the_interrupt(
         "partition: interrupted; no file was left half-written"
     ]
     assert not (tmp_path / "p.json").exists()
+
+
+def test_every_json_reader_bounds_its_numbers_and_containers(tmp_path: Path) -> None:
+    """A cluster file holding a 5000-digit integer got Python's "use
+    sys.set_int_max_str_digits()" as its next step: the data-file reader did not hold the
+    100-digit bound plan files do (README row 49) (34h a B6)."""
+    from partitioner.core.errors import UsageError
+    from passes.cluster.runtime import load_cluster
+
+    path = tmp_path / "cl.json"
+    path.write_text('{"worker": ["127.0.0.1:1"], "extra": ' + "9" * 5000 + "}")
+    with pytest.raises(UsageError, match=r"a number of 5000 digits \(at most 100\)") as info:
+        load_cluster(path)
+    assert "set_int_max_str_digits" not in str(info.value)

@@ -44,6 +44,9 @@ from partitioner.core.errors import PartitionError, UsageError
 from partitioner.core.files import UnreadableInput, read_regular_text
 from partitioner.core.jsonfiles import (
     MAX_DEPTH,
+    bounded_float,
+    bounded_int,
+    check_containers,
     check_data_bounds,
     error_order,
     field_path,
@@ -148,9 +151,19 @@ def parse_json(
     text: str, origin: str, error: type[PartitionError], hint: str = "fix the file"
 ) -> Any:
     """``text`` parsed as strict JSON (no duplicate keys, no ``NaN``/``Infinity``), nesting at
-    most :data:`~partitioner.core.jsonfiles.MAX_DEPTH` deep (never a RecursionError)."""
+    most :data:`~partitioner.core.jsonfiles.MAX_DEPTH` deep (never a RecursionError), numbers
+    and lists/objects within the bounds every JSON reader holds
+    (:func:`~partitioner.core.jsonfiles.bounded_int`,
+    :func:`~partitioner.core.jsonfiles.check_containers`)."""
+    check_containers(text, origin, error)
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        data = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_reject_constant,
+            parse_int=bounded_int,
+            parse_float=bounded_float,
+        )
     except json.JSONDecodeError as exc:
         detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
     except RecursionError:

@@ -25,6 +25,9 @@ __all__ = [
     "MAX_CONTAINERS",
     "MAX_DEPTH",
     "MAX_NUMBER_CHARS",
+    "bounded_float",
+    "bounded_int",
+    "check_containers",
     "check_data_bounds",
     "data_depth",
     "error_order",
@@ -102,16 +105,31 @@ class _TooLong(ValueError):
     """A number past :data:`MAX_NUMBER_CHARS` (raised inside the JSON reader)."""
 
 
-def _bounded_int(token: str) -> int:
+def bounded_int(token: str) -> int:
+    """``json.loads``'s ``parse_int`` for every JSON reader of the product: a number past
+    :data:`MAX_NUMBER_CHARS` is refused before Python converts it (a 5000-digit integer otherwise
+    fails with Python's own advice to call ``sys.set_int_max_str_digits``)."""
     if len(token) > MAX_NUMBER_CHARS:
         raise _TooLong(f"a number of {len(token)} digits (at most {MAX_NUMBER_CHARS})")
     return int(token)
 
 
-def _bounded_float(token: str) -> float:
+def bounded_float(token: str) -> float:
+    """``json.loads``'s ``parse_float``, bounded as :func:`bounded_int`."""
     if len(token) > MAX_NUMBER_CHARS:
         raise _TooLong(f"a number of {len(token)} characters (at most {MAX_NUMBER_CHARS})")
     return float(token)
+
+
+def check_containers(text: str, origin: str, error: type[Exception]) -> None:
+    """``error`` when ``text`` may hold more than :data:`MAX_CONTAINERS` lists and objects,
+    before it is parsed (twenty million ``{}`` took 48 s and 3 GB)."""
+    containers = text.count("{") + text.count("[")  # an upper bound (strings may hold some)
+    if containers > MAX_CONTAINERS:
+        raise error(
+            f"{origin} holds {containers} lists/objects, more than {MAX_CONTAINERS} (any file "
+            "partitioner reads has far fewer); is it the right file?"
+        )
 
 
 def data_depth(data: Any) -> int:
@@ -195,18 +213,10 @@ def loads_bounded(text: str, origin: str, error: type[Exception], hint: str) -> 
     object is refused, naming the key and both values (which one was meant is not known).
     More than :data:`MAX_CONTAINERS` lists and objects are refused before parsing: under any
     byte bound, twenty million ``{}`` took 48 s and 3 GB to parse."""
-    containers = text.count("{") + text.count("[")  # an upper bound (strings may hold some)
-    if containers > MAX_CONTAINERS:
-        raise error(
-            f"{origin} holds {containers} lists/objects, more than {MAX_CONTAINERS} (any file "
-            "partitioner reads has far fewer); is it the right file?"
-        )
+    check_containers(text, origin, error)
     try:
         data = json.loads(
-            text,
-            parse_int=_bounded_int,
-            parse_float=_bounded_float,
-            object_pairs_hook=_unique_keys,
+            text, object_pairs_hook=_unique_keys, parse_int=bounded_int, parse_float=bounded_float
         )
     except json.JSONDecodeError as exc:
         detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
