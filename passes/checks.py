@@ -43,6 +43,7 @@ __all__ = [
     "join_neighbours",
     "layer_facts",
     "opless_layers",
+    "rebuild_refusal",
 ]
 
 OWN_STEPS = ("train_step", "compute_loss", "test_step")
@@ -66,6 +67,16 @@ def one_line(exc: BaseException, limit: int = 200) -> str:
     if ends and ends[-1] >= limit // 3:
         return f"{head[: ends[-1]]} ..."
     return f"{head.rsplit(' ', 1)[0] if ' ' in head else head}..."
+
+
+def rebuild_refusal(model: Any, exc: BaseException) -> RewriteError:
+    """The one-line error of a subclassed ``model`` that Keras cannot rebuild from its config
+    (``exc``: why), for ``Plan.apply`` and emitted code alike."""
+    return RewriteError(
+        f"subclassed model {type(model).__name__} cannot be rebuilt from its config "
+        f"({type(exc).__name__}: {one_line(exc)}); give its __init__ serialisable arguments, "
+        "pass **kwargs to super().__init__ and implement get_config/from_config"
+    )
 
 
 def check_own_steps(model: Any) -> None:

@@ -89,7 +89,7 @@ from partitioner.core.errors import RewriteError
 from partitioner.core.strategy import Strategy
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan
-from passes.checks import one_line
+from passes.checks import rebuild_refusal
 from passes.trace import ShapeArg, Unit, input_specs, placement_units, sample_batch_size
 
 logger = logging.getLogger(__name__)
@@ -314,14 +314,22 @@ class _Emitter:
                     f"{what}: cannot tell which file registers function {_safe_text(name)}; "
                     "pass model_source= (the model's .py file)"
                 )
-            if self.model_source is None:
-                self.model_source = file
-            elif file != self.model_source:
-                raise RewriteError(
-                    f"{what}: function {_safe_text(name)} is registered in {file}, not in the "
-                    f"model file {self.model_source}; make its module importable"
-                )
-            self.uses_source = self.registers = True
+            self._from_source(
+                file,
+                f"{what}: function {_safe_text(name)} is registered in {file}, not in the model "
+                "file {source}; make its module importable",
+            )
+            self.registers = True
+
+    def _from_source(self, file: Path, refusal: str) -> None:
+        """Take ``file`` as the model's source (the one file the emitted module loads its own
+        classes and registered functions from); RewriteError ``refusal`` (its ``{source}`` the
+        file already taken) when it is another file."""
+        if self.model_source is None:
+            self.model_source = file
+        elif file != self.model_source:
+            raise RewriteError(refusal.replace("{source}", str(self.model_source)))
+        self.uses_source = True
 
     def class_ref(self, cls: type, what: str) -> _ClassRef:
         name = cls.__name__
@@ -343,14 +351,11 @@ class _Emitter:
                 f"{what}: cannot tell which file defines class {_safe_text(qualname)}; pass "
                 "model_source= (the model's .py file)"
             )
-        if self.model_source is None:
-            self.model_source = file
-        elif file != self.model_source:
-            raise RewriteError(
-                f"{what}: class {_safe_text(qualname)} comes from {file}, not from the model file "
-                f"{self.model_source}; make its module importable (a package on sys.path)"
-            )
-        self.uses_source = True
+        self._from_source(
+            file,
+            f"{what}: class {_safe_text(qualname)} comes from {file}, not from the model file "
+            "{source}; make its module importable (a package on sys.path)",
+        )
         return _ClassRef(f"model_source().{qualname}", from_source=True)
 
 
@@ -2318,12 +2323,7 @@ def _subclassed_checks(model: Any, emitter: _Emitter) -> None:
             "its __init__ plain arguments and return them from get_config"
         ) from None
     except Exception as exc:
-        raise RewriteError(
-            f"subclassed model {type(model).__name__} cannot be rebuilt from its config "
-            f"({type(exc).__name__}: {one_line(exc)}); give its __init__ "
-            "serialisable arguments, pass **kwargs to super().__init__ and implement "
-            "get_config/from_config"
-        ) from exc
+        raise rebuild_refusal(model, exc) from exc
     emitter.uses_source = True
 
 

@@ -31,7 +31,7 @@ from keras.src import tree
 from keras.src.backend import get_keras_mask, set_keras_mask
 
 from partitioner.core.errors import RewriteError
-from passes.checks import one_line
+from passes.checks import rebuild_refusal
 from passes.rewrite.saved_state import carry_assets, carry_own_variables
 from passes.trace import Unit, model_input, placement_units
 from passes.weightless import is_deferred
@@ -197,12 +197,7 @@ def _rebuild_subclassed(
     try:
         copy = model.__class__.from_config(model.get_config())
     except Exception as exc:
-        raise RewriteError(
-            f"subclassed model {type(model).__name__} cannot be rebuilt from its config "
-            f"({type(exc).__name__}: {one_line(exc)}); give its __init__ "
-            "serialisable arguments, pass **kwargs to super().__init__ and implement "
-            "get_config/from_config"
-        ) from exc
+        raise rebuild_refusal(model, exc) from exc
     for unit, source, device in zip(placement_units(copy), units, devices):
         _pin(unit.operation, device)
         carry_assets(unit.operation, source.operation, source.name, device)
