@@ -27,7 +27,11 @@ What a user with two ``partition worker`` processes does, and nothing else (issu
    ``partition`` is run as ``python -m partitioner`` (the same entry point as the console script)
    so the interpreter running this benchmark runs it.
 4. **Measure.** This process (unpinned) connects to the workers once
-   (:func:`passes.cluster.runtime.connect`), and for each model builds it with ``build_model()``,
+   (:func:`passes.cluster.runtime.connect`), and for each model, right after its plans are
+   made (a model is planned and measured before the next is planned: the machine's speed
+   drifts over minutes, and planning all seven first left up to a quarter of an hour between a
+   model's profile and its steps; the one-device rows of a run came out 8-13% slower than their
+   profiles on five of seven models), builds it with ``build_model()``,
    loads each plan with :func:`partitioner.load_plan`, applies it with
    ``plan.apply(model, cluster=handle)``, compiles the copy with SGD (learning rate 0.01) and MSE,
    and times ``train_on_batch(x, y)`` (wall time of the call, which returns the loss to the
@@ -739,7 +743,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Workers, calibrate, plan every model, then measure them all from one client."""
+    """Workers, calibrate, then each model planned and at once measured from one client."""
     from partitioner.cli.worker import start_local_workers
 
     workers = start_local_workers(2, work / "workers", cores=[0, 1], env=child_env())
@@ -748,13 +752,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         topology_file = work / "calibrated.json"
         topology, calibrate_s = calibrate(workers.cluster_file, topology_file, args.quick)
         _say(f"partition calibrate took {calibrate_s:.1f} s")
-        plans = {spec.name: plan_model(spec, work, topology_file) for spec in args.specs}
         from passes.cluster.runtime import connect
 
         handle = connect(workers.cluster_file)
         rows: list[Row] = []
         for spec in args.specs:
-            rows += measure_model(spec, plans[spec.name], handle, work, args)
+            plans = plan_model(spec, work, topology_file)
+            rows += measure_model(spec, plans, handle, work, args)
     finally:
         workers.stop()
     return {"rows": rows, "topology": topology, "calibrate_wall_s": calibrate_s}

@@ -587,9 +587,12 @@ def _measured_extras(where: _Where, cal: Mapping[str, Any], topology: Topology) 
         "device_flops_per_s": flops,
         "cluster_addresses": tuple(str(a) for a in cal.get("cluster", ())),
     }
-    concurrent = cal.get("concurrent_compute")
-    if concurrent is not None:
-        extras["concurrent_compute_factor"] = _concurrent_factor(where, concurrent, topology)
+    for key, field in (
+        ("concurrent_compute", "concurrent_compute_factor"),
+        ("concurrent_memory", "concurrent_memory_factor"),
+    ):
+        if cal.get(key) is not None:
+            extras[field] = _concurrent_factor(where, key, cal[key], topology)
     client = cal.get("client")
     if client is not None:
         points = [(int(b), float(t)) for b, t in client["link_points"]]
@@ -601,13 +604,16 @@ def _measured_extras(where: _Where, cal: Mapping[str, Any], topology: Topology) 
     return extras
 
 
-def _concurrent_factor(where: _Where, table: Mapping[str, Any], topology: Topology) -> float:
-    """``calibration.concurrent_compute``'s factor: the step of every device at once over the
-    slowest device's step alone (at least 1: running together is never taken as faster)."""
+def _concurrent_factor(
+    where: _Where, key: str, table: Mapping[str, Any], topology: Topology
+) -> float:
+    """``calibration.<key>``'s factor (``concurrent_compute``, ``concurrent_memory``): the
+    reference on every device at once over the slowest device's alone (at least 1: running
+    together is never taken as faster)."""
     alone = [float(t) for t in table["alone_s"]]
     if len(alone) != topology.num_devices:
         raise where.fail(
-            "calibration.concurrent_compute.alone_s",
+            f"calibration.{key}.alone_s",
             f"gives {len(alone)} times for {topology.num_devices} devices; run partition "
             "calibrate again",
         )
@@ -1093,4 +1099,10 @@ def links_note(topology: Topology) -> str:
         parts.append("all-reduce estimated from the links")
     else:
         parts.append(f"all-reduce measured: {fit.source}")
+    if topology.concurrent_compute_factor != 1.0 or topology.concurrent_memory_factor is not None:
+        memory = topology.concurrent_factor(1.0)
+        parts.append(
+            f"devices computing at once measured x{topology.concurrent_compute_factor:.2f} "
+            f"slower on matrix products, x{memory:.2f} on memory traffic (each op by its share)"
+        )
     return "; ".join(parts)

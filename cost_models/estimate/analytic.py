@@ -70,6 +70,7 @@ __all__ = [
     "calibration_note",
     "device_family",
     "estimate_op_times_s",
+    "op_memory_shares",
     "read_calibration",
     "roofline_from_dict",
     "roofline_terms",
@@ -456,6 +457,29 @@ def roofline_terms(
     return RooflineTerms(
         tuple(types), tuple(dtypes), tuple(peak_keys), tuple(compute), tuple(memory)
     )
+
+
+def op_memory_shares(
+    graph: Graph,
+    device: DeviceType,
+    precision: PrecisionPolicy | None = None,
+    fused_elementwise: bool = False,
+) -> tuple[float, ...]:
+    """Per op of ``graph`` (aligned with ``graph.ops``), the part of its roofline that is memory
+    traffic: the memory term over both terms of :func:`roofline_terms` (0 for
+    :data:`ZERO_WORK_OPS` and ops that move nothing). What
+    :attr:`~partitioner.core.ir.CostedGraph.op_memory_share` holds."""
+    terms = roofline_terms(graph, device, precision, fused_elementwise)
+    working = iter(zip(terms.compute_s, terms.memory_s, strict=True))
+    shares = []
+    for op in graph.ops:
+        if op.op_type in ZERO_WORK_OPS:
+            shares.append(0.0)
+            continue
+        compute_s, memory_s = next(working)
+        both = compute_s + memory_s
+        shares.append(memory_s / both if both > 0 else 0.0)
+    return tuple(shares)
 
 
 def device_family(device_type: str) -> str:

@@ -21,7 +21,12 @@ from dataclasses import replace
 from cost_models.devices.catalog import get_device_type
 from cost_models.devices.communication import resolve_link
 from cost_models.devices.topology import check_memory_limit
-from cost_models.estimate.analytic import RooflineModel, calibrated_roofline, estimate_op_times_s
+from cost_models.estimate.analytic import (
+    RooflineModel,
+    calibrated_roofline,
+    estimate_op_times_s,
+    op_memory_shares,
+)
 from cost_models.estimate.memory import Optimizer, layer_memory, parse_optimizer
 from cost_models.estimate.precision import PrecisionPolicy, parse_precision
 from partitioner.core.errors import CatalogError
@@ -95,6 +100,7 @@ def cost_graph(
         topology=topo,
         op_compute_time_s=tuple(rows[d.device_type] for d in topo.devices),
         layer_memory=layer_memory(graph, opt, policy),
+        op_memory_share=_memory_shares(graph, topo, policy),
     )
     logger.debug(
         "costed graph %r (%d ops, %d layers) on %d devices (%s) over %s in %.3f s",
@@ -107,6 +113,16 @@ def cost_graph(
         time.perf_counter() - start,
     )
     return costed
+
+
+def _memory_shares(
+    graph: Graph, topology: Topology, policy: PrecisionPolicy | None
+) -> tuple[float, ...]:
+    """Each op's memory-bound share (:func:`~cost_models.estimate.analytic.op_memory_shares`) on
+    the first device's type: what share of an op is memory traffic is the op's nature."""
+    device_type = topology.devices[0].device_type
+    fused = calibrated_roofline(device_type).fused_elementwise
+    return op_memory_shares(graph, get_device_type(device_type), policy, fused)
 
 
 def _given_topology(
@@ -230,18 +246,32 @@ def with_update_time(costed: CostedGraph, rows: Sequence[int], update_s: float) 
     ]
     table = list(costed.op_compute_time_s)
     for d in rows:
-        row = table[d]
-        backward_s = [0.0] * len(weights)
-        for k, t in zip(owners, row):
-            if k is not None:
-                backward_s[k] += t
-        table[d] = tuple(
-            t + update_s * weights[k] / total * _share(t, backward_s[k], owners, k)
-            if k is not None
-            else t
-            for k, t in zip(owners, row)
+        added = _update_parts_s(table[d], owners, weights, update_s)
+        table[d] = tuple(t + a for t, a in zip(table[d], added))
+    shares = costed.op_memory_share
+    if shares:  # the update reads and writes every weight and slot: memory traffic, whole
+        before = costed.op_compute_time_s[rows[0]]
+        after = table[rows[0]]
+        shares = tuple(
+            (t * x + (u - t)) / u if u > 0 else x for t, u, x in zip(before, after, shares)
         )
-    return replace(costed, op_compute_time_s=tuple(table))
+    return replace(costed, op_compute_time_s=tuple(table), op_memory_share=shares)
+
+
+def _update_parts_s(
+    row: Sequence[float], owners: Sequence[int | None], weights: Sequence[int], update_s: float
+) -> list[float]:
+    """Per op of ``row``, its part of the update: its layer's (by ``weights``), shared among
+    the layer's backward ops (``owners``) by their times."""
+    total = sum(weights)
+    backward_s = [0.0] * len(weights)
+    for k, t in zip(owners, row):
+        if k is not None:
+            backward_s[k] += t
+    return [
+        update_s * weights[k] / total * _share(t, backward_s[k], owners, k) if k is not None else 0.0
+        for k, t in zip(owners, row)
+    ]
 
 
 def _share(t: float, layer_backward_s: float, owners: Sequence[int | None], k: int) -> float:

@@ -545,6 +545,7 @@ def apply_op_profile(
         topology=costed.topology,
         op_compute_time_s=tuple(new_rows),
         layer_memory=costed.layer_memory,
+        op_memory_share=costed.op_memory_share,
         measured=order,
     )
 

@@ -221,6 +221,7 @@ def apply_profile(
         topology=costed.topology,
         op_compute_time_s=tuple(new_rows),
         layer_memory=costed.layer_memory,
+        op_memory_share=costed.op_memory_share,
         measured=tuple(info.name for info in graph.layers if info.name in measured),
     )
 

@@ -18,8 +18,9 @@ seconds they take falls on both alike), and a point is the median over the round
   the same tensors made and read on their own member (also with :data:`MANY_TENSORS`).
 * :func:`matmul_flops_per_s`: ``n x n`` float32 matrix products on one device, FLOP/s.
 * :func:`dispatch_s`: one no-op step over the devices: the client's fixed cost of a step.
-* :func:`concurrent_compute_s`: a reference training step on each device alone and on all at
-  once (cores of one machine share its memory bandwidth).
+* :func:`concurrent_compute_s`, :func:`concurrent_memory_s`: a reference training step, and a
+  memory-bound reference, on each device alone and on all at once (cores of one machine share
+  its memory bandwidth).
 
 Callers bound each call in time (a remote task that hangs would block it for ever);
 ``partition calibrate`` (:mod:`passes.cluster.calibrate`) does.
@@ -37,9 +38,11 @@ import tensorflow as tf
 __all__ = [
     "CONCURRENT_REFERENCE",
     "MANY_TENSORS",
+    "MEMORY_REFERENCE",
     "NUM_TENSORS",
     "all_reduce_points",
     "concurrent_compute_s",
+    "concurrent_memory_s",
     "dispatch_s",
     "matmul_flops_per_s",
     "time_interleaved",
@@ -224,18 +227,68 @@ def _reference_steps(devices: Sequence[str]) -> Callable[[], Any]:
     return lambda: step().numpy()
 
 
+MEMORY_REFERENCE = (
+    "6 rounds of two elementwise updates of two 16 MiB float32 vectors (a = 0.999 a + 0.001 b; "
+    "b = relu(b - a / 2))"
+)
+"""The memory-bound step :func:`concurrent_memory_s` times: every pass streams tensors larger
+than a core's caches, and does next to no arithmetic per byte."""
+
+
+def _memory_reference_steps(devices: Sequence[str]) -> Callable[[], Any]:
+    """One call: :data:`MEMORY_REFERENCE` on every device of ``devices`` (at once when
+    several: nothing orders them)."""
+    size = 4 * 1024 * 1024
+    vectors: dict[str, list[Any]] = {}
+    for device in devices:
+        with tf.device(device):
+            vectors[device] = [tf.Variable(tf.random.uniform([size])) for _ in range(2)]
+
+    def body() -> Any:
+        sums = []
+        for device in devices:
+            with tf.device(device):
+                a, b = vectors[device]
+                for _ in range(6):
+                    a.assign(a * 0.999 + b * 0.001)
+                    b.assign(tf.nn.relu(b - a * 0.5))
+                sums.append(tf.reduce_sum(a))
+        return tf.add_n(sums)
+
+    step = tf.function(body, jit_compile=False)
+    return lambda: step().numpy()
+
+
+def _alone_and_together(
+    make: Callable[[Sequence[str]], Callable[[], Any]],
+    devices: Sequence[str],
+    rounds: int,
+    warmup: int,
+) -> tuple[tuple[float, ...], float]:
+    steps = {f"alone {d}": make([d]) for d in devices}
+    steps["together"] = make(devices)
+    samples = time_interleaved(steps, rounds, warmup)
+    alone = tuple(statistics.median(samples[f"alone {d}"]) for d in devices)
+    return alone, statistics.median(samples["together"])
+
+
 def concurrent_compute_s(
     devices: Sequence[str], *, rounds: int = 9, warmup: int = 2
 ) -> tuple[tuple[float, ...], float]:
     """Median seconds of :data:`CONCURRENT_REFERENCE` on each of ``devices`` alone and on all
     of them at once, in interleaved rounds. Cores of one machine share its memory bandwidth
     and caches: on two loopback workers pinned to the two cores of the test machine, 128.7 /
-    127.9 ms alone, 136.0 ms together (x1.06), as data-parallel replicas run."""
-    steps = {f"alone {d}": _reference_steps([d]) for d in devices}
-    steps["together"] = _reference_steps(devices)
-    samples = time_interleaved(steps, rounds, warmup)
-    alone = tuple(statistics.median(samples[f"alone {d}"]) for d in devices)
-    return alone, statistics.median(samples["together"])
+    127.9 ms alone, 136.0 ms together (x1.06), as data-parallel replicas run (x1.00-1.05 in
+    three later runs)."""
+    return _alone_and_together(_reference_steps, devices, rounds, warmup)
+
+
+def concurrent_memory_s(
+    devices: Sequence[str], *, rounds: int = 9, warmup: int = 2
+) -> tuple[tuple[float, ...], float]:
+    """The same for :data:`MEMORY_REFERENCE`: on those two workers 85.9 / 87.7 ms alone,
+    108.6 ms together (x1.24; x1.26 and x1.28 in two more runs)."""
+    return _alone_and_together(_memory_reference_steps, devices, rounds, warmup)
 
 
 def dispatch_s(devices: Sequence[str], *, rounds: int = 9) -> float:

@@ -628,8 +628,23 @@ class Topology:
     concurrent_compute_factor: float = 1.0
     """How much longer a training step's compute takes on each device while every device
     computes at once than on one alone (their cores share a machine's memory bandwidth and
-    caches), measured by ``partition calibrate``; 1 when not measured. Data-parallel replicas
-    compute at once for their whole step (:func:`~partitioner.simulation.strategy.simulate_strategy`)."""
+    caches), measured by ``partition calibrate`` on a reference step of matrix products; 1 when
+    not measured. Data-parallel replicas compute at once for their whole step
+    (:func:`~partitioner.simulation.strategy.simulate_strategy`)."""
+    concurrent_memory_factor: float | None = None
+    """The same for a memory-bound reference (elementwise passes over tensors larger than a
+    core's caches): cores that share a memory bus slow such work far more (x1.24-1.28 on the
+    two-core test machine, where the matrix-product step slowed x1.00-1.05). ``None``: not
+    measured, memory-bound work is taken to slow as the compute reference does.
+    :meth:`concurrent_factor` mixes the two by a piece of work's memory-bound share."""
+
+    def concurrent_factor(self, memory_share: float) -> float:
+        """How much longer work runs while every device computes at once: the compute
+        reference's factor for its compute-bound part, the memory reference's for the
+        ``memory_share`` (0..1) of it that is memory traffic."""
+        compute = self.concurrent_compute_factor
+        memory = compute if self.concurrent_memory_factor is None else self.concurrent_memory_factor
+        return compute + (memory - compute) * memory_share
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -651,10 +666,10 @@ class Topology:
             )
         if not 0.0 <= self.client_step_s < math.inf:
             raise InvalidGraphError(f"client_step_s={self.client_step_s} must be >= 0 seconds")
-        if not 1.0 <= self.concurrent_compute_factor < math.inf:
-            raise InvalidGraphError(
-                f"concurrent_compute_factor={self.concurrent_compute_factor} must be >= 1"
-            )
+        for name in ("concurrent_compute_factor", "concurrent_memory_factor"):
+            factor = getattr(self, name)
+            if factor is not None and not 1.0 <= factor < math.inf:
+                raise InvalidGraphError(f"{name}={factor} must be >= 1")
         if self.device_flops_per_s and (
             len(self.device_flops_per_s) != n or not all(f > 0 for f in self.device_flops_per_s)
         ):
@@ -783,6 +798,10 @@ class CostedGraph:
 
     ``op_compute_time_s[d][i]`` is the time of op ``i`` on device ``d``; ``layer_memory`` follows
     the graph's layer order. ``measured`` names the layers whose times were profiled.
+    ``op_memory_share[i]`` is the part (0..1) of op ``i``'s time that is memory traffic (its
+    roofline's memory term over both terms; an optimizer's update given to the op counts whole),
+    what :meth:`Topology.concurrent_factor` prices when devices compute at once; empty: not
+    known, every op taken as compute-bound.
     """
 
     graph: Graph
@@ -790,6 +809,7 @@ class CostedGraph:
     op_compute_time_s: tuple[tuple[float, ...], ...]
     layer_memory: tuple[LayerMemory, ...]
     measured: tuple[str, ...] = ()
+    op_memory_share: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n_ops = len(self.graph.ops)
@@ -806,6 +826,23 @@ class CostedGraph:
                 )
         if tuple(m.layer for m in self.layer_memory) != tuple(x.name for x in self.graph.layers):
             raise InvalidGraphError("layer_memory must follow the graph's layer order")
+        shares = self.op_memory_share
+        if shares and (len(shares) != n_ops or not all(0.0 <= x <= 1.0 for x in shares)):
+            raise InvalidGraphError(f"op_memory_share must be {n_ops} numbers in [0, 1] or none")
+
+    def concurrent_factor(self, device: int, ops: Iterable[int] | None = None) -> float:
+        """:meth:`Topology.concurrent_factor` of the work of ``ops`` (default: every op) on
+        ``device``: their memory-bound share weighted by their times there."""
+        topology = self.topology
+        if topology.concurrent_memory_factor in (None, topology.concurrent_compute_factor):
+            return topology.concurrent_factor(0.0)
+        row, shares = self.op_compute_time_s[device], self.op_memory_share
+        if not shares:
+            return topology.concurrent_factor(0.0)
+        chosen = range(len(row)) if ops is None else tuple(ops)
+        total = math.fsum(row[i] for i in chosen)
+        memory = math.fsum(row[i] * shares[i] for i in chosen) if total > 0 else 0.0
+        return topology.concurrent_factor(memory / total if total > 0 else 0.0)
 
     @cached_property
     def layer_compute_time_s(self) -> tuple[tuple[float, ...], ...]:

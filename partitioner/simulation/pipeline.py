@@ -48,8 +48,9 @@ the batch's inputs, and of the last stage (whose loss reads the targets), first 
 micro-batch's slice over the client's link (``latency + bytes / M / bandwidth``, on the
 device's queue: the task's ops wait for it). The stages compute at once once there are
 micro-batches, on cores that share a machine's memory bandwidth: with ``M > 1`` and more than
-one stage every compute task is stretched by ``topology.concurrent_compute_factor`` (measured,
-as for data-parallel replicas). On gpt_tiny (2 stages over two loopback workers, 8
+one stage every compute task is stretched by the measured factor of running at once, as for
+data-parallel replicas: ``topology.concurrent_factor`` of the stage's memory-bound share
+(:attr:`Stage.memory_share`), and of a share of 1 for the gradient sums below. On gpt_tiny (2 stages over two loopback workers, 8
 micro-batches) the tasks' measured busy time was 41.7 ms a micro-batch against the 29.3
 simulated without these, and the pipeline was predicted 25% faster than it ran.
 Every ``B(s, m)`` but the first the stage runs also adds its weight gradients into the stage's
@@ -161,6 +162,10 @@ class Stage:
     """Whole-batch bytes the client feeds this stage: the batch inputs its ops read, and on the
     last stage (where the loss is) the targets. With a measured client link
     (``topology.client_link``) each forward task first receives its micro-batch's slice."""
+    memory_share: float = 0.0
+    """The part (0..1) of the stage's forward and backward time that is memory traffic
+    (:attr:`~partitioner.core.ir.CostedGraph.op_memory_share`), what running at once with the
+    other stages costs it (:meth:`~partitioner.core.ir.Topology.concurrent_factor`)."""
 
     @property
     def forward_send_bytes(self) -> int:
@@ -245,11 +250,12 @@ def pipeline_stages(
     arcs, tensors = _cross_device_edges(graph, place)
     order = _stage_device_order(used, first_key, arcs, costed)
     stage_of = {d: s for s, d in enumerate(order)}
-    fwd_s, bwd_s = _phase_times_s(costed, place.op_device)
+    fwd_s, bwd_s, memory_s = _phase_times_s(costed, place.op_device)
     sends = _stage_sends(tensors, place, graph, stage_of)
     feeds = _stage_feeds(costed, place, order)
+    times = [(fwd_s[d], bwd_s[d], memory_s[d]) for d in order]
     return tuple(
-        _make_stage(costed, s, d, place.layer_devices, (fwd_s[d], bwd_s[d]), sends[s], feeds[s])
+        _make_stage(costed, s, d, place.layer_devices, times[s], sends[s], feeds[s])
         for s, d in enumerate(order)
     )
 
@@ -349,17 +355,21 @@ def _backward_feeds_forward(graph: Graph, place: _OpPlacement, i: int, j: int) -
 
 
 def _phase_times_s(costed: CostedGraph, op_device: Sequence[int]) -> tuple[list[float], ...]:
-    """Per device: the seconds of its forward ops and of its backward ops (whole batch)."""
+    """Per device: the seconds of its forward ops, of its backward ops (whole batch), and the
+    memory-bound seconds among both (:attr:`~partitioner.core.ir.CostedGraph.op_memory_share`)."""
     n_dev = costed.topology.num_devices
     fwd_s = [0.0] * n_dev
     bwd_s = [0.0] * n_dev
-    rows = costed.op_compute_time_s
+    memory_s = [0.0] * n_dev
+    rows, shares = costed.op_compute_time_s, costed.op_memory_share
     for i, (d, forward) in enumerate(zip(op_device, op_view(costed.graph).forward)):
         if forward:
             fwd_s[d] += rows[d][i]
         else:
             bwd_s[d] += rows[d][i]
-    return fwd_s, bwd_s
+        if shares:
+            memory_s[d] += rows[d][i] * shares[i]
+    return fwd_s, bwd_s, memory_s
 
 
 def _stage_sends(
@@ -393,11 +403,12 @@ def _make_stage(
     index: int,
     device: int,
     layer_devices: Sequence[int],
-    times_s: tuple[float, float],
+    times_s: tuple[float, float, float],
     sends: Sequence[StageTransfer],
     feed_bytes: int,
 ) -> Stage:
-    """Stage ``index``: the layers on ``device``, their (forward, backward) times and memory."""
+    """Stage ``index``: the layers on ``device``, their (forward, backward, memory-bound) times
+    and memory."""
     on_d = [k for k, x in enumerate(layer_devices) if x == device]
     mems = [costed.layer_memory[k] for k in on_d]
     nodes = costed.graph.layer_graph.nodes
@@ -415,6 +426,7 @@ def _make_stage(
             costed.topology.devices[device].device_type, sum(m.gradient_bytes for m in mems)
         ),
         feed_bytes=feed_bytes,
+        memory_share=times_s[2] / busy_s if (busy_s := times_s[0] + times_s[1]) > 0 else 0.0,
     )
 
 
@@ -740,9 +752,11 @@ def _stage_tasks(
     Every backward but the first the stage runs adds into the gradient sums (module docstring)."""
     idx: _TaskIndex = {}
     specs: list[_TaskSpec] = []
-    stretch = topology.concurrent_compute_factor if m > 1 and len(stages) > 1 else 1.0
+    together = m > 1 and len(stages) > 1
     link = topology.client_link
     for s, st in enumerate(stages):
+        stretch = topology.concurrent_factor(st.memory_share) if together else 1.0
+        summing = topology.concurrent_factor(1.0) if together else 1.0  # memory traffic
         res = device_resource(st.device)
         steps = stage_steps(schedule, len(stages), s, m)
         first = next(x.microbatch for x in steps if x.phase is Phase.BACKWARD)
@@ -753,8 +767,8 @@ def _stage_tasks(
             specs.append(_TaskSpec(res, forward_s, [], EventKind.FORWARD, f"stage {s}", mb))
             idx[(s, Phase.BACKWARD, mb)] = len(specs)
             deps = [idx[(s, Phase.FORWARD, mb)]]
-            backward_s = stretch * (
-                st.backward_time_s / m + (st.accumulate_time_s if mb != first else 0.0)
+            backward_s = stretch * st.backward_time_s / m + (
+                summing * st.accumulate_time_s if mb != first else 0.0
             )
             specs.append(_TaskSpec(res, backward_s, deps, EventKind.BACKWARD, f"stage {s}", mb))
     for st in stages:

@@ -23,10 +23,15 @@ the backward here::
 (on a measured cluster the client feeds the whole batch: each replica's step pays its own share,
 ``other_shares_feed_s`` the rest, through the client's one link). Replicas compute at once for
 their whole step, on cores that may share a machine's memory bandwidth and caches: a topology
-measured by ``partition calibrate`` carries how much slower a reference training step runs on
-every device at once than alone (``concurrent_compute_factor``; x1.06 on two loopback workers
-of the two-core test machine), and each replica's step, its client part aside, is stretched by
-it. A plain split's stages take turns, so a single such replica is not stretched; a pipeline's
+measured by ``partition calibrate`` carries how much slower two reference steps run on every
+device at once than alone, one of matrix products (``concurrent_compute_factor``; x1.00-1.05 on
+two loopback workers of the two-core test machine) and one of memory traffic
+(``concurrent_memory_factor``; x1.24-1.28 there), and each replica's step, its client part
+aside, is stretched by their mix over the model's ops by each op's memory-bound share
+(:meth:`~partitioner.core.ir.CostedGraph.concurrent_factor`; an optimizer's update counts as
+memory traffic). Measured on those workers, each model's own step at half its batch slowed
+x1.04 (an MLP), x1.06 (a conv net, a small GPT) and x1.09 (a recommender whose table's update
+is a fifth of its step) when both ran at once. A plain split's stages take turns, so a single such replica is not stretched; a pipeline's
 stages compute at once between its bubbles, and the pipeline simulation stretches their tasks
 itself (:mod:`partitioner.simulation.pipeline`), so pipelined replicas are not stretched again.
 
@@ -213,15 +218,18 @@ def sparse_gradient_bytes_per_stage(costed: CostedGraph, strategy: Strategy) -> 
 def _computing_together(
     costed: CostedGraph, strategy: Strategy, replica_step_s: tuple[float, ...]
 ) -> tuple[float, ...]:
-    """Each replica's step, its client part aside, stretched by the topology's measured
-    ``concurrent_compute_factor`` when there are replicas: they compute at once for their whole
+    """Each replica's step, its client part aside, stretched by the measured factor of running
+    at once (:meth:`~partitioner.core.ir.CostedGraph.concurrent_factor`: the model's ops by
+    their memory-bound shares) when there are replicas: they compute at once for their whole
     step, on cores that share a machine's memory bandwidth (module docstring). One replica is
     left as simulated, and so are pipelined replicas (their simulation stretched their tasks)."""
-    factor = costed.topology.concurrent_compute_factor
-    if strategy.replicas == 1 or factor == 1.0 or strategy.num_microbatches > 1:
+    if strategy.replicas == 1 or strategy.num_microbatches > 1:
         return replica_step_s
     fixed = client_s(costed)
-    return tuple(fixed + (step - fixed) * factor for step in replica_step_s)
+    return tuple(
+        fixed + (step - fixed) * costed.concurrent_factor(strategy.device_groups[r][0])
+        for r, step in enumerate(replica_step_s)
+    )
 
 
 def other_shares_feed_s(costed: CostedGraph, strategy: Strategy) -> float:

@@ -173,6 +173,9 @@ class Calibration:
     concurrent_compute: tuple[tuple[float, ...], float] | None = None
     """A reference step's seconds on each device alone, and on all at once
     (:func:`~cost_models.measure.transfers.concurrent_compute_s`)."""
+    concurrent_memory: tuple[tuple[float, ...], float] | None = None
+    """The same for a memory-bound reference
+    (:func:`~cost_models.measure.transfers.concurrent_memory_s`)."""
 
     def topology_data(self) -> dict[str, Any]:
         """The topology file (JSON-able), its ``calibration`` provenance included."""
@@ -247,19 +250,31 @@ def _measure(
             ),
         )  # fmt: skip
         fits.append(fit_latency_bandwidth(reduced, f"all-reduce of {tensors} tensors"))
-    say(f"compute on {len(devices)} devices at once and alone: a reference training step")
-    concurrent = watch(
-        "the reference step on every device", lambda: transfers.concurrent_compute_s(devices)
-    )
     return {
         "links": tuple(links),
         "all_reduce": fits[0],
         "all_reduce_many": fits[1],
-        "concurrent_compute": concurrent,
+        **_measure_concurrent(devices, watch, say),
         "matmul_flops_per_s": flops,
         "client_matmul_flops_per_s": client,
         "dispatch_s": watch("a no-op step", lambda: transfers.dispatch_s(devices)),
     }
+
+
+def _measure_concurrent(devices: Sequence[str], watch: _Watch, say: Progress) -> dict[str, Any]:
+    """The compute and memory-bound references on each device alone and on all at once."""
+    from cost_models.measure import transfers
+
+    say(f"compute on {len(devices)} devices at once and alone: a reference training step")
+    compute = watch(
+        "the reference step on every device", lambda: transfers.concurrent_compute_s(devices)
+    )
+    say(f"memory traffic on {len(devices)} devices at once and alone: a reference step")
+    memory = watch(
+        "the memory-bound reference on every device",
+        lambda: transfers.concurrent_memory_s(devices),
+    )
+    return {"concurrent_compute": compute, "concurrent_memory": memory}
 
 
 def _measure_client(
@@ -466,19 +481,18 @@ def _all_reduce_table(cal: Calibration) -> dict[str, Any]:
 
 
 def _concurrent_table(cal: Calibration) -> dict[str, Any]:
-    """``calibration.concurrent_compute`` when it was measured."""
+    """``calibration.concurrent_compute`` and ``concurrent_memory`` where they were measured."""
     from cost_models.measure import transfers
 
-    if cal.concurrent_compute is None:
-        return {}
-    alone, together = cal.concurrent_compute
-    return {
-        "concurrent_compute": {
-            "alone_s": list(alone),
-            "together_s": together,
-            "reference": transfers.CONCURRENT_REFERENCE,
-        }
-    }
+    table = {}
+    for key, measured, reference in (
+        ("concurrent_compute", cal.concurrent_compute, transfers.CONCURRENT_REFERENCE),
+        ("concurrent_memory", cal.concurrent_memory, transfers.MEMORY_REFERENCE),
+    ):
+        if measured is not None:
+            alone, together = measured
+            table[key] = {"alone_s": list(alone), "together_s": together, "reference": reference}
+    return table
 
 
 def _provenance(cal: Calibration) -> dict[str, Any]:

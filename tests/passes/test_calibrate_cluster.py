@@ -62,8 +62,9 @@ def test_calibrate_two_workers_then_plan_with_the_file(tmp_path: Path) -> None:
         data["all_reduce"]["tensors"] == 8 and data["all_reduce"]["many_tensors"]["tensors"] == 64
     )
     assert len(cal["all_reduce"]["many_tensors"]["points"]) == 5
-    together = cal["concurrent_compute"]
-    assert len(together["alone_s"]) == 2 and together["together_s"] > 0
+    for key in ("concurrent_compute", "concurrent_memory"):
+        together = cal[key]
+        assert len(together["alone_s"]) == 2 and together["together_s"] > 0, key
     assert cal["client"]["step_s"] > 0 and len(cal["client"]["link_points"]) == 5
     link = data["links"][0]["link"]
     # loopback gRPC: far slower than the catalog's shared-memory 'host' copy (10 GB/s, 2 us)
@@ -82,6 +83,7 @@ def test_calibrate_two_workers_then_plan_with_the_file(tmp_path: Path) -> None:
     notes = " ".join(saved["cost_notes"])
     assert "links from the topology file (measured 0<->1)" in notes
     assert "all-reduce measured: partition calibrate" in notes
+    assert "devices computing at once measured x" in notes
     # every candidate pays the client's measured cost of a step, so one device's plan is at least it
     assert saved["predicted"]["step_time_s"] > cal["client"]["step_s"]
 
