@@ -501,8 +501,10 @@ def readme_row(doc: Mapping[str, Any]) -> str:
     if errors:
         worst_pct, worst_row = max(errors, key=lambda pair: abs(pair[0]))
         worst = f"worst error {worst_pct:+.0f}% ({worst_row.model} {worst_row.strategy})"
-    wall = doc.get("wall_time_s")
-    command = README_COMMAND + (f" ({float(wall) / 60:.1f} min)" if wall else "")
+    wall, calibrate_s = doc.get("wall_time_s"), doc.get("calibrate_wall_s")
+    command = README_COMMAND + (f" ({float(wall) / 60:.1f} min" if wall else "")
+    if wall:
+        command += f"; `partition calibrate` {float(calibrate_s):.0f} s)" if calibrate_s else ")"
     result = (
         f"{len(models)} models ({', '.join(models)}): predicted winner = measured winner on "
         f"{len(agree)} of {len(verdicts)}{' (' + ', '.join(agree) + ')' if agree else ''}, "

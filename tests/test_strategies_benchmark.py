@@ -232,6 +232,8 @@ def test_readme_row_counts_models_winners_auto_and_errors() -> None:
     assert row.startswith(st.README_ROW_START) and row.endswith(" |")
     assert row.count(" | ") == 2
     assert "(10.0 min)" in row
+    timed = {**doc(), "calibrate_wall_s": 29.6}
+    assert "(10.0 min; `partition calibrate` 30 s)" in st.readme_row(timed)
     result = row.split(" | ")[-1]
     assert "2 models (m, n)" in result
     # m: data-parallel predicted and measured; n: single measured fastest, not predicted

@@ -465,21 +465,27 @@ def op_memory_shares(
     precision: PrecisionPolicy | None = None,
     fused_elementwise: bool = False,
 ) -> tuple[float, ...]:
-    """Per op of ``graph`` (aligned with ``graph.ops``), the part of its roofline that is memory
-    traffic: the memory term over both terms of :func:`roofline_terms` (0 for
-    :data:`ZERO_WORK_OPS` and ops that move nothing). What
+    """Per op of ``graph`` (aligned with ``graph.ops``), the part of its work that is memory
+    traffic: over the ops of its layer and phase, the memory terms of :func:`roofline_terms`
+    over both terms. Per layer and phase, not per op: a profile gives a fused kernel's time
+    (a Dense layer's matrix product, bias and ReLU in one oneDNN kernel) to one op of the
+    fusion, and an MLP whose ReLUs held their matrix products' time was priced as memory-bound
+    (a share of 0.38 where its work has 0.04). What
     :attr:`~partitioner.core.ir.CostedGraph.op_memory_share` holds."""
     terms = roofline_terms(graph, device, precision, fused_elementwise)
     working = iter(zip(terms.compute_s, terms.memory_s, strict=True))
-    shares = []
+    groups: dict[tuple[str | None, object], list[float]] = {}
+    keys = []
     for op in graph.ops:
-        if op.op_type in ZERO_WORK_OPS:
-            shares.append(0.0)
-            continue
-        compute_s, memory_s = next(working)
-        both = compute_s + memory_s
-        shares.append(memory_s / both if both > 0 else 0.0)
-    return tuple(shares)
+        key = (op.layer, op.phase)
+        keys.append(key)
+        sums = groups.setdefault(key, [0.0, 0.0])
+        if op.op_type not in ZERO_WORK_OPS:
+            compute_s, memory_s = next(working)
+            sums[0] += compute_s
+            sums[1] += memory_s
+    share = {k: m / (c + m) if c + m > 0 else 0.0 for k, (c, m) in groups.items()}
+    return tuple(share[k] for k in keys)
 
 
 def device_family(device_type: str) -> str:

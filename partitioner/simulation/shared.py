@@ -19,7 +19,12 @@ Model (processor sharing; Kleinrock, *Queueing Systems* vol. 2, 1976, sec. 4.4):
 * an :data:`IN_ORDER` device (a GPU stream) runs one op at a time in graph order, as in
   :mod:`partitioner.simulation.step`;
 * a tensor read on another device is sent once per destination when its producer ends; transfers
-  that share a channel queue in the order their producers end (ties: graph order).
+  that share a channel queue in the order their producers end (ties: graph order);
+* while another device computes too, a :data:`SHARED` device runs slower by its measured factor
+  of computing at once (:meth:`~partitioner.core.ir.CostedGraph.concurrent_factor` of the ops
+  placed on it: cores of one machine share its memory bus; 1 unless ``partition calibrate``
+  measured it). A multi-tower model split tower by tower over two one-core loopback workers
+  computes on both at once for most of its step.
 
 Event-driven: ``O((V + E) log V)`` per step. The per-device clock of processor sharing is the
 work each running op has received (``virtual_s``): an op admitted at ``virtual_s = v`` ends when
@@ -48,6 +53,22 @@ _EPS_S = 1e-12
 _ARRIVAL, _DONE, _CHECK = 0, 1, 2
 
 
+def _together_factors(
+    costed: CostedGraph, op_device: Sequence[int], orders: Sequence[bool]
+) -> dict[int, float]:
+    """Per :data:`SHARED` device with ops, its factor of computing at once (over the ops
+    placed on it) where that factor is above 1; empty when nothing slows."""
+    placed: dict[int, list[int]] = {}
+    for i, d in enumerate(op_device):
+        placed.setdefault(d, []).append(i)
+    if len(placed) < 2:
+        return {}
+    factors = {
+        d: costed.concurrent_factor(d, ops) for d, ops in placed.items() if orders[d] is SHARED
+    }
+    return {d: f for d, f in factors.items() if f > 1.0}
+
+
 def op_orders(topology: Topology) -> tuple[bool, ...]:
     """Per device, :data:`SHARED` for a CPU of the catalog, else :data:`IN_ORDER` (a GPU, or a
     device type the catalog does not know)."""
@@ -68,14 +89,18 @@ class _Shared:
     updated_s: float = 0.0
     running: list[tuple[float, int]] = field(default_factory=list)
     version: int = 0
+    slow: float = 1.0
+    """How much slower than alone it runs now (another device computing at once)."""
 
     def advance(self, now_s: float) -> None:
         if self.running:
-            self.virtual_s += (now_s - self.updated_s) / len(self.running)
+            self.virtual_s += (now_s - self.updated_s) / (len(self.running) * self.slow)
         self.updated_s = now_s
 
     def next_end_s(self) -> float:
-        return self.updated_s + (self.running[0][0] - self.virtual_s) * len(self.running)
+        return self.updated_s + (self.running[0][0] - self.virtual_s) * len(self.running) * (
+            self.slow
+        )
 
 
 class SharedRun:
@@ -112,6 +137,7 @@ class SharedRun:
         self._busy = [False] * n_dev
         self._ready = [False] * n_ops
         self._waiting = [len(edges) for edges in inputs]
+        self._together = _together_factors(costed, op_device, orders)
 
     def run(self) -> None:
         """Simulate to the end of the step."""
@@ -121,6 +147,7 @@ class SharedRun:
         for i, waiting in enumerate(self._waiting):
             if waiting == 0:
                 self._on_ready(i, 0.0)
+        self._busy_changed(0.0)
         while self._events:
             t, kind, _, a, b = heapq.heappop(self._events)
             if kind == _ARRIVAL:
@@ -131,6 +158,7 @@ class SharedRun:
                 self._start_next(b, t)
             else:
                 self._check(a, b, t)
+            self._busy_changed(t)
 
     def _push(self, t: float, kind: int, a: int, b: int) -> None:
         heapq.heappush(self._events, (t, kind, a if kind != _CHECK else -1, a, b))
@@ -152,6 +180,21 @@ class SharedRun:
         self.device_busy[d] += self.times[d][i]
         heapq.heappush(dev.running, (dev.virtual_s + self.times[d][i], i))
         self._reschedule(d)
+
+    def _busy_changed(self, t: float) -> None:
+        """After a device started or stopped computing: each :data:`SHARED` device runs at its
+        factor of computing at once while another device computes, else alone."""
+        if not self._together:
+            return
+        busy = [bool(dev.running) or self._busy[d] for d, dev in enumerate(self._shared)]
+        computing = sum(busy)
+        for d, factor in self._together.items():
+            dev = self._shared[d]
+            slow = factor if computing - busy[d] > 0 else 1.0
+            if slow != dev.slow:
+                dev.advance(t)
+                dev.slow = slow
+                self._reschedule(d)
 
     def _reschedule(self, d: int) -> None:
         dev = self._shared[d]

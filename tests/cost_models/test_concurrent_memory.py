@@ -8,16 +8,17 @@ import math
 from dataclasses import replace
 
 import pytest
-from cost_model_graphs import mlp
+from cost_model_graphs import act, mlp, op
 from test_calibrated_topology import _calibrated
 
 from cost_models.devices.topology import links_note, parse_topology
 from cost_models.estimate.costs import cost_graph, with_update_time
 from partitioner.core.errors import CatalogError, InvalidGraphError
-from partitioner.core.ir import CostedGraph, Schedule, Topology
+from partitioner.core.ir import CostedGraph, Edge, Graph, LayerInfo, Schedule, Topology
 from partitioner.core.strategy import Strategy
 from partitioner.simulation.evaluate import client_s
 from partitioner.simulation.pipeline import EventKind, pipeline_stages, simulate_stages
+from partitioner.simulation.step import simulate_step
 from partitioner.simulation.strategy import simulate_strategy
 
 
@@ -64,12 +65,46 @@ def test_a_memory_table_of_another_device_count_or_a_factor_below_one_fails() ->
         replace(_topology(), concurrent_memory_factor=0.9)
 
 
-def test_matrix_products_are_compute_bound_and_elementwise_ops_memory_bound() -> None:
-    costed = cost_graph(mlp(), topology=_topology())
-    share = dict(zip((op.op_type + ":" + op.id for op in costed.graph.ops), costed.op_memory_share))
-    assert share["Placeholder:x"] == 0.0  # no work: the executor's cost only
-    assert share["MatMul:d1/mm"] < 0.5 < share["Relu:d1/relu"]
-    assert share["ReluGrad:g/d1/relu"] > 0.9
+def _wide_then_elementwise() -> Graph:
+    """A layer of one large matrix product and its ReLU, then a layer of elementwise ops."""
+    b, n = 1024, 1024
+    ops = (
+        op("x", "Placeholder", None, shape=(b, n)),
+        op("wide/mm", "MatMul", "wide", shape=(b, n), flops=2 * b * n * n),
+        op("wide/relu", "Relu", "wide", shape=(b, n), flops=b * n),
+        op("scale/mul", "Mul", "scale", shape=(b, n), flops=b * n),
+        op("scale/add", "AddV2", "scale", shape=(b, n), flops=b * n),
+    )
+    edges = (
+        Edge("x", "wide/mm", act(b, n)),
+        Edge("wide/mm", "wide/relu", act(b, n)),
+        Edge("wide/relu", "scale/mul", act(b, n)),
+        Edge("scale/mul", "scale/add", act(b, n)),
+    )
+    layers = (LayerInfo("wide", "Dense", n * n, n * n, 4 * n * n, 4 * n * n),
+              LayerInfo("scale", "Rescaling"))  # fmt: skip
+    return Graph("wide", ops, edges, layers, batch_size=b)
+
+
+def test_a_layers_ops_share_its_memory_bound_part() -> None:
+    """Per layer and phase: a matrix-product layer is compute-bound, an elementwise one memory
+    bound, and every op of a layer carries the layer's share, so a profile that gives a fused
+    kernel's time (matrix product, bias, ReLU) to the ReLU does not make the layer
+    memory-bound."""
+    costed = cost_graph(_wide_then_elementwise(), topology=_topology(compute=1.0, memory=1.5))
+    share = dict(zip((o.id for o in costed.graph.ops), costed.op_memory_share))
+    assert share["x"] == 0.0  # no work: the executor's cost only
+    assert share["wide/mm"] == share["wide/relu"] < 0.2
+    assert share["scale/mul"] == share["scale/add"] > 0.9
+    on_relu = tuple(
+        tuple(sum(row[1:3]) if i == 2 else 0.0 if i == 1 else t for i, t in enumerate(row))
+        for row in costed.op_compute_time_s
+    )
+    fused = replace(costed, op_compute_time_s=on_relu)
+    wide = [1, 2]
+    assert fused.concurrent_factor(0, wide) == pytest.approx(costed.concurrent_factor(0, wide))
+    assert fused.concurrent_factor(0, wide) == pytest.approx(1 + 0.5 * share["wide/mm"])
+    assert costed.concurrent_factor(0, [3, 4]) > 1.45
     with pytest.raises(InvalidGraphError, match="op_memory_share must be"):
         replace(costed, op_memory_share=(2.0,) * len(costed.graph.ops))
 
@@ -127,3 +162,40 @@ def test_pipeline_stages_are_stretched_by_their_own_memory_share() -> None:
         assert backward[-1] == pytest.approx(
             st.backward_time_s / m * stretch + 1.5 * st.accumulate_time_s
         )
+
+
+def _two_towers() -> Graph:
+    """Two independent layers of one large matrix product each, reading one input."""
+    b, n = 512, 1024
+    ops = (
+        op("x", "Placeholder", None, shape=(b, n)),
+        op("a/mm", "MatMul", "a", shape=(b, n), flops=2 * b * n * n),
+        op("b/mm", "MatMul", "b", shape=(b, n), flops=2 * b * n * n),
+    )
+    edges = (Edge("x", "a/mm", act(b, n)), Edge("x", "b/mm", act(b, n)))
+    layers = (LayerInfo("a", "Dense", n * n, n * n, 4 * n * n, 4 * n * n),
+              LayerInfo("b", "Dense", n * n, n * n, 4 * n * n, 4 * n * n))  # fmt: skip
+    return Graph("towers", ops, edges, layers, batch_size=b)
+
+
+def test_towers_on_two_cpus_run_slower_while_both_compute() -> None:
+    """A plain split whose devices compute at once (towers): each CPU runs at its factor of
+    computing at once while the other computes too, and alone at full speed."""
+    costed = cost_graph(_two_towers(), topology=_topology(compute=1.2, memory=1.2))
+    alone = replace(
+        costed,
+        topology=replace(
+            costed.topology, concurrent_compute_factor=1.0, concurrent_memory_factor=None
+        ),
+    )
+    apart, together = simulate_step(alone, [0, 1]), simulate_step(costed, [0, 1])
+    a, b = 1, 2
+    # tower b starts later (its input crosses the link); while both run each is 1.2x slower
+    overlap = apart.op_end_s[a] - apart.op_start_s[b]
+    assert 0 < overlap < apart.op_end_s[a] - apart.op_start_s[a]
+    assert together.op_start_s[b] == pytest.approx(apart.op_start_s[b])
+    assert together.op_end_s[a] == pytest.approx(apart.op_end_s[a] + 0.2 * overlap)
+    # once tower a ends, tower b runs alone: it lost 0.2 / 1.2 of the overlap's work
+    assert together.op_end_s[b] == pytest.approx(apart.op_end_s[b] + 0.2 * overlap)
+    # one device: nothing runs at once, nothing slows
+    assert simulate_step(costed, [0, 0]).step_time_s == simulate_step(alone, [0, 0]).step_time_s
