@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,22 @@ import pytest
 from cost_models.devices.fits import fit_latency_bandwidth
 from cost_models.devices.topology import load_topology, parse_topology
 from partitioner.core.errors import CatalogError
+from partitioner.core.ir import EventKind, TimelineEvent
 
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)
 
 
 def _line(latency_s: float, bandwidth: float) -> list[list[float]]:
     return [[b, latency_s + b / bandwidth] for b in SIZES]
+
+
+def task_durations(timeline: Iterable[TimelineEvent], device: int) -> dict[EventKind, list[float]]:
+    """The durations of ``device``'s timeline events, by kind, in timeline order."""
+    durations: dict[EventKind, list[float]] = {}
+    for ev in timeline:
+        if ev.resource == f"device {device}":
+            durations.setdefault(ev.kind, []).append(ev.end_s - ev.start_s)
+    return durations
 
 
 def _calibrated() -> dict[str, Any]:
@@ -431,10 +442,7 @@ def test_pipeline_stages_computing_at_once_are_stretched_by_the_measured_factor(
         sim = simulate_stages(stages, topo, schedule=Schedule.GPIPE, num_microbatches=m)
         for st in stages:
             feed_s = link.transfer_time_s(st.feed_bytes / m)
-            durations: dict[EventKind, list[float]] = {}
-            for ev in sim.timeline:
-                if ev.resource == f"device {st.device}":
-                    durations.setdefault(ev.kind, []).append(ev.end_s - ev.start_s)
+            durations = task_durations(sim.timeline, st.device)
             assert durations[EventKind.FORWARD] == pytest.approx(
                 [feed_s + st.forward_time_s / m * stretch] * m
             )

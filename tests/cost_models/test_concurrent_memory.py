@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 from cost_model_graphs import act, mlp, op
-from test_calibrated_topology import _calibrated
+from test_calibrated_topology import _calibrated, task_durations
 
 from cost_models.devices.topology import links_note, parse_topology
 from cost_models.estimate.costs import cost_graph, with_update_time
@@ -149,10 +149,7 @@ def test_pipeline_stages_are_stretched_by_their_own_memory_share() -> None:
     for st in stages:
         stretch = 1.0 + 0.5 * st.memory_share
         feed_s = link.transfer_time_s(st.feed_bytes / m)
-        durations: dict[EventKind, list[float]] = {}
-        for ev in sim.timeline:
-            if ev.resource == f"device {st.device}":
-                durations.setdefault(ev.kind, []).append(ev.end_s - ev.start_s)
+        durations = task_durations(sim.timeline, st.device)
         assert durations[EventKind.FORWARD] == pytest.approx(
             [feed_s + st.forward_time_s / m * stretch] * m
         )
