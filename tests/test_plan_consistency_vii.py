@@ -38,9 +38,11 @@ def _written(plan: Plan, tmp_path: Path, change: Edit, name: str = "edited") -> 
 
 
 def _pipelined(schedule: str = "1f1b", micro: int = 2) -> Edit:
-    """The two-stage split as a pipeline of ``micro`` micro-batches in both blocks."""
+    """The two-stage split as a pipeline of ``micro`` micro-batches in both blocks (without the
+    split's simulated timeline: a timeline of one micro-batch is refused, campaign 34i)."""
 
     def change(data: dict[str, Any]) -> None:
+        data.pop("timeline", None)
         stages = data["strategy"]["device_groups"][0]
         data["strategy"].update(family="pipeline", num_microbatches=micro, schedule=schedule)
         data["pipeline"] = {

@@ -409,6 +409,8 @@ class Plan:
         input_shape = _optional_tuple(data.get("input_shape"))
         fingerprint = _fingerprint(data.get("fingerprint"), order, origin)
         _check_input_shape(input_shape, fingerprint, origin)
+        optional = _optional_fields(data, origin)
+        _check_timeline(optional["timeline"], strategy, pipeline, origin)
         fields: dict[str, Any] = dict(
             model_name=data["model"],
             devices=devices,
@@ -424,7 +426,7 @@ class Plan:
             pipeline=pipeline,
             strategy=strategy,
             fingerprint=fingerprint,
-            **_optional_fields(data, origin),
+            **optional,
         )
         try:
             return cls(**fields)
@@ -903,6 +905,31 @@ def _check_blocks_agree(strategy: Strategy, pipeline: PipelineInfo | None, origi
     raise PlanError(
         f"{origin}: field 'pipeline' runs {pipeline.num_microbatches} micro-batch(es) by "
         f"schedule {pipeline.schedule.value!r} on stages {list(stages)}, but {wanted}"
+    )
+
+
+def _check_timeline(
+    timeline: Sequence[TimelineEvent],
+    strategy: Strategy | None,
+    pipeline: PipelineInfo | None,
+    origin: str,
+) -> None:
+    """The simulated timeline (the step the plan predicts) is of the micro-batches the plan
+    runs: a file whose micro-batch count was edited keeps the predictions of another schedule."""
+    micro = (
+        pipeline.num_microbatches
+        if pipeline is not None
+        else strategy.num_microbatches if strategy is not None else 1
+    )
+    ran = {e.microbatch for e in timeline if e.kind in (EventKind.FORWARD, EventKind.BACKWARD)}
+    if not ran or ran == set(range(micro)):
+        return
+    shown = sorted(ran)
+    listed = ", ".join(map(str, shown[:4])) + (", ..." if len(shown) > 4 else "")
+    raise PlanError(
+        f"{origin}: field 'timeline' simulates micro-batches {listed} ({len(shown)} of them), "
+        f"but the plan runs {micro} micro-batch(es): its predictions are of another schedule; "
+        "make the plan again"
     )
 
 

@@ -91,13 +91,14 @@ def _put_bounds(fields: dict[str, Any]) -> None:
     devices = fields["devices"]
     devices["maxItems"] = MAX_DEVICES
     device = devices["items"]["properties"]
-    device["memory_bytes"]["maximum"] = MAX_MEMORY_BYTES
+    # a memory limit is a positive size, as the planner's own options and topology files hold
+    device["memory_bytes"].update(minimum=1, maximum=MAX_MEMORY_BYTES)
     device["device_type"]["enum"] = list(device_type_names())
     predicted = fields["predicted"]["properties"]
-    for key in ("memory_bytes", "memory_limit_bytes"):
-        predicted[key]["items"]["maximum"] = MAX_MEMORY_BYTES
+    predicted["memory_bytes"]["items"]["maximum"] = MAX_MEMORY_BYTES
+    predicted["memory_limit_bytes"]["items"].update(minimum=1, maximum=MAX_MEMORY_BYTES)
     row = fields["strategies"]["items"]["properties"]
-    row["memory_limit_bytes"]["maximum"] = MAX_MEMORY_BYTES
+    row["memory_limit_bytes"].update(minimum=1, maximum=MAX_MEMORY_BYTES)
     row["speedup_over_single"].update(exclusiveMinimum=0, maximum=MAX_SPEEDUP)
     fields["pipeline"]["properties"]["num_microbatches"]["maximum"] = MAX_MICROBATCHES
     fields["strategy"]["properties"]["num_microbatches"]["maximum"] = MAX_MICROBATCHES

@@ -64,6 +64,7 @@ __all__ = [
     "CALIBRATION_TOOL",
     "MAX_ROUNDS",
     "MAX_TIMEOUT_S",
+    "MIN_TIMEOUT_S",
     "MIN_ROUNDS",
     "Calibration",
     "CalibrationOptions",
@@ -89,9 +90,15 @@ MAX_TIMEOUT_S = 3600.0
 is down; an infinite bound waits for ever on it."""
 
 
+MIN_TIMEOUT_S = 0.1
+"""The shortest bound: a connect or a measured step takes longer than that (a tenth of a second
+is already a down task's fast failure in the tests), and ``1e-320`` would blame running tasks."""
+
+
 def check_timeout_s(name: str, value: object) -> float:
-    """``value`` as a number of seconds in (0, :data:`MAX_TIMEOUT_S`]; :class:`UsageError`
-    naming the argument ``name`` otherwise (a bool, a non-number, nan, inf, <= 0, too long)."""
+    """``value`` as a number of seconds in [:data:`MIN_TIMEOUT_S`, :data:`MAX_TIMEOUT_S`];
+    :class:`UsageError` naming the argument ``name`` otherwise (a bool, a non-number, nan, inf,
+    too short, too long)."""
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
@@ -99,6 +106,11 @@ def check_timeout_s(name: str, value: object) -> float:
         or value <= 0
     ):
         raise UsageError(f"{name}={value!r} must be a positive, finite number of seconds")
+    if value < MIN_TIMEOUT_S:
+        raise UsageError(
+            f"{name}={value!r} is less than {MIN_TIMEOUT_S:g} seconds, too short for any task to "
+            f"answer; give at least {MIN_TIMEOUT_S:g}"
+        )
     if value > MAX_TIMEOUT_S:
         raise UsageError(
             f"{name}={value!r} is more than {MAX_TIMEOUT_S:g} seconds, the longest partitioner "

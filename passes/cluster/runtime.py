@@ -423,10 +423,16 @@ def _connect_and_list(spec: WorkerCluster, timeout_s: float) -> tuple[str, ...]:
         ) from None
     if devices is None:
         down = probe_tasks(spec)
-        who = spec.describe(down[0]) if down else f"the {spec.job_name} tasks"
+        if not down:  # every task takes a connection: the bound was too short for the connect
+            raise ClusterError(
+                f"every task of {spec.source} accepts connections, but the cluster's devices "
+                f"were not listed within timeout_s={timeout_s:g} s; give a longer timeout "
+                "(connecting takes about a second)"
+            )
         raise ClusterError(
-            f"{who} did not answer within {timeout_s:g} s while connecting; check that every "
-            f"task runs `partition worker` with the same cluster ({', '.join(spec.addresses)})"
+            f"{spec.describe(down[0])} did not answer within {timeout_s:g} s while connecting; "
+            f"check that every task runs `partition worker` with the same cluster "
+            f"({', '.join(spec.addresses)})"
         )
     return tuple(_canonical(d.name) for d in devices)
 

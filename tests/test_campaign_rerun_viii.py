@@ -1,0 +1,113 @@
+"""Hostile input III (issue 34), campaign 34i: the defects its rerun found, each at its
+mechanism.
+
+- A pipeline plan file whose micro-batch count was edited (in both blocks, so they agree) kept
+  the simulated timeline of the old count: shown with those predictions, applied with the new
+  count. The timeline must simulate the micro-batches the plan runs.
+- A plan file's device memory or memory limit of 0 bytes was shown and applied, where the planner
+  refuses a memory of 0 (topology files, ``--memory-limit``).
+- ``partition calibrate --timeout 1e-320`` was accepted and blamed the running workers; a
+  timeout shorter than any task can answer in is refused, naming the flag, and a connect that
+  ran out of time on tasks that all take connections says so instead of blaming them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from partitioner.core.errors import PlanError, UsageError
+from partitioner.plan.model import Plan, load_plan
+from tests.test_plan_consistency_vii import _written
+
+
+@pytest.fixture(scope="module")
+def pipelined(mlp: Any) -> Plan:
+    """A pipeline of 2 micro-batches over two devices, with its simulated timeline."""
+    import partitioner
+
+    return partitioner.partition(
+        mlp,
+        gpus=2,
+        batch_size=16,
+        solver="even",
+        compare_strategies=False,
+        pipeline=True,
+        num_microbatches=2,
+    )
+
+
+def _microbatches(count: int) -> Any:
+    def change(data: dict[str, Any]) -> None:
+        data["strategy"]["num_microbatches"] = count
+        data["pipeline"]["num_microbatches"] = count
+
+    return change
+
+
+def test_a_timeline_of_other_micro_batches_than_the_plan_runs_is_refused(
+    pipelined: Plan, tmp_path: Path
+) -> None:
+    assert pipelined.pipeline is not None and pipelined.pipeline.num_microbatches == 2
+    assert {e.microbatch for e in pipelined.timeline} == {0, 1}
+    assert load_plan(pipelined.save(tmp_path / "same.json")).timeline == pipelined.timeline
+    path = _written(pipelined, tmp_path, _microbatches(4))
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: field 'timeline' simulates micro-batches 0, 1 (2 of them)")
+    assert "the plan runs 4 micro-batch(es)" in message and "\n" not in message
+    # without a timeline there is nothing to disagree with
+    bare = _written(pipelined, tmp_path, lambda d: (_microbatches(4)(d), d.pop("timeline")), "b")
+    assert load_plan(bare).pipeline.num_microbatches == 4  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["devices"][1].update(memory_bytes=0), "devices[1].memory_bytes"),
+        (lambda d: d["predicted"].update(memory_limit_bytes=[0, 0]),
+         "predicted.memory_limit_bytes[0]"),
+    ],
+)  # fmt: skip
+def test_a_memory_of_zero_bytes_in_a_plan_file_is_refused(
+    plan: Plan, tmp_path: Path, edit: Any, field: str
+) -> None:
+    path = _written(plan, tmp_path, edit)
+    with pytest.raises(PlanError, match=re.escape(f"field '{field}' must be >= 1, got 0")):
+        load_plan(path)
+    assert json.loads(path.read_text())["devices"][0]["memory_bytes"] > 0
+
+
+def test_a_timeout_too_short_to_answer_in_is_refused_by_name() -> None:
+    from passes.cluster.calibrate import MIN_TIMEOUT_S, CalibrationOptions, check_timeout_s
+
+    for value in (1e-320, 0.001, MIN_TIMEOUT_S / 2):
+        with pytest.raises(UsageError, match=r"timeout_s=.* is less than 0\.1 seconds"):
+            check_timeout_s("timeout_s", value)
+    assert check_timeout_s("timeout_s", MIN_TIMEOUT_S) == MIN_TIMEOUT_S
+    with pytest.raises(UsageError, match="step_timeout_s"):
+        CalibrationOptions(step_timeout_s=0.01).check()
+
+
+def test_a_connect_out_of_time_on_answering_tasks_names_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every task takes a connection but the devices did not come in time: the message names
+    the bound, not the tasks."""
+    from passes.cluster import runtime
+    from passes.cluster.runtime import ClusterError
+
+    spec = runtime.load_cluster({"worker": ["127.0.0.1:1", "127.0.0.1:2"]})
+    monkeypatch.setattr(runtime, "probe_tasks", lambda _spec: ())
+    monkeypatch.setattr(runtime, "_bounded", lambda *_args: None)
+    monkeypatch.setattr(runtime.tf.config, "experimental_connect_to_cluster", lambda _spec: None)
+    with pytest.raises(ClusterError) as info:
+        runtime._connect_and_list(spec, 0.2)
+    message = str(info.value)
+    assert "accepts connections" in message and "timeout_s=0.2 s" in message
+    assert "check that every task" not in message
