@@ -14,6 +14,7 @@ mechanism.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,61 @@ def test_a_connect_out_of_time_on_answering_tasks_names_the_timeout(
     message = str(info.value)
     assert "accepts connections" in message and "timeout_s=0.2 s" in message
     assert "check that every task" not in message
+
+
+def test_watching_opens_sees_a_read_no_audit_hook_sees(tmp_path: Path) -> None:
+    """Another process (as TensorFlow's C++ file layer) reading a watched file is noted; files
+    not opened, and paths that do not exist yet, are not."""
+    import subprocess
+
+    from partitioner.cli.watch import watching_opens
+
+    read, left = tmp_path / "vocab.txt", tmp_path / "other.txt"
+    read.write_text("a\nb\n")
+    left.write_text("c\n")
+    seen: set[str] = set()
+    with watching_opens([str(read), str(left), str(tmp_path / "new.json")], seen):
+        subprocess.run(["cat", str(read)], capture_output=True, check=True)
+    assert seen == {os.path.realpath(read)}
+
+
+MODEL_READING_THROUGH_TF = """
+import keras
+import tensorflow as tf
+
+WORDS = tf.io.gfile.GFile("vocab.txt").read().split()
+
+
+def build_model():
+    inputs = keras.Input((4,), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary="words.txt", output_mode="one_hot")(inputs)
+    x = keras.layers.Flatten()(ids)
+    return keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(8)(x)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", ["--out", "--report"])
+def test_an_output_the_model_read_through_tensorflow_is_not_replaced(
+    tmp_path: Path, option: str
+) -> None:
+    """Campaign 34i a (N01, N03): files read by ``tf.io.gfile`` and by a ``StringLookup``'s
+    vocabulary (TensorFlow's C++ file layer, which no audit hook sees) are refused as outputs."""
+    import subprocess
+    import sys
+
+    (tmp_path / "m.py").write_text(MODEL_READING_THROUGH_TF)
+    (tmp_path / "vocab.txt").write_text("x y\n")
+    (tmp_path / "words.txt").write_text("a\nb\nc\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for target in ("vocab.txt", "words.txt"):
+        before = (tmp_path / target).read_bytes()
+        run = subprocess.run(
+            [sys.executable, "-m", "partitioner", "m.py", "--gpus", "2", "--batch-size", "8",
+             option, target],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+        )  # fmt: skip
+        assert run.returncode == 2, run.stderr
+        assert f"{option} {target} is the file {target} that the model's code read" in run.stderr
+        assert (tmp_path / target).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py", "vocab.txt", "words.txt"]

@@ -23,7 +23,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TextIO, cast
@@ -591,11 +591,13 @@ def _is_input(path: str, source: Path | tuple[int, int]) -> bool:
 
 @dataclass(frozen=True)
 class _UserCode:
-    """What the model's code brought in: the names ``sys.modules`` held before it ran, and the
-    files it opened for reading while it ran (filled in as it runs)."""
+    """What the model's code brought in: the names ``sys.modules`` held before it ran, the
+    files it opened for reading while it ran (filled in as it runs), and the outputs anything
+    opened meanwhile (:func:`partitioner.cli.watch.watching_opens`: TensorFlow's file layer)."""
 
     before: frozenset[str]
     read: set[str]
+    opened: set[str] = field(default_factory=set)
 
 
 def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[int, int]]]:
@@ -616,6 +618,10 @@ def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[in
     found += [
         (f"the file the model's code read as {paths.shown_input(file)}", identity)
         for identity, file in user_read_identities(code.read).items()
+    ]
+    found += [
+        (f"the file {paths.shown_input(Path(file))} that the model's code read", Path(file))
+        for file in sorted(code.opened)
     ]
     return found
 
@@ -1473,14 +1479,14 @@ def _plan(
 
         t0 = time.perf_counter()
         from partitioner.api import partition_prepared
-        from partitioner.cli.loader import load_model, recording_files_read
+        from partitioner.cli.loader import load_model
 
         progress(f"loading {args.model}")
         code = _UserCode(frozenset(sys.modules), set())
         own_sigint = signal.getsignal(signal.SIGINT)  # the model's code may install its own
         # Planning needs shapes, not weight values: the model is built without its weights
         # unless its layers are timed on this machine's devices.
-        with recording_files_read(code.read):
+        with _watching_the_model(paths, code):
             model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         _rearm_interrupt(own_sigint)
         load_s = time.perf_counter() - t0
@@ -1490,10 +1496,25 @@ def _plan(
             _rearm_interrupt(own_sigint)
             progress(message, completed, total)
 
-        with recording_files_read(code.read):  # layers may load more while traced
+        with _watching_the_model(paths, code):  # layers may load more while traced
             plan = partition_prepared(model, prepared, progress=phase)
         _rearm_interrupt(own_sigint)
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), code
+
+
+@contextlib.contextmanager
+def _watching_the_model(paths: _Paths, code: _UserCode) -> Iterator[None]:
+    """While the model's code runs: the files Python opens (the loader's audit hook) and every
+    open of an existing output by anything, TensorFlow's C++ file layer too
+    (:func:`partitioner.cli.watch.watching_opens`), into ``code.read``."""
+    from partitioner.cli.loader import recording_files_read
+    from partitioner.cli.watch import watching_opens
+
+    with (
+        recording_files_read(code.read),
+        watching_opens([out.path for out in paths.outputs], code.opened),
+    ):
+        yield
 
 
 @contextlib.contextmanager
