@@ -170,3 +170,14 @@ def test_an_output_the_model_read_through_tensorflow_is_not_replaced(
         assert f"{option} {target} is the file {target} that the model's code read" in run.stderr
         assert (tmp_path / target).read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py", "vocab.txt", "words.txt"]
+
+
+def test_a_plan_file_of_too_many_values_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    """Campaign 34i a (N16, L7): a plan file under the size bound holding tens of millions of
+    numbers took 30-45 s and 2.8 GB before its error; values are counted before parsing."""
+    from partitioner.core.jsonfiles import MAX_VALUES
+
+    bomb = tmp_path / "numbers.json"
+    bomb.write_text('{"x": [' + "0," * MAX_VALUES + "0]}")
+    with pytest.raises(PlanError, match=rf"holds about {MAX_VALUES + 1} values, more than"):
+        load_plan(bomb)

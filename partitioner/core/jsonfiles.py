@@ -25,6 +25,7 @@ __all__ = [
     "MAX_CONTAINERS",
     "MAX_DEPTH",
     "MAX_NUMBER_CHARS",
+    "MAX_VALUES",
     "bounded_float",
     "bounded_int",
     "check_containers",
@@ -94,6 +95,11 @@ MAX_CONTAINERS = 4_000_000
 """The most lists and objects one JSON file read may hold: a plan of 100k layers holds about a
 million; parsing each costs time and about 150 bytes."""
 
+MAX_VALUES = 8_000_000
+"""The most values (numbers, strings, lists, objects) one JSON file read may hold: a plan file
+under the 64 MiB size bound with 33 million numbers in one list took 30-45 s and 2.8 GB to be
+refused (campaign 34i); a plan of 100k layers holds a few million."""
+
 MAX_DEPTH = 64
 """The deepest nesting of lists and objects a data file may have (ours need under 10)."""
 
@@ -122,12 +128,18 @@ def bounded_float(token: str) -> float:
 
 
 def check_containers(text: str, origin: str, error: type[Exception]) -> None:
-    """``error`` when ``text`` may hold more than :data:`MAX_CONTAINERS` lists and objects,
-    before it is parsed (twenty million ``{}`` took 48 s and 3 GB)."""
+    """``error`` when ``text`` may hold more than :data:`MAX_CONTAINERS` lists and objects or
+    :data:`MAX_VALUES` values, before it is parsed (twenty million ``{}`` took 48 s and 3 GB)."""
     containers = text.count("{") + text.count("[")  # an upper bound (strings may hold some)
     if containers > MAX_CONTAINERS:
         raise error(
             f"{origin} holds {containers} lists/objects, more than {MAX_CONTAINERS} (any file "
+            "partitioner reads has far fewer); is it the right file?"
+        )
+    values = text.count(",") + 1  # each value after the first of a list or object: a bound
+    if values > MAX_VALUES:
+        raise error(
+            f"{origin} holds about {values} values, more than {MAX_VALUES} (any file "
             "partitioner reads has far fewer); is it the right file?"
         )
 
