@@ -181,3 +181,14 @@ def test_a_plan_file_of_too_many_values_is_refused_before_it_is_parsed(tmp_path:
     bomb.write_text('{"x": [' + "0," * MAX_VALUES + "0]}")
     with pytest.raises(PlanError, match=rf"holds about {MAX_VALUES + 1} values, more than"):
         load_plan(bomb)
+
+
+def test_too_few_devices_for_a_family_tells_a_cpu_cluster_to_add_tasks(mlp: Any) -> None:
+    """Campaign 34i c (D2): one CPU task with --strategy pipeline was told --gpus 2, which a
+    CPU task refuses (one device per task): the advice names the tasks too."""
+    import partitioner
+
+    with pytest.raises(UsageError) as info:
+        partitioner.partition(mlp, gpus=1, batch_size=8, strategy="pipeline")
+    message = str(info.value)
+    assert "gpus=2 or more" in message and "each task is one device: run 2 tasks" in message

@@ -445,7 +445,8 @@ class SearchOptions:
         if num_devices < least:
             raise UsageError(
                 f"strategy={family.value!r} needs at least {least} devices, and the plan has "
-                f"{num_devices}; give gpus={least} or more, or strategy='single'"
+                f"{num_devices}; give gpus={least} or more (on a cluster of CPU tasks, each task "
+                f"is one device: run {least} tasks or more), or strategy='single'"
             )
         if self.solver == SINGLE_DEVICE_SOLVER and family is not Family.DATA_PARALLEL:
             raise UsageError(
