@@ -555,7 +555,11 @@ def test_plan_json_is_deterministic_and_round_trips(
     message), once the wall-clock values -- ``solver.solve_time_s`` and ``phase_times_s`` -- are
     zeroed; and every plan survives ``to_json -> from_json_dict -> to_json`` unchanged,
     wall-clock values included."""
-    costed = case.costed
+    # a device holds at least a byte, as the planner's inputs and plan files are held to
+    # (a topology file or --memory-limit of 0 is refused); the fuzz draws 0 for "too small"
+    topology = case.costed.topology
+    devices = tuple(replace(d, memory_bytes=max(1, d.memory_bytes)) for d in topology.devices)
+    costed = replace(case.costed, topology=replace(topology, devices=devices))
     if pipeline is not None:  # micro-batches divide the batch, as the planner makes them
         batch = costed.graph.batch_size
         count = max(m for m in range(1, min(pipeline[1], batch) + 1) if batch % m == 0)
