@@ -1504,9 +1504,9 @@ def _plan(
 
 @contextlib.contextmanager
 def _watching_the_model(paths: _Paths, code: _UserCode) -> Iterator[None]:
-    """While the model's code runs: the files Python opens (the loader's audit hook) and every
-    open of an existing output by anything, TensorFlow's C++ file layer too
-    (:func:`partitioner.cli.watch.watching_opens`), into ``code.read``."""
+    """While the model's code runs: the files Python opens (the loader's audit hook) into
+    ``code.read``, and every open of an existing output by anything, TensorFlow's C++ file
+    layer too (:func:`partitioner.cli.watch.watching_opens`), into ``code.opened``."""
     from partitioner.cli.loader import recording_files_read
     from partitioner.cli.watch import watching_opens
 

@@ -833,15 +833,16 @@ class CostedGraph:
     def concurrent_factor(self, device: int, ops: Iterable[int] | None = None) -> float:
         """:meth:`Topology.concurrent_factor` of the work of ``ops`` (default: every op) on
         ``device``: their memory-bound share weighted by their times there."""
-        topology = self.topology
-        if topology.concurrent_memory_factor in (None, topology.concurrent_compute_factor):
+        topology, shares = self.topology, self.op_memory_share
+        if not shares or topology.concurrent_memory_factor in (
+            None,
+            topology.concurrent_compute_factor,
+        ):  # one factor for every op
             return topology.concurrent_factor(0.0)
-        row, shares = self.op_compute_time_s[device], self.op_memory_share
-        if not shares:
-            return topology.concurrent_factor(0.0)
+        row = self.op_compute_time_s[device]
         chosen = range(len(row)) if ops is None else tuple(ops)
         total = math.fsum(row[i] for i in chosen)
-        memory = math.fsum(row[i] * shares[i] for i in chosen) if total > 0 else 0.0
+        memory = math.fsum(row[i] * shares[i] for i in chosen)
         return topology.concurrent_factor(memory / total if total > 0 else 0.0)
 
     @cached_property

@@ -50,8 +50,8 @@ device's queue: the task's ops wait for it). The stages compute at once once the
 micro-batches, on cores that share a machine's memory bandwidth: with ``M > 1`` and more than
 one stage every compute task is stretched by the measured factor of running at once, as for
 data-parallel replicas: ``topology.concurrent_factor`` of the stage's memory-bound share
-(:attr:`Stage.memory_share`), and of a share of 1 for the gradient sums below. On gpt_tiny (2 stages over two loopback workers, 8
-micro-batches) the tasks' measured busy time was 41.7 ms a micro-batch against the 29.3
+(:attr:`Stage.memory_share`), and of a share of 1 for the gradient sums below. On gpt_tiny
+(2 stages over two loopback workers, 8 micro-batches) the tasks' measured busy time was 41.7 ms a micro-batch against the 29.3
 simulated without these, and the pipeline was predicted 25% faster than it ran.
 Every ``B(s, m)`` but the first the stage runs also adds its weight gradients into the stage's
 running sums, as the pipelined rewrite does (:func:`accumulate_time_s`: memory-bound, three

@@ -98,9 +98,8 @@ class _Shared:
         self.updated_s = now_s
 
     def next_end_s(self) -> float:
-        return self.updated_s + (self.running[0][0] - self.virtual_s) * len(self.running) * (
-            self.slow
-        )
+        remaining = self.running[0][0] - self.virtual_s
+        return self.updated_s + remaining * len(self.running) * self.slow
 
 
 class SharedRun:

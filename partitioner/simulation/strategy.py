@@ -31,9 +31,10 @@ aside, is stretched by their mix over the model's ops by each op's memory-bound 
 (:meth:`~partitioner.core.ir.CostedGraph.concurrent_factor`; an optimizer's update counts as
 memory traffic). Measured on those workers, each model's own step at half its batch slowed
 x1.04 (an MLP), x1.06 (a conv net, a small GPT) and x1.09 (a recommender whose table's update
-is a fifth of its step) when both ran at once. A plain split's stages take turns, so a single such replica is not stretched; a pipeline's
-stages compute at once between its bubbles, and the pipeline simulation stretches their tasks
-itself (:mod:`partitioner.simulation.pipeline`), so pipelined replicas are not stretched again.
+is a fifth of its step) when both ran at once. A plain split's stages take turns, so a single
+such replica is not stretched; a pipeline's stages compute at once between its bubbles, and
+the pipeline simulation stretches their tasks itself (:mod:`partitioner.simulation.pipeline`),
+so pipelined replicas are not stretched again.
 
 An embedding's gradient is ``tf.IndexedSlices`` (the rows a replica looked up): the replicas
 all-gather it rather than all-reduce the table
