@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.machinery
 import importlib.util
 import inspect
+import keyword
 import logging
 import os
 import site
@@ -28,7 +30,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from partitioner.core.errors import ModelLoadError, error_line, keras_call, quoting
-from partitioner.core.files import file_kind
+from partitioner.core.files import MODEL_MODULE_FLAG, file_kind
 from partitioner.core.units import format_bytes
 
 __all__ = [
@@ -301,15 +303,41 @@ def system_dirs() -> list[Path]:
 
 def _import_file(path: Path) -> ModuleType:
     _check_path(path)
-    module_name = f"_partitioner_model_{abs(hash(str(path.resolve())))}"
+    module_name = _module_name(path)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ModelLoadError(f"cannot import {path}: not a Python source file")
     module = importlib.util.module_from_spec(spec)
+    setattr(module, MODEL_MODULE_FLAG, True)
     # registered as imports are, so what looks its module up (dataclasses, pickle) finds it
     sys.modules[module_name] = module
     _run_module(spec.loader, module, path)
     return module
+
+
+def _module_name(path: Path) -> str:
+    """The name the model file is imported as: its stem, as ``import`` from its directory names
+    it, so a process its code spawns (``multiprocessing``'s ``spawn``, whose children import a
+    function's module by name to unpickle it) finds it; a private name where the stem would not
+    import this file back (not an identifier, already taken, or a module found elsewhere, which
+    the model's module would then shadow for the whole run)."""
+    stem = path.stem
+    private = f"_partitioner_model_{abs(hash(str(path.resolve())))}"
+    if not (stem.isidentifier() and stem.isascii()) or keyword.iskeyword(stem):
+        return private
+    if stem in sys.modules or stem in sys.stdlib_module_names:
+        return private
+    directory = str(path.resolve().parent)
+    elsewhere = [p for p in sys.path if os.path.realpath(p or ".") != directory]
+    try:
+        found = importlib.machinery.PathFinder.find_spec(stem, [directory])
+        shadowed = importlib.machinery.PathFinder.find_spec(stem, elsewhere)
+    except (ImportError, ValueError):
+        return private
+    ours = found is not None and found.origin is not None
+    if not ours or Path(str(found.origin)).resolve() != path.resolve() or shadowed is not None:
+        return private
+    return stem
 
 
 @contextlib.contextmanager

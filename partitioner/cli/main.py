@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -752,6 +752,37 @@ def _quiet_native_stderr(enabled: bool, shown: TextIO) -> Iterator[None]:
         os.close(saved)
 
 
+@contextlib.contextmanager
+def _stdout_kept_from_children() -> Iterator[None]:
+    """File descriptor 1 at /dev/null while the model's code runs, and Python's ``sys.stdout``
+    writing to a copy of it (which no child inherits) meanwhile: what the model's code prints is
+    shown, but a process it starts and leaves running (a daemon forked twice, out of reach of
+    :func:`_stop_children`) does not hold the user's stdout open, where ``partition ... | cat``
+    would wait for it. (File descriptor 2 is /dev/null meanwhile too: :func:`_quiet_native_stderr`.)"""
+    if sys.stdout is None:
+        yield
+        return
+    _flush_or_drop(sys.stdout)
+    try:
+        saved = os.dup(1)  # not inheritable
+    except OSError:  # started with stdout closed
+        yield
+        return
+    python_stdout = sys.stdout
+    encoding, errors = getattr(python_stdout, "encoding", None), getattr(python_stdout, "errors", None)
+    copy = open(saved, "w", buffering=1, encoding=encoding, errors=errors, closefd=False)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+        sys.stdout = cast(TextIO, _StderrOrNothing(copy))
+        yield
+    finally:
+        _flush_or_drop(copy)
+        sys.stdout = python_stdout
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _configure_logging(verbose: bool) -> None:
     if not verbose:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -911,6 +942,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _interrupt_exits(INTERRUPTED_EARLY)
     _own_stderr()
     os.register_at_fork(after_in_child=_default_signals)
+    os.register_at_fork(after_in_child=_copies_at_devnull(_stream_files()))
     args = sys.argv[1:]
     try:
         try:
@@ -1093,6 +1125,40 @@ def _default_signals() -> None:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             with contextlib.suppress(ValueError):  # not Python's main thread
                 signal.signal(signum, signal.SIG_DFL)
+
+
+def _stream_files() -> frozenset[tuple[int, int]]:
+    """The files (device, inode) stdout and stderr are, as the process started."""
+    files = set()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            st = os.fstat(fd)
+            files.add((st.st_dev, st.st_ino))
+    return frozenset(files)
+
+
+def _copies_at_devnull(files: frozenset[tuple[int, int]]) -> Callable[[], None]:
+    """For a child the model's code forks: every file descriptor but 0, 1 and 2 that is one of
+    ``files`` (the copies of stdout and stderr the CLI keeps to show its own lines while the
+    model's code has fds 1 and 2 at /dev/null) pointed at /dev/null. A daemon forked twice,
+    out of reach of :func:`_stop_children`, would hold the user's pipe open with them
+    (``partition ... | cat`` waiting for it); the model's child processes write nowhere."""
+
+    def blank() -> None:
+        try:
+            fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        except OSError:
+            fds = list(range(3, 256))
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    st = os.fstat(fd)
+                    if fd > 2 and fd != devnull and (st.st_dev, st.st_ino) in files:
+                        os.dup2(devnull, fd, inheritable=False)
+            os.close(devnull)
+
+    return blank
 
 
 class _StderrOrNothing:
@@ -1472,6 +1538,7 @@ def _plan(
     with (
         PhaseProgress(err, enabled=err.is_terminal) as progress,
         _quiet_native_stderr(not args.verbose, cast(TextIO, err.file)),
+        _stdout_kept_from_children(),
         _keeping_umask(),
     ):
         progress("importing TensorFlow")

@@ -29,6 +29,7 @@ from pathlib import Path
 from partitioner.core.errors import OutputError, PartitionError
 
 __all__ = [
+    "MODEL_MODULE_FLAG",
     "UnreadableInput",
     "check_output_path",
     "check_replaceable",
@@ -99,6 +100,12 @@ def check_output_path(
         raise OutputError(f"{what} {path}: directory {target.parent} does not exist")
     return target
 
+
+MODEL_MODULE_FLAG = "__partitioner_model_file__"
+"""Set (to ``True``) on the module the CLI imported a model file as. That module is named as
+``import`` would name it where it can be (the file's stem), so a process the model's code spawns
+imports it again to unpickle its functions; what must not import it by that name (an emitted
+module, which loads the model's file itself) tells it by this flag."""
 
 MAX_REPLACEABLE_BYTES = 64 * 2**20
 """The largest existing file an output may replace: a plan, report or module partitioner writes

@@ -86,6 +86,7 @@ import tensorflow as tf
 
 from cost_models.devices.catalog import DeviceKind, get_device_type
 from partitioner.core.errors import RewriteError
+from partitioner.core.files import MODEL_MODULE_FLAG
 from partitioner.core.strategy import Strategy
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan
@@ -263,6 +264,12 @@ def _importable(module_name: str) -> bool:
     return loaded is None or Path(spec.origin).resolve() == loaded
 
 
+def _is_model_module(module_name: str) -> bool:
+    """Whether ``module_name`` is the module the CLI imported the model file as (the emitted
+    module loads that file itself, never imports it by name)."""
+    return bool(getattr(sys.modules.get(module_name), MODEL_MODULE_FLAG, False))
+
+
 def _registered_function_names(value: Any) -> list[str]:
     """The names (``package>name``) of the user's registered functions a config serializes
     (``{"class_name": "function", "config": "c34g>twice", ...}``); Keras's own functions are
@@ -306,7 +313,7 @@ class _Emitter:
             code = getattr(function, "__code__", None)
             file = Path(code.co_filename).resolve() if code is not None else None
             module = getattr(function, "__module__", "") or ""
-            if _importable(module) and not module.startswith("_partitioner_model_"):
+            if _importable(module) and not _is_model_module(module):
                 self.imports.add(module)  # importing it registers the function
                 continue
             if file is None or not file.is_file():
@@ -342,7 +349,7 @@ class _Emitter:
                 "module level so the emitted module can name it"
             )
         module_name = cls.__module__
-        if _importable(module_name) and not module_name.startswith("_partitioner_model_"):
+        if _importable(module_name) and not _is_model_module(module_name):
             self.imports.add(module_name)
             return _ClassRef(f"{module_name}.{qualname}", import_module=module_name)
         file = _module_file(module_name) or _defining_file(cls) or self.model_source

@@ -1,0 +1,152 @@
+"""Hostile input III (issue 34), campaign 34i's rerun leftovers and campaign 34j: the defects
+found, each at its mechanism.
+
+- A builder that runs a ``multiprocessing`` pool of the ``spawn`` start method hung silently:
+  the model file was imported under a private module name, which a spawned child (importing a
+  function's module by name to unpickle it) could not import; it died unseen and the pool
+  started another for ever. The model file is now imported under its own name wherever that
+  name imports the file back.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from partitioner.cli import loader
+from partitioner.core.files import MODEL_MODULE_FLAG
+
+REPO = Path(__file__).resolve().parents[1]
+
+SPAWN_POOL_MODEL = '''
+import multiprocessing
+
+import keras
+
+
+def width(i):
+    return 8 * (i + 1)
+
+
+def build_model():
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        widths = pool.map(width, [0, 1])
+    inputs = keras.Input((4,))
+    x = inputs
+    for w in widths:
+        x = keras.layers.Dense(w, activation="relu")(x)
+    return keras.Model(inputs, keras.layers.Dense(2)(x))
+'''
+
+
+@pytest.mark.slow
+def test_a_builder_running_a_spawn_pool_plans(tmp_path: Path) -> None:
+    (tmp_path / "spawnpool.py").write_text(SPAWN_POOL_MODEL)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, "-m", "partitioner", "spawnpool.py", "--gpus", "2", "--batch-size", "8",
+         "--strategy", "single", "--out", "p.json"],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "Plan written to p.json" in run.stdout
+    # the pool's widths (8, 16) made the layers
+    assert '"dense_1"' in (tmp_path / "p.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("file_name", "own_name"),
+    [
+        ("spawnpool_c34j.py", True),
+        ("json.py", False),  # the standard library's: importing it back would shadow json
+        ("my-model.py", False),  # not an identifier
+        ("class.py", False),  # a keyword
+        ("pytest.py", False),  # an installed module's name
+        ("os.py", False),  # already imported
+    ],
+)
+def test_the_model_module_takes_its_own_name_only_where_it_imports_back(
+    tmp_path: Path, file_name: str, own_name: bool
+) -> None:
+    path = tmp_path / file_name
+    path.write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        name = loader._module_name(path)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert (name == path.stem) is own_name
+    assert own_name or name.startswith("_partitioner_model_")
+
+
+def test_the_model_module_is_flagged_for_codegen(tmp_path: Path) -> None:
+    from passes.rewrite.codegen import _is_model_module
+
+    path = tmp_path / "flagged_c34j.py"
+    path.write_text("X = 1\n")
+    module = loader._import_file(path)
+    try:
+        assert getattr(module, MODEL_MODULE_FLAG) is True
+        assert _is_model_module(module.__name__)
+        assert not _is_model_module("json")
+    finally:
+        sys.modules.pop(module.__name__, None)
+
+
+DAEMON = """\
+import os
+import time
+
+
+def _daemon():
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.setsid()
+            with open({pidfile!r}, "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(3600)
+        os._exit(0)
+
+
+_daemon()
+os.wait()
+print("the model's own line")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="no /proc here")
+def test_a_daemon_the_model_forks_twice_does_not_hold_the_pipes(tmp_path: Path) -> None:
+    """Campaign 34h c D3 (34i c D3): a daemon forked twice (reparented away, a session of its
+    own) is out of reach of the stop of the model's children, and held the run's stdout (and the
+    CLI's copies of it and of stderr): ``partition ... | cat`` waited for it. It now has none of
+    them; what the model's code prints itself is still shown."""
+    from tests.test_process_hygiene import TINY, _start
+    from tests.test_process_hygiene_iv import EOF_TIMEOUT_S, _kill_quietly
+
+    pidfile = tmp_path / "daemon.pid"
+    model = tmp_path / "daemon.py"
+    model.write_text(DAEMON.format(pidfile=str(pidfile)) + TINY)
+    proc = _start(
+        [model, "--gpus", "2", "--no-strategies", "--out", tmp_path / "p.json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    alive = False
+    try:
+        out, err = proc.communicate(timeout=EOF_TIMEOUT_S + 120)
+        alive = Path(f"/proc/{int(pidfile.read_text())}/fd").exists()
+    except subprocess.TimeoutExpired:
+        pytest.fail("stdout/stderr stayed open: the daemon holds them")
+    finally:
+        if pidfile.exists():
+            _kill_quietly(int(pidfile.read_text()))
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"the model's own line" in out and b"Plan written to" in out
+    assert alive  # the pipes closed while the daemon still ran
