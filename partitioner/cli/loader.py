@@ -334,10 +334,9 @@ def _module_name(path: Path) -> str:
         shadowed = importlib.machinery.PathFinder.find_spec(stem, elsewhere)
     except (ImportError, ValueError):
         return private
-    ours = found is not None and found.origin is not None
-    if not ours or Path(str(found.origin)).resolve() != path.resolve() or shadowed is not None:
+    if found is None or found.origin is None or shadowed is not None:
         return private
-    return stem
+    return stem if Path(found.origin).resolve() == path.resolve() else private
 
 
 @contextlib.contextmanager
