@@ -150,3 +150,17 @@ def test_a_daemon_the_model_forks_twice_does_not_hold_the_pipes(tmp_path: Path) 
     assert proc.returncode == 0, err.decode()
     assert b"the model's own line" in out and b"Plan written to" in out
     assert alive  # the pipes closed while the daemon still ran
+
+
+@pytest.mark.parametrize("bind", ["[0.0.0.0", "0.0.0.0]", "[[::]]", "[::]]", "[127.0.0.1"])
+def test_a_bind_of_unpaired_brackets_is_a_typo_not_every_interface(bind: str) -> None:
+    """Campaign 34i a (N15d, L4): brackets were stripped from both ends however many there
+    were, so ``[0.0.0.0`` opened the worker on every interface (with a warning) where row 55
+    refuses a typo. Only one pair around the whole address is taken off."""
+    from partitioner.cli.worker import check_bind
+    from partitioner.core.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        check_bind(bind)
+    assert str(info.value).startswith(f"--bind {bind!r} is not an address (its brackets")
+    assert check_bind("[::1]") is True and check_bind("[::]") is False

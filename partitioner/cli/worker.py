@@ -260,7 +260,7 @@ def check_bind(bind: str) -> bool:
             f"--bind {bind!r} is not an address; leave it out to serve this machine only "
             f"({LOOPBACK}), or give an address such as 0.0.0.0 to serve other hosts"
         )
-    host = bind.strip().strip("[]")
+    host = _unbracketed(bind.strip())
     try:
         literal = ipaddress.ip_address(host)
     except ValueError:
@@ -285,6 +285,20 @@ def check_bind(bind: str) -> bool:
         )
     _check_local_address(bind, literal)
     return False
+
+
+def _unbracketed(bind: str) -> str:
+    """``bind`` without the one pair of brackets an IPv6 address may be written in (``[::1]``);
+    :class:`UsageError` for brackets that are not one such pair (``[0.0.0.0``, ``[[::]]``): a
+    typo, not an address, even where what is left would be one."""
+    inner = bind[1:-1] if bind.startswith("[") and bind.endswith("]") else bind
+    if "[" in inner or "]" in inner:
+        raise UsageError(
+            f"--bind {bind!r} is not an address (its brackets are not one pair around an IPv6 "
+            f"address, as in [::1]); give {LOOPBACK} (this machine only) or the IP address to "
+            "serve, such as 0.0.0.0"
+        )
+    return inner
 
 
 LIMITED_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
