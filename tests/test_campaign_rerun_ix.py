@@ -164,3 +164,19 @@ def test_a_bind_of_unpaired_brackets_is_a_typo_not_every_interface(bind: str) ->
         check_bind(bind)
     assert str(info.value).startswith(f"--bind {bind!r} is not an address (its brackets")
     assert check_bind("[::1]") is True and check_bind("[::]") is False
+
+
+def test_a_bind_that_is_no_string_says_its_type() -> None:
+    """Campaign 34i a (L2): ``run_worker(bind=IPv4Address("0.0.0.0"))`` was refused as "not an
+    address", which it is; it is not a string."""
+    import ipaddress
+
+    from partitioner.cli.worker import check_bind
+    from partitioner.core.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        check_bind(ipaddress.ip_address("0.0.0.0"))  # type: ignore[arg-type]
+    assert str(info.value).startswith(
+        "--bind IPv4Address('0.0.0.0') is not a string (its type is IPv4Address); give the "
+        "address as text"
+    )

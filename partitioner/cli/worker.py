@@ -255,6 +255,12 @@ def check_bind(bind: str) -> bool:
     (broadcast, multicast, reserved: :func:`_not_unicast`). Fails closed: nothing but an
     explicit non-loopback address of this machine (``0.0.0.0``, ``::``, an interface's IP)
     opens it."""
+    if not isinstance(bind, str) and bind is not None:
+        raise UsageError(
+            f"--bind {bind!r} is not a string (its type is {type(bind).__name__}); give the "
+            f"address as text, such as '0.0.0.0', or leave it out to serve this machine only "
+            f"({LOOPBACK})"
+        )
     if not isinstance(bind, str) or not bind.strip():
         raise UsageError(
             f"--bind {bind!r} is not an address; leave it out to serve this machine only "
