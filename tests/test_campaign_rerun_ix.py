@@ -180,3 +180,68 @@ def test_a_bind_that_is_no_string_says_its_type() -> None:
         "--bind IPv4Address('0.0.0.0') is not a string (its type is IPv4Address); give the "
         "address as text"
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_an_output_through_another_users_link_in_a_shared_directory_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Campaign 34j a (P11, L2): outputs resolve their links themselves and rename over the
+    target, so the kernel's ``protected_symlinks`` never ran: another user's link planted in a
+    sticky directory anyone may write (``/tmp``) had the run replace the file it pointed at.
+    Such a link is refused (``Plan.save`` and every CLI output); the user's own is followed."""
+    from partitioner.core.errors import OutputError
+    from partitioner.core.files import check_output_path, write_atomic
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own text\n")
+    planted = shared / "plan.json"
+    planted.symlink_to(victim)
+    os.chown(planted, 65534, 65534, follow_symlinks=False)
+    for attempt in (lambda: check_output_path(planted), lambda: write_atomic(planted, "{}")):
+        with pytest.raises(OutputError) as info:
+            attempt()
+        assert f"{planted} is a symbolic link of another user (uid 65534) in {shared}" in str(
+            info.value
+        )
+    assert victim.read_text() == "the user's own text\n"
+    # a link to a link: the second, planted one is refused too
+    own = shared / "own.json"
+    own.symlink_to(planted)
+    with pytest.raises(OutputError, match="uid 65534"):
+        check_output_path(own)
+    # the user's own link, and one the directory's owner made, are followed
+    os.chown(planted, os.geteuid(), -1, follow_symlinks=False)
+    assert check_output_path(planted) == victim
+    os.chown(shared, 65534, -1)
+    os.chown(planted, 65534, -1, follow_symlinks=False)
+    assert check_output_path(planted) == victim
+    # outside a sticky directory anyone may write, the link's owner does not matter
+    shared.chmod(0o755)
+    os.chown(shared, os.geteuid(), -1)
+    assert check_output_path(planted) == victim
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_the_cli_refuses_another_users_link_before_the_model_runs(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own text\n")
+    (shared / "r.html").symlink_to(victim)
+    os.chown(shared / "r.html", 65534, 65534, follow_symlinks=False)
+    (tmp_path / "m.py").write_text(SPAWN_POOL_MODEL.replace("import keras", "import keras\nraise SystemExit('ran')"))
+    run = subprocess.run(
+        [sys.executable, "-m", "partitioner", "m.py", "--gpus", "2", "--report", "shared/r.html"],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.startswith("partition: error: --report shared/r.html: ")
+    assert "is a symbolic link of another user (uid 65534)" in run.stderr
+    assert victim.read_text() == "the user's own text\n"

@@ -44,6 +44,7 @@ from partitioner.core.errors import (
     escape_control,
 )
 from partitioner.core.files import (
+    check_links_followed,
     check_output_path,
     check_replaceable,
     read_input_text,
@@ -500,6 +501,9 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
     # Outputs are resolved now, through every symbolic link, and written there: a link the
     # model's code re-points later changes nothing, and one it puts on the resolved path is
     # refused (_check_still_resolved), never written through.
+    for option, given in named:
+        if given is not None:
+            check_links_followed(os.path.join(start, given), option, given)
     return _Paths(
         start=start,
         model=model if attr is None else f"{model}:{attr}",

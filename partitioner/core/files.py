@@ -29,8 +29,10 @@ from pathlib import Path
 from partitioner.core.errors import OutputError, PartitionError
 
 __all__ = [
+    "MAX_LINKS_FOLLOWED",
     "MODEL_MODULE_FLAG",
     "UnreadableInput",
+    "check_links_followed",
     "check_output_path",
     "check_replaceable",
     "file_kind",
@@ -82,6 +84,8 @@ def check_output_path(
         raise OutputError(
             f"{what} {path}: it ends with a slash, which names a directory; give a file path"
         )
+    if follow_symlinks:
+        check_links_followed(path, what)
     target = Path(os.path.realpath(path) if follow_symlinks else os.path.abspath(path))
     try:  # the path itself, followed: /dev/stdout is a pipe, though its resolved name is none
         mode = os.stat(path if follow_symlinks else target, follow_symlinks=follow_symlinks).st_mode
@@ -99,6 +103,41 @@ def check_output_path(
     if not target.parent.is_dir():
         raise OutputError(f"{what} {path}: directory {target.parent} does not exist")
     return target
+
+
+MAX_LINKS_FOLLOWED = 40
+"""As many symbolic links as the kernel follows in one path (``ELOOP`` past it)."""
+
+
+def check_links_followed(
+    path: str | os.PathLike[str], what: str, shown: str | os.PathLike[str] | None = None
+) -> None:
+    """The symbolic links ``path`` leads through (its last component, link after link) may be
+    followed (else OutputError naming ``shown``, default ``path``), as Linux's ``fs.protected_symlinks`` has it: not a link of another user in a
+    sticky directory writable by all (``/tmp``), unless the directory's owner made it. A write
+    that resolves the link itself and renames over its target never meets the kernel's check,
+    so another user's link planted at ``/tmp/plan.json`` would have the run replace any file
+    it may write."""
+    current = os.path.abspath(path)
+    for _ in range(MAX_LINKS_FOLLOWED):
+        try:
+            link = os.lstat(current)
+            if not stat.S_ISLNK(link.st_mode):
+                return
+            directory = os.path.dirname(current)
+            parent = os.stat(directory)
+            target = os.readlink(current)
+        except OSError:
+            return  # what is not there is not followed; the caller says what it is
+        shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+        if shared and link.st_uid not in (os.geteuid(), parent.st_uid):
+            raise OutputError(
+                f"{what} {shown or path}: {current} is a symbolic link of another user (uid "
+                f"{link.st_uid}) in {directory}, a sticky directory anyone may write to; "
+                "refusing to follow it (as the kernel's protected_symlinks would): give a path "
+                "of your own"
+            )
+        current = os.path.normpath(os.path.join(directory, target))
 
 
 MODEL_MODULE_FLAG = "__partitioner_model_file__"
