@@ -245,3 +245,29 @@ def test_the_cli_refuses_another_users_link_before_the_model_runs(tmp_path: Path
     assert run.stderr.startswith("partition: error: --report shared/r.html: ")
     assert "is a symbolic link of another user (uid 65534)" in run.stderr
     assert victim.read_text() == "the user's own text\n"
+
+
+def test_a_worker_log_never_empties_a_hard_linked_file_nor_waits_on_a_fifo(
+    tmp_path: Path,
+) -> None:
+    """Campaign 34j a (L1a, L1b): ``start_local_workers`` truncated a hard link at
+    ``DIR/worker0.log`` (the user's file it shares emptied and overwritten) and waited for ever
+    to open a FIFO there. The log is a new file; a FIFO is one line."""
+    from partitioner.cli.worker import _new_log
+    from partitioner.core.errors import UsageError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("user data\n")
+    log = tmp_path / "worker0.log"
+    os.link(victim, log)
+    with _new_log(log) as f:
+        f.write(b"partition worker ready\n")
+    assert victim.read_text() == "user data\n" and log.read_bytes() == b"partition worker ready\n"
+    fifo = tmp_path / "worker1.log"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError) as info:
+        _new_log(fifo)  # before: blocked in open() for ever
+    assert str(info.value) == (
+        f"cannot write the worker log {fifo}: it is a named pipe (FIFO); give a directory "
+        "without it"
+    )

@@ -82,6 +82,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -102,7 +103,7 @@ from partitioner.cli.loopback import (
 from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import import_quietly
 from partitioner.core.errors import PartitionError, UsageError
-from partitioner.core.files import write_atomic
+from partitioner.core.files import file_kind, write_atomic
 
 if TYPE_CHECKING:
     from passes.cluster.runtime import WorkerCluster
@@ -670,11 +671,22 @@ def _accepts(address: str) -> bool:
 
 
 def _new_log(path: Path) -> BinaryIO:
-    """``path`` opened empty for writing: a symbolic link there is replaced by the new file,
-    never written through (the log is this run's file, not the one a link points at)."""
-    if path.is_symlink():
+    """``path`` as a new, empty file opened for writing: a symbolic link or a regular file there
+    (a hard link to another file too) is removed first, never written through or emptied (the
+    log is this run's file, not one a name there leads to); anything else there (a FIFO, which
+    an open would wait on for ever, a directory, a device) is a UsageError naming it."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise UsageError(
+            f"cannot write the worker log {path}: it is {file_kind(mode)}; give a directory "
+            "without it"
+        )
+    if mode is not None:
         path.unlink()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     return os.fdopen(os.open(path, flags, 0o666), "wb")
 
 
