@@ -271,3 +271,17 @@ def test_a_worker_log_never_empties_a_hard_linked_file_nor_waits_on_a_fifo(
         f"cannot write the worker log {fifo}: it is a named pipe (FIFO); give a directory "
         "without it"
     )
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)])
+def test_a_timeout_of_an_integer_past_floats_is_one_line(value: int) -> None:
+    """Campaign 34j b (DEF-E): ``math.isfinite(10**400)`` raised a raw OverflowError in the
+    check of every wait (``Plan.apply(timeout_s=...)``, ``step_timeout_s``, calibration's);
+    ``time_limit_s`` was refused in one line. The value is shown cut short, as there."""
+    from passes.cluster.calibrate import check_timeout_s
+    from partitioner.core.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        check_timeout_s("timeout_s", value)
+    message = str(info.value)
+    assert message.startswith(f"timeout_s={str(value)[:37]}...") and len(message) < 160

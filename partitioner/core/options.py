@@ -43,6 +43,7 @@ __all__ = [
     "TargetOptions",
     "parse_memory_limit",
     "parse_schedule",
+    "short_repr",
 ]
 
 InputShape: TypeAlias = tuple[int, ...] | dict[str, tuple[int, ...]]
@@ -82,7 +83,7 @@ SINGLE_DEVICE_SOLVER = "single"
 """The solver that places every layer on one device: nothing for ``pipeline=True`` to overlap."""
 
 
-def _short(value: Any, limit: int = 40) -> str:
+def short_repr(value: Any, limit: int = 40) -> str:
     """``repr(value)`` cut to ``limit`` characters (``10**400`` has 401 digits)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
@@ -176,12 +177,12 @@ def _check_memory_limit(given: Any) -> int:
     value = _integer(given)
     if value is None or value < 1:
         raise UsageError(
-            f"memory_limit_bytes={given!r} must be a positive integer of bytes "
+            f"memory_limit_bytes={short_repr(given)} must be a positive integer of bytes "
             "(17179869184 for 16 GiB)"
         )
     if value > MAX_MEMORY_BYTES:
         raise UsageError(
-            f"memory_limit_bytes={value} is more than {MAX_MEMORY_BYTES} (1 EiB), the most "
+            f"memory_limit_bytes={short_repr(value)} is more than {MAX_MEMORY_BYTES} (1 EiB), the most "
             f"partition takes; give at most {MAX_MEMORY_BYTES}"
         )
     return value
@@ -373,7 +374,7 @@ class SearchOptions:
         """``time_limit_s`` is a positive, finite number of seconds, at most a day: any real
         number (numpy's too, an int too large for a float), as a float."""
         t = self.time_limit_s
-        shown = _short(t)
+        shown = short_repr(t)
         real = not (isinstance(t, bool) or type(t).__name__ == "bool_") and isinstance(
             t, numbers.Real
         )

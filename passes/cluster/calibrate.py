@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from cost_models.devices.fits import LatencyBandwidthFit, fit_latency_bandwidth
 from partitioner.core.errors import UsageError
+from partitioner.core.options import short_repr
 
 if TYPE_CHECKING:
     from passes.cluster.runtime import ClusterHandle
@@ -102,18 +103,18 @@ def check_timeout_s(name: str, value: object) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
-        or not math.isfinite(value)
+        or not (isinstance(value, int) or math.isfinite(value))  # an int is exact, however large
         or value <= 0
     ):
-        raise UsageError(f"{name}={value!r} must be a positive, finite number of seconds")
+        raise UsageError(f"{name}={short_repr(value)} must be a positive, finite number of seconds")
     if value < MIN_TIMEOUT_S:
         raise UsageError(
-            f"{name}={value!r} is less than {MIN_TIMEOUT_S:g} seconds, too short for any task to "
+            f"{name}={short_repr(value)} is less than {MIN_TIMEOUT_S:g} seconds, too short for any task to "
             f"answer; give at least {MIN_TIMEOUT_S:g}"
         )
     if value > MAX_TIMEOUT_S:
         raise UsageError(
-            f"{name}={value!r} is more than {MAX_TIMEOUT_S:g} seconds, the longest partitioner "
+            f"{name}={short_repr(value)} is more than {MAX_TIMEOUT_S:g} seconds, the longest partitioner "
             f"waits for a task; give at most {MAX_TIMEOUT_S:g}"
         )
     return float(value)
