@@ -121,22 +121,48 @@ def check_rebuildable(model: Any) -> None:
 
 
 def _rebuild_advice(layer: Any) -> str:
-    """What makes ``layer`` rebuildable from its config: for Keras's own ``Lambda``, its function
-    found again by name (a Python lambda has none); for a custom layer, its config."""
-    if not isinstance(layer, keras.layers.Lambda):
-        return (
-            "pass **kwargs to super().__init__ and implement get_config (and from_config for "
-            "layer arguments)"
-        )
-    name = getattr(getattr(layer, "function", None), "__name__", "<lambda>")
+    """What makes ``layer`` rebuildable from its config: a plain function in it (a ``Lambda``'s,
+    an ``activation`` or ``kernel_regularizer`` of a Keras layer) found again by name (a Python
+    lambda has none); for a custom layer, its config; for Keras's own, its arguments."""
     register = "@keras.saving.register_keras_serializable()"
-    head = "Keras finds a Lambda layer's function again by its registered name"
-    if name == "<lambda>":
-        head += ", and a Python lambda has none: make it a named function decorated with "
-        head += register
-    else:
-        head += f": decorate {name} with {register}"
-    return f"{head}, or write a custom layer (a keras.layers.Layer subclass with get_config)"
+    names = _unregistered_functions(layer.get_config())
+    if isinstance(layer, keras.layers.Lambda) and not names:
+        names = [getattr(getattr(layer, "function", None), "__name__", "<lambda>")]
+    if names:
+        head = "Keras finds a function in a layer's config again by its registered name"
+        if "<lambda>" in names:
+            head += f", and a Python lambda has none: make it a named function decorated with {register}"
+        else:
+            head += f": decorate {', '.join(names)} with {register}"
+        alternative = "write a custom layer (a keras.layers.Layer subclass with get_config)"
+        return f"{head}, or {alternative}"
+    if type(layer).__module__.split(".")[0] == "keras":
+        return (
+            "it is Keras's own layer, so one of its arguments is what cannot be rebuilt: give it "
+            "arguments Keras serialises (a built-in name, or a registered function or class)"
+        )
+    return (
+        "pass **kwargs to super().__init__ and implement get_config (and from_config for "
+        "layer arguments)"
+    )
+
+
+def _unregistered_functions(config: Any) -> list[str]:
+    """The names of the plain functions ``config`` holds (``{"class_name": "function",
+    "registered_name": "function", "config": "my_l2", ...}``: Keras saved a function it has no
+    registered name for), in order, each once."""
+    found: list[str] = []
+    stack = [config]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if value.get("class_name") == "function" and value.get("registered_name") == "function":
+                name = str(value.get("config"))
+                found += [name] * (name not in found)
+            stack.extend(reversed(list(value.values())))
+        elif isinstance(value, (list, tuple)):
+            stack.extend(reversed(value))
+    return found
 
 
 def check_model(model: Any) -> None:

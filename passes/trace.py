@@ -179,6 +179,7 @@ def build_sublayers(
     (:mod:`passes.weightless`) stay without values. Where the symbolic call fails, the layers
     are left as they are: the trace calls the model again and reports what fails.
     """
+    _build_sequential(model, specs)
     unbuilt = unbuilt_layers(model)
     specs = _own_specs(model) if specs is None and unbuilt else specs
     if not unbuilt or not specs:
@@ -200,6 +201,19 @@ def build_sublayers(
         return model
     logger.debug("built %d unbuilt layers of %s before its trace", len(unbuilt), model.name)
     return model
+
+
+def _build_sequential(model: keras.Model, specs: Sequence[tf.TensorSpec] | None) -> None:
+    """An unbuilt ``keras.Sequential`` (no ``keras.Input``) built on ``specs``' one input shape
+    with the batch unknown, as ``keras.Input(shape=...)`` declares it. Keras builds one on its
+    first call at that call's whole shape, batch included, as if the model fixed its batch
+    (``keras.Input(batch_shape=...)``): the trace's batch then refused the replica and
+    micro-batch rewrites, though the model runs any batch."""
+    if not isinstance(model, keras.Sequential) or model.built or not specs or len(specs) != 1:
+        return
+    scope = weightless.without_weights() if weightless.is_weightless(model) else None
+    with scope or contextlib.nullcontext():
+        model.build((None, *tuple(specs[0].shape)[1:]))
 
 
 def placement_units(model: keras.Model) -> tuple[Unit, ...]:

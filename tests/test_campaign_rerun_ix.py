@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -278,10 +279,112 @@ def test_a_timeout_of_an_integer_past_floats_is_one_line(value: int) -> None:
     """Campaign 34j b (DEF-E): ``math.isfinite(10**400)`` raised a raw OverflowError in the
     check of every wait (``Plan.apply(timeout_s=...)``, ``step_timeout_s``, calibration's);
     ``time_limit_s`` was refused in one line. The value is shown cut short, as there."""
-    from passes.cluster.calibrate import check_timeout_s
     from partitioner.core.errors import UsageError
+    from passes.cluster.calibrate import check_timeout_s
 
     with pytest.raises(UsageError) as info:
         check_timeout_s("timeout_s", value)
     message = str(info.value)
     assert message.startswith(f"timeout_s={str(value)[:37]}...") and len(message) < 160
+
+
+# -- campaign 34j b: a plan file's predictions agree with the plan ------------------------------
+
+
+@pytest.fixture(scope="module")
+def compared(mlp: Any) -> Any:
+    """A two-stage pipeline of ``mlp`` with its strategies table and timeline."""
+    import partitioner
+
+    return partitioner.partition(
+        mlp, gpus=2, batch_size=16, solver="even", pipeline=True, num_microbatches=2
+    )
+
+
+def _chosen_row(data: dict[str, Any]) -> dict[str, Any]:
+    return next(r for r in data["strategies"] if r["chosen"])
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda d: _chosen_row(d).update(peak_memory_bytes=2**45),
+         ".fits' is true, but its peak of 35184372088832 bytes is over its limit"),
+        (lambda d: d["strategies"][-1].update(chosen=True),
+         "field 'strategies' marks rows [0, 3] chosen; one is the fastest"),
+        (lambda d: d["strategies"][-1].update(family=d["strategies"][0]["family"]),
+         "field 'strategies[3]' is a second "),
+        (lambda d: _chosen_row(d).update(step_time_s=1e-3),
+         " 0.001 s) is marked chosen, but "),
+        (lambda d: d["timeline"][0].update(resource="device 7"),
+         "field 'timeline[0].resource' is 'device 7', not one of the plan's 2 devices"),
+        (lambda d: d["timeline"][0].update(resource="link 1->1"),
+         "field 'timeline[0].resource' is 'link 1->1'"),
+        (lambda d: d["predicted"]["transfer_bytes"].append(0),
+         "field 'predicted.transfer_bytes' has 3 entries for the plan's 2 devices"),
+        (lambda d: d["pipeline"]["bubble_fraction"].append(0.1),
+         "field 'pipeline.bubble_fraction' has 3 entries for the plan's 2 devices"),
+    ],
+    ids=["fits-over-limit", "two-chosen", "family-twice", "chosen-slower",
+         "timeline-device", "timeline-self-link", "transfer-bytes", "bubbles"],
+)  # fmt: skip
+def test_a_plan_files_predictions_must_agree_with_the_plan(
+    compared: Any, tmp_path: Path, edit: Any, says: str
+) -> None:
+    """Campaign 34j b (DEF-A..D): each edit was shown with exit 0 and applied: a strategies row
+    that fits at 133% of its memory, two rows chosen, one family twice or a slower row marked
+    fastest, a timeline row for a device the plan has not, lists of another length
+    than the devices or stages. (The chosen row is the fastest family, which a plan told to
+    pipeline need not run.)"""
+    from partitioner.core.errors import PlanError
+    from partitioner.plan.model import load_plan
+    from tests.test_plan_consistency_vii import _written
+
+    assert compared.strategy is not None and compared.strategies and compared.timeline
+    assert load_plan(compared.save(tmp_path / "same.json")).strategies == compared.strategies
+    path = _written(compared, tmp_path, edit)
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and says in message and "\n" not in message
+
+
+def test_tf_config_is_read_in_its_own_form_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Campaign 34j c (DD): calibrate and the worker took ``TF_CONFIG='{"worker": [...]}'``
+    (a cluster file's bare form, which TensorFlow reads no cluster from) and calibrate's advice
+    showed that form, while the planner refused it. TF_CONFIG needs its ``cluster`` key in
+    every command; a cluster file or mapping may still be the bare form."""
+    from partitioner.core.errors import UsageError
+    from passes.cluster.runtime import load_cluster
+
+    monkeypatch.setenv("TF_CONFIG", '{"worker": ["localhost:2222"]}')
+    with pytest.raises(UsageError) as info:
+        load_cluster(None)
+    assert str(info.value).startswith(
+        "TF_CONFIG: (top level): is missing key 'cluster', under which TensorFlow reads the jobs"
+    )
+    monkeypatch.setenv("TF_CONFIG", '{"worker": ["localhost:2222"')
+    with pytest.raises(UsageError, match=r'it should look like \{"cluster": \{"worker"'):
+        load_cluster(None)
+    assert load_cluster({"worker": ["localhost:2222"]}).addresses == ("localhost:2222",)
+
+
+def test_an_unbuilt_sequential_runs_any_batch_and_is_split(tmp_path: Path) -> None:
+    """Campaign 34j c (DB): a ``keras.Sequential`` without ``keras.Input`` was built by its
+    first (traced) call at batch 8, which Keras records as a fixed batch: data parallelism and
+    pipelines were refused "as a stateful layer needs", and ``auto`` left them out silently.
+    It is built with the batch unknown, as ``keras.Input(shape=...)`` would declare it."""
+    import keras
+
+    import partitioner
+    from passes.trace import fixed_batch
+
+    model = keras.Sequential(
+        [keras.layers.Dense(16, name="d1"), keras.layers.Dense(2, name="d2")], name="unbuilt"
+    )
+    plan = partitioner.partition(
+        model, gpus=2, batch_size=8, input_shape=(16,), strategy="data_parallel",
+        device_type="cpu",
+    )  # fmt: skip
+    assert plan.strategy is not None and plan.strategy.replicas == 2
+    assert fixed_batch(model) is None and model.inputs[0].shape == (None, 16)

@@ -411,6 +411,7 @@ class Plan:
         _check_input_shape(input_shape, fingerprint, origin)
         optional = _optional_fields(data, origin)
         _check_timeline(optional["timeline"], strategy, pipeline, origin)
+        _check_predictions(data, devices, optional, origin)
         fields: dict[str, Any] = dict(
             model_name=data["model"],
             devices=devices,
@@ -991,6 +992,88 @@ def _fingerprint(
         ),
         layer_inputs=tuple((name, tuple(fed_by)) for name, fed_by in wiring.items()),
     )
+
+
+def _check_predictions(
+    data: Mapping[str, Any],
+    devices: Sequence[PlanDevice],
+    optional: Mapping[str, Any],
+    origin: str,
+) -> None:
+    """What a plan file predicts agrees with the plan: one entry per device in every list (a
+    pipeline's bubbles too: one per device, of every replica), the strategies table's rows
+    with their own memory and its chosen row the fastest, the timeline on the plan's devices
+    and links; PlanError naming ``origin`` and the field. (A plan may put a device over its
+    memory: a forced placement does, and its advice says so.)"""
+    predicted, pipeline = data["predicted"], data.get("pipeline") or {}
+    for name, values in (
+        ("predicted.transfer_bytes", predicted.get("transfer_bytes")),
+        ("pipeline.bubble_fraction", pipeline.get("bubble_fraction")),
+    ):
+        if values and len(values) != len(devices):
+            raise PlanError(
+                f"{origin}: field {name!r} has {len(values)} entries for the plan's "
+                f"{len(devices)} devices; make the plan again"
+            )
+    _check_strategy_rows(optional["strategies"], origin)
+    _check_timeline_resources(optional["timeline"], devices, origin)
+
+
+def _check_strategy_rows(rows: Sequence[FamilyRow], origin: str) -> None:
+    """The ``strategies[]`` table (each family's best, the fastest marked chosen, whatever the
+    plan itself runs): one row per family, each fitting exactly when its peak is within its
+    limit, at most one chosen, and that one the fastest that fits (or any, when none fits)."""
+    families = [row.family for row in rows]
+    for i, row in enumerate(rows):
+        if families.index(row.family) != i:
+            raise PlanError(
+                f"{origin}: field 'strategies[{i}]' is a second {row.family.value} row; the "
+                "table has each family's best once: make the plan again"
+            )
+        if row.fits != (row.peak_memory_bytes <= row.memory_limit_bytes):
+            raise PlanError(
+                f"{origin}: field 'strategies[{i}].fits' is {str(row.fits).lower()}, but its "
+                f"peak of {row.peak_memory_bytes} bytes is "
+                f"{'within' if not row.fits else 'over'} its limit of {row.memory_limit_bytes}; "
+                "make the plan again"
+            )
+    chosen = [i for i, row in enumerate(rows) if row.chosen]
+    if len(chosen) > 1:
+        raise PlanError(
+            f"{origin}: field 'strategies' marks rows {chosen} chosen; one is the fastest: "
+            "make the plan again"
+        )
+    if not chosen:
+        return
+    best = rows[chosen[0]]
+    fitting = [r for r in rows if r.fits]
+    faster = min(fitting or rows, key=lambda r: r.step_time_s)
+    if (fitting and not best.fits) or faster.step_time_s < best.step_time_s * (1 - _BOUND_SLACK):
+        raise PlanError(
+            f"{origin}: field 'strategies[{chosen[0]}]' ({best.family.value}, "
+            f"{best.step_time_s!r} s{'' if best.fits else ', does not fit'}) is marked chosen, "
+            f"but {faster.family.value} fits at {faster.step_time_s!r} s; make the plan again"
+        )
+
+
+def _check_timeline_resources(
+    timeline: Sequence[TimelineEvent], devices: Sequence[PlanDevice], origin: str
+) -> None:
+    """Every timeline event is on one of the plan's devices (``device i``), or a channel
+    between two of its devices or hosts (``link a->b``, ``hosts a->b``)."""
+    hosts = 1 + max((d.host for d in devices), default=0)
+    for i, event in enumerate(timeline):
+        kind, _, rest = event.resource.partition(" ")
+        ends = rest.split("->") if kind in ("link", "hosts") else [rest]
+        bound = hosts if kind == "hosts" else len(devices)
+        valid = kind in ("device", "link", "hosts") and len(ends) == (1 if kind == "device" else 2)
+        valid = valid and all(e.isdigit() and int(e) < bound for e in ends)
+        if not valid or (len(ends) == 2 and ends[0] == ends[1]):
+            raise PlanError(
+                f"{origin}: field 'timeline[{i}].resource' is {event.resource!r}, not one of "
+                f"the plan's {len(devices)} devices ('device 0'..'device {len(devices) - 1}') "
+                "nor a link between two of them; make the plan again"
+            )
 
 
 _BOUND_SLACK = 1e-9

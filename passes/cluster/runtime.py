@@ -141,6 +141,8 @@ class WorkerCluster:
 
 
 _CLUSTER_EXAMPLE = '{"worker": ["host0:2222", "host1:2222"]}'
+_TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
+"""TF_CONFIG's own form: TensorFlow reads the cluster only under its ``cluster`` key."""
 
 MAX_CLUSTER_BYTES = 1 << 20
 """The largest cluster file read (1 MiB; TF_CONFIG has the same bound): a regular file, refused
@@ -180,7 +182,8 @@ def _read_cluster_data(
             f"cluster file, a mapping like {_CLUSTER_EXAMPLE}, a TF_CONFIG JSON string, or None "
             "for TF_CONFIG"
         )
-    return parse_json(text, source, UsageError, hint=f"it should look like {_CLUSTER_EXAMPLE}"), source
+    example = _TF_CONFIG_EXAMPLE if source == TF_CONFIG_VARIABLE else _CLUSTER_EXAMPLE
+    return parse_json(text, source, UsageError, hint=f"it should look like {example}"), source
 
 
 def _short_repr(value: object) -> str:
@@ -191,11 +194,13 @@ def _short_repr(value: object) -> str:
 def _cluster_config(data: object, source: str) -> TfConfig:
     """The TF_CONFIG form (``{"cluster": ..., "task": ...}``) or the bare ``{job: [...]}``
     form, through the one TF_CONFIG parser."""
+    tf_config = source == TF_CONFIG_VARIABLE
     if not isinstance(data, dict):
+        example = _TF_CONFIG_EXAMPLE if tf_config else _CLUSTER_EXAMPLE
         raise UsageError(
-            f"{source} must be a JSON object like {_CLUSTER_EXAMPLE}, got {type(data).__name__}"
+            f"{source} must be a JSON object like {example}, got {type(data).__name__}"
         )
-    if "cluster" in data:
+    if "cluster" in data or tf_config:  # TensorFlow reads no cluster from TF_CONFIG without it
         return parse_tf_config(data, origin=source, error=UsageError)
     return TfConfig(jobs=parse_cluster_jobs(data, origin=source, error=UsageError))
 
