@@ -388,3 +388,59 @@ def test_an_unbuilt_sequential_runs_any_batch_and_is_split(tmp_path: Path) -> No
     )  # fmt: skip
     assert plan.strategy is not None and plan.strategy.replicas == 2
     assert fixed_batch(model) is None and model.inputs[0].shape == (None, 16)
+
+
+MAKES_ITS_VOCABULARY = """\
+import tensorflow as tf
+
+with tf.io.gfile.GFile("vocab.txt", "w") as f:
+    f.write("a\\nb\\n")
+VOCABULARY = tf.io.gfile.GFile("vocab.txt").read()
+"""
+
+
+@pytest.mark.slow
+def test_an_output_the_model_made_while_it_ran_is_not_replaced(tmp_path: Path) -> None:
+    """Campaign 34j a (S3): a file that was not there when the run started, which the model's
+    code made and read back through TensorFlow's file layer (no hook sees it, and no watch was
+    set on a file that did not exist), was replaced by the plan with exit 0."""
+    from tests.test_process_hygiene import TINY
+
+    (tmp_path / "m.py").write_text(MAKES_ITS_VOCABULARY + TINY)
+    run = subprocess.run(
+        [sys.executable, "-m", "partitioner", "m.py", "--gpus", "2", "--out", "vocab.txt"],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == (
+        "partition: error: --out vocab.txt did not exist when the run started, and the model's "
+        "code made it; refusing to overwrite it: give another path"
+    )
+    assert (tmp_path / "vocab.txt").read_text() == "a\nb\n"
+
+
+def test_a_plain_function_in_a_keras_layers_config_is_told_to_register_it() -> None:
+    """Campaign 34j c (DA): a ``Dense`` given an unregistered ``kernel_regularizer`` (or
+    ``activation``) function was told to "pass **kwargs to super().__init__ and implement
+    get_config", advice for a custom layer; the way out is registering the function."""
+    import keras
+
+    from partitioner.core.errors import RewriteError
+    from passes.checks import check_rebuildable
+
+    def my_l2(w: Any) -> Any:
+        return 0.01 * keras.ops.sum(keras.ops.square(w))
+
+    def my_act(x: Any) -> Any:
+        return keras.ops.relu(x)
+
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(3, name="d1", kernel_regularizer=my_l2, activation=my_act)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="d2")(hidden))
+    with pytest.raises(RewriteError) as info:
+        check_rebuildable(model)
+    message = str(info.value)
+    assert message.startswith("layer 'd1' (Dense) cannot be rebuilt from its config")
+    assert "decorate my_act, my_l2 with @keras.saving.register_keras_serializable()" in message
+    assert "super().__init__" not in message

@@ -438,6 +438,10 @@ class _Output(NamedTuple):
     option: str
     given: str
     path: str
+    existed: bool = True
+    """Whether a file was there when the run started: one there now that was not is the model's
+    code's (it may have written it, or made it and read it back through TensorFlow's file layer,
+    which no hook sees), and is not replaced."""
 
 
 @dataclass(frozen=True)
@@ -509,12 +513,16 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
         model=model if attr is None else f"{model}:{attr}",
         topology_file=None if topology_file is None else Path(start, topology_file),
         outputs=tuple(
-            _Output(o, p, os.path.realpath(os.path.join(start, p)))
+            _Output(o, p, os.path.realpath(os.path.join(start, p)), _lexists(start, p))
             for o, p in named
             if p is not None
         ),
         cache_dir=cache_dir,
     )
+
+
+def _lexists(start: str, given: str) -> bool:
+    return os.path.lexists(os.path.join(start, given))
 
 
 def _check_still_resolved(path: str, option: str, shown: str) -> None:
@@ -566,6 +574,11 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
     seen: list[_Output] = []
     for out in paths.outputs:
         shown = paths.shown(out.given, out.path)
+        if not out.existed and os.path.lexists(out.path):
+            raise UsageError(
+                f"{out.option} {shown} did not exist when the run started, and the model's code "
+                "made it; refusing to overwrite it: give another path"
+            )
         _check_out(out.path, out.option, shown)
         for earlier in seen:
             if same_file(out.path, earlier.path):
