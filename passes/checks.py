@@ -125,7 +125,10 @@ def _rebuild_advice(layer: Any) -> str:
     an ``activation`` or ``kernel_regularizer`` of a Keras layer) found again by name (a Python
     lambda has none); for a custom layer, its config; for Keras's own, its arguments."""
     register = "@keras.saving.register_keras_serializable()"
-    names = _unregistered_functions(layer.get_config())
+    try:
+        names = _unregistered_functions(layer.get_config())
+    except Exception:  # the config itself fails: the generic advice below
+        names = []
     if isinstance(layer, keras.layers.Lambda) and not names:
         names = [getattr(getattr(layer, "function", None), "__name__", "<lambda>")]
     if names:

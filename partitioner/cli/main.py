@@ -574,11 +574,6 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
     seen: list[_Output] = []
     for out in paths.outputs:
         shown = paths.shown(out.given, out.path)
-        if not out.existed and os.path.lexists(out.path):
-            raise UsageError(
-                f"{out.option} {shown} did not exist when the run started, and the model's code "
-                "made it; refusing to overwrite it: give another path"
-            )
         _check_out(out.path, out.option, shown)
         for earlier in seen:
             if same_file(out.path, earlier.path):
@@ -590,6 +585,11 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
                 raise UsageError(
                     f"{out.option} {shown} is {what}; refusing to overwrite it: give another path"
                 )
+        if not out.existed and os.path.lexists(out.path):
+            raise UsageError(
+                f"{out.option} {shown} did not exist when the run started, and the model's code "
+                "made it; refusing to overwrite it: give another path"
+            )
         seen.append(out)
 
 
