@@ -33,7 +33,13 @@ from cost_models.estimate.costs import cost_graph
 from cost_models.estimate.memory import Optimizer, parse_optimizer
 from cost_models.estimate.precision import parse_precision, traced_precision
 from partitioner.core.batching import BatchShare, at_share, graph_at_batch
-from partitioner.core.errors import PartitionError, PlanError, RewriteError, UsageError
+from partitioner.core.errors import (
+    InfeasibleError,
+    PartitionError,
+    PlanError,
+    RewriteError,
+    UsageError,
+)
 from partitioner.core.ir import (
     CostedGraph,
     PartitionProblem,
@@ -356,7 +362,7 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
     costed_at = _CostedAt(model, prepared, costed, traced)
     pipelined = _pipelined_costs(costed_at, prepared, say, phases)
     say(f"solving with {prepared.solver.name}")
-    with _timed(phases, "solve"):
+    with _timed(phases, "solve"), _memory_limit_named(prepared):
         solved = _solve(costed, prepared, inexact, pipelined)
     say("comparing with baselines")
     with _timed(phases, "baselines"):
@@ -364,7 +370,7 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
     compared = None
     if prepared.search.compare_strategies and prepared.topology.num_devices > 1:
         say("comparing strategies")
-        with _timed(phases, "strategies"):
+        with _timed(phases, "strategies"), _memory_limit_named(prepared):
             compared = _compare(costed_at, prepared, solved)
     from passes.apply import model_fingerprint  # what plan.apply checks the model against
 
@@ -394,6 +400,21 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
         logger.warning("%s", line)
     plan = _split_plan(costed, solved, compared, common)
     return _applyable(model, replace(plan, advice=(*note, *plan.advice)), costed)
+
+
+@contextlib.contextmanager
+def _memory_limit_named(prepared: Prepared) -> Iterator[None]:
+    """A plan that does not fit says so when the devices' memory is the limit the caller gave
+    (the solvers see only device memories, and advise larger devices)."""
+    try:
+        yield
+    except InfeasibleError as exc:
+        limit = prepared.target.memory_limit_bytes
+        if limit is None:
+            raise
+        raise InfeasibleError(
+            f"{exc}; each device's memory here is memory_limit_bytes={limit} as given"
+        ) from None
 
 
 def _check_model(model: Any) -> _Inexact:

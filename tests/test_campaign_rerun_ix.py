@@ -444,3 +444,18 @@ def test_a_plain_function_in_a_keras_layers_config_is_told_to_register_it() -> N
     assert message.startswith("layer 'd1' (Dense) cannot be rebuilt from its config")
     assert "decorate my_act, my_l2 with @keras.saving.register_keras_serializable()" in message
     assert "super().__init__" not in message
+
+
+def test_a_plan_that_does_not_fit_a_given_memory_limit_names_it(mlp: Any) -> None:
+    """Campaign 34j b (CD, unclear): ``--memory-limit 16KiB`` below one layer's need was told
+    to use larger devices, a smaller batch or split the layer, never the limit the user gave."""
+    import partitioner
+    from partitioner.core.errors import InfeasibleError
+
+    with pytest.raises(InfeasibleError) as info:
+        partitioner.partition(
+            mlp, gpus=2, batch_size=16, memory_limit_bytes=16384, compare_strategies=False
+        )
+    message = str(info.value)
+    assert message.endswith("; each device's memory here is memory_limit_bytes=16384 as given")
+    assert "\n" not in message
