@@ -459,3 +459,59 @@ def test_a_plan_that_does_not_fit_a_given_memory_limit_names_it(mlp: Any) -> Non
     message = str(info.value)
     assert message.endswith("; each device's memory here is memory_limit_bytes=16384 as given")
     assert "\n" not in message
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_another_users_link_anywhere_on_the_path_is_refused(tmp_path: Path) -> None:
+    """Campaign 34k a (DEF2): only a planted link at the path's last component was refused;
+    one that is a directory of the path (``/tmp/sub`` of ``/tmp/sub/plan.json``) was followed
+    by every output, the profile cache and ``start_local_workers``."""
+    from cost_models.measure.profiled import cache_write_problem
+    from partitioner.cli.worker import start_local_workers
+    from partitioner.core.errors import OutputError
+    from partitioner.core.files import check_output_path
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (shared / "sub").symlink_to(victim)
+    os.chown(shared / "sub", 65534, 65534, follow_symlinks=False)
+    with pytest.raises(OutputError, match=f"{shared / 'sub'} is a symbolic link of another"):
+        check_output_path(shared / "sub" / "plan.json")
+    with pytest.raises(OutputError, match="uid 65534"):
+        start_local_workers(1, shared / "sub" / "w")
+    problem = cache_write_problem(shared / "sub" / "cache")
+    assert problem is not None and "is a symbolic link of another user" in problem
+    assert list(victim.iterdir()) == []
+
+
+def test_an_output_that_leads_to_an_open_stream_is_refused(tmp_path: Path) -> None:
+    """Campaign 34k a (DEF1): ``--out /dev/stdout >> journal.txt`` (stdout a regular file)
+    replaced the journal with the plan; only a stdout that is a pipe was refused."""
+    from partitioner.core.errors import OutputError
+    from partitioner.core.files import check_output_path, write_atomic
+
+    journal = tmp_path / "journal.txt"
+    journal.write_text("line 1\n")
+    with journal.open("a") as stream:
+        fd_path = f"/proc/self/fd/{stream.fileno()}"
+        for attempt in (lambda: check_output_path(fd_path), lambda: write_atomic(fd_path, "{}")):
+            with pytest.raises(OutputError) as info:
+                attempt()
+            assert "an open file descriptor (a stream such as stdout), not a file" in str(
+                info.value
+            )
+    assert journal.read_text() == "line 1\n"
+
+
+def test_checking_a_new_profile_cache_makes_no_directory(tmp_path: Path) -> None:
+    """Campaign 34k a (DEF3): a run refused before it measured anything left the new cache
+    directory and its ``layers`` behind: the check made them. The first entry makes them."""
+    from cost_models.measure.profiled import cache_write_problem
+
+    assert cache_write_problem(tmp_path / "new" / "cache") is None
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    assert cache_write_problem(tmp_path / "file" / "cache") == f"{tmp_path / 'file'} is not a directory"

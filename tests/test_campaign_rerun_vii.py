@@ -484,7 +484,10 @@ def test_a_json_file_of_millions_of_containers_is_refused_before_parsing(tmp_pat
 
 @pytest.mark.parametrize(
     ("path", "words"),
-    [("x.json/", "ends with a slash"), ("/dev/stdout", "is a named pipe (FIFO)")],
+    [
+        ("x.json/", "it ends with a slash"),
+        ("/dev/stdout", "an open file descriptor (a stream such as stdout), not a file"),
+    ],
 )
 def test_plan_save_refuses_a_directory_spelling_and_a_pipe(
     path: str, words: str, plan: Any, tmp_path: Path
@@ -496,7 +499,7 @@ def test_plan_save_refuses_a_directory_spelling_and_a_pipe(
         saved = os.dup(1)
         os.dup2(write, 1)
         try:
-            with pytest.raises(OutputError, match=f"/dev/stdout: it {re.escape(words)}"):
+            with pytest.raises(OutputError, match=f"/dev/stdout: .*{re.escape(words)}"):
                 plan.save(path)
         finally:
             os.dup2(saved, 1)

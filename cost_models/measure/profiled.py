@@ -57,7 +57,7 @@ from typing import Any
 
 from cost_models.devices.catalog import DeviceKind
 from cost_models.devices.datafiles import check_schema, parse_json, read_text
-from partitioner.core.errors import PartitionError, TraceError
+from partitioner.core.errors import OutputError, PartitionError, TraceError
 from partitioner.core.ir import CostedGraph, Phase
 from partitioner.core.options import InputShape
 
@@ -358,14 +358,26 @@ def _write_entry(
 
 def cache_write_problem(cache_dir: str | os.PathLike[str] | None) -> str | None:
     """Why the profile cache in ``cache_dir`` (default :func:`default_cache_dir`) cannot take
-    entries (made if missing), or None: a caller that profiles several times says it once."""
-    cache = Path(os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir()))
+    entries, or None: a caller that profiles several times says it once. A directory not made
+    yet is made with the first entry (its nearest existing parent must take files); a path
+    through another user's link in a shared directory (:func:`check_links_followed`) takes
+    none."""
+    from partitioner.core.files import check_links_followed
+
+    given = cache_dir if cache_dir is not None else default_cache_dir()
+    try:
+        check_links_followed(given, "the cache directory")
+    except OutputError as exc:
+        return str(exc).split(": ", 1)[-1]
+    cache = Path(os.path.realpath(given))
     layers = cache / "layers"
     if layers.is_symlink():
         return f"its directory {layers} is a symbolic link, which entries are never written through"
-    try:
-        layers.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=layers):
+    existing = next((d for d in (layers, *layers.parents) if d.exists()), Path("/"))
+    try:  # made with the first entry, not here: a run that fails before then leaves nothing
+        if not existing.is_dir():
+            return f"{existing} is not a directory"
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
         return f"{exc.strerror or exc}"

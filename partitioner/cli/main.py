@@ -501,7 +501,11 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
         from cost_models.measure.profiled import default_cache_dir
 
         with contextlib.suppress(RuntimeError):  # no home directory: the profiler says so
-            cache_dir = os.path.realpath(os.path.join(start, default_cache_dir()))
+            given_cache = os.path.join(start, default_cache_dir())
+            check_links_followed(
+                given_cache, "the profile cache directory (PARTITIONER_CACHE_DIR)", given_cache
+            )
+            cache_dir = os.path.realpath(given_cache)
     # Outputs are resolved now, through every symbolic link, and written there: a link the
     # model's code re-points later changes nothing, and one it puts on the resolved path is
     # refused (_check_still_resolved), never written through.

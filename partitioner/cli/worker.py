@@ -103,7 +103,7 @@ from partitioner.cli.loopback import (
 from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import import_quietly
 from partitioner.core.errors import PartitionError, UsageError
-from partitioner.core.files import file_kind, write_atomic
+from partitioner.core.files import check_links_followed, file_kind, write_atomic
 
 if TYPE_CHECKING:
     from passes.cluster.runtime import WorkerCluster
@@ -707,6 +707,7 @@ def start_local_workers(
     ready and its port accepts connections; on failure the started workers are stopped and
     :class:`~partitioner.core.errors.UsageError` says which one failed, with the tail of its log.
     """
+    check_links_followed(directory, "start_local_workers directory=")
     directory.mkdir(parents=True, exist_ok=True)
     addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks))
     cluster_file = directory / "cluster.json"

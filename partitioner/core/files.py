@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import errno
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -109,35 +110,63 @@ MAX_LINKS_FOLLOWED = 40
 """As many symbolic links as the kernel follows in one path (``ELOOP`` past it)."""
 
 
+_FD_DIRECTORY = re.compile(r"^/proc/[^/]+(/task/[^/]+)?/fd$")
+"""A process's directory of open file descriptors (``/dev/stdout`` leads into one)."""
+
+
 def check_links_followed(
     path: str | os.PathLike[str], what: str, shown: str | os.PathLike[str] | None = None
 ) -> None:
-    """The symbolic links ``path`` leads through (its last component, link after link) may be
-    followed (else OutputError naming ``shown``, default ``path``), as Linux's ``fs.protected_symlinks`` has it: not a link of another user in a
+    """Every symbolic link ``path`` leads through, in any component, link after link, may be
+    followed, as Linux's ``fs.protected_symlinks`` has it: not a link of another user in a
     sticky directory writable by all (``/tmp``), unless the directory's owner made it. A write
-    that resolves the link itself and renames over its target never meets the kernel's check,
-    so another user's link planted at ``/tmp/plan.json`` would have the run replace any file
-    it may write."""
-    current = os.path.abspath(path)
-    for _ in range(MAX_LINKS_FOLLOWED):
+    that resolves links itself and renames over the target never meets the kernel's check, so
+    another user's link planted at ``/tmp/plan.json`` (or ``/tmp/sub`` of ``/tmp/sub/plan.json``)
+    would have the run replace any file it may write. Nor may it lead to an open file
+    descriptor (``/dev/stdout``, ``/proc/self/fd/1``): a stream appended to a file
+    (``>> journal.txt``) would have that file replaced whole. OutputError naming ``shown``
+    (default ``path``) otherwise."""
+    current, pending = "/", list(reversed(Path(os.path.abspath(path)).parts[1:]))
+    for _ in range(MAX_LINKS_FOLLOWED * 64):
+        if not pending:
+            return
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, part)
+        if _FD_DIRECTORY.match(current):
+            raise OutputError(
+                f"{what} {shown or path}: it leads to {candidate}, an open file descriptor "
+                "(a stream such as stdout), not a file; give a file path"
+            )
         try:
-            link = os.lstat(current)
-            if not stat.S_ISLNK(link.st_mode):
-                return
-            directory = os.path.dirname(current)
-            parent = os.stat(directory)
-            target = os.readlink(current)
+            link = os.lstat(candidate)
+            target = os.readlink(candidate) if stat.S_ISLNK(link.st_mode) else None
         except OSError:
             return  # what is not there is not followed; the caller says what it is
-        shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
-        if shared and link.st_uid not in (os.geteuid(), parent.st_uid):
-            raise OutputError(
-                f"{what} {shown or path}: {current} is a symbolic link of another user (uid "
-                f"{link.st_uid}) in {directory}, a sticky directory anyone may write to; "
-                "refusing to follow it (as the kernel's protected_symlinks would): give a path "
-                "of your own"
-            )
-        current = os.path.normpath(os.path.join(directory, target))
+        if target is None:
+            current = candidate
+            continue
+        _check_link_owner(candidate, link, current, f"{what} {shown or path}")
+        parts = Path(target).parts
+        if target.startswith("/"):
+            current, parts = "/", parts[1:]
+        pending.extend(reversed(parts))
+
+
+def _check_link_owner(link_path: str, link: os.stat_result, directory: str, head: str) -> None:
+    """The symbolic link ``link_path`` (``link``: its lstat) in ``directory`` may be followed."""
+    parent = os.stat(directory)
+    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+    if shared and link.st_uid not in (os.geteuid(), parent.st_uid):
+        raise OutputError(
+            f"{head}: {link_path} is a symbolic link of another user (uid {link.st_uid}) in "
+            f"{directory}, a sticky directory anyone may write to; refusing to follow it (as "
+            "the kernel's protected_symlinks would): give a path of your own"
+        )
 
 
 MODEL_MODULE_FLAG = "__partitioner_model_file__"
