@@ -43,7 +43,7 @@ import networkx as nx
 import tensorflow as tf
 
 from partitioner.core.batching import TRACED_AT
-from partitioner.core.errors import TraceError, error_line, quoting
+from partitioner.core.errors import TraceError, error_line, quoting, unwrapped
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
 from passes import blocks, weightless
 
@@ -1085,7 +1085,7 @@ def _trace_failure(
     said = error_line(exc)
     return quoting(
         TraceError(
-            f"{where} raised {type(exc).__name__} while traced: {said}; "
+            f"{where} raised {type(unwrapped(exc)).__name__} while traced: {said}; "
             f"{_traced_at(model, specs, given)}"
         ),
         said,

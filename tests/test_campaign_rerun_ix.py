@@ -515,3 +515,88 @@ def test_checking_a_new_profile_cache_makes_no_directory(tmp_path: Path) -> None
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("x")
     assert cache_write_problem(tmp_path / "file" / "cache") == f"{tmp_path / 'file'} is not a directory"
+
+
+# -- campaign 34k c -------------------------------------------------------------------------------
+
+
+def test_an_error_keras_wrapped_is_reported_whole() -> None:
+    """Campaign 34k c (D3): Keras's layer-call wrapper keeps an error's first argument only, so
+    a missing file in ``call()`` was "raised FileNotFoundError while traced: 2", and a
+    ``CalledProcessError`` (which Keras re-raises as a RuntimeError) "RuntimeError ...: 1". The
+    error it wrapped, at hand as its context, is reported."""
+    import subprocess as sp
+
+    from partitioner.core.errors import error_line, unwrapped
+
+    def wrapped(inner: BaseException, outer: BaseException) -> BaseException:
+        outer.__context__ = inner
+        return outer
+
+    head = "Exception encountered when calling Vocab.call().\n\n\x1b[1m{}\x1b[0m\n\nArguments"
+    missing = wrapped(
+        FileNotFoundError(2, "No such file or directory", "vocab.txt"),
+        FileNotFoundError(head.format(2)),
+    )
+    assert error_line(missing) == "[Errno 2] No such file or directory: 'vocab.txt'"
+    failed = wrapped(sp.CalledProcessError(1, ["false"]), RuntimeError(head.format(1)))
+    assert type(unwrapped(failed)) is sp.CalledProcessError
+    assert error_line(failed) == "Command '['false']' returned non-zero exit status 1."
+    # an error of another class, or none, is Keras's own message
+    other = wrapped(KeyError("k"), ValueError(head.format("bad value")))
+    assert error_line(other) == "bad value" and unwrapped(other) is other
+
+
+def test_calibrates_advice_names_its_flags() -> None:
+    """Campaign 34k c (D4): ``partition calibrate`` advised ``cluster=`` (the library's
+    spelling) where the command takes ``--cluster``."""
+    from partitioner.cli.calibrate import cli_message
+
+    assert cli_message("calibrate them with cluster= (a cluster file)") == (
+        "calibrate them with --cluster (a cluster file)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_a_worker_whose_stdout_takes_no_line_serves_and_says_so(
+    stdout: str, tmp_path: Path
+) -> None:
+    """Campaign 34k c (D1): ``partition worker >/dev/full`` (or ``>&-``, ``| true``) ended in
+    a traceback from its ready line and stopped serving; it says so on stderr and serves."""
+    import socket
+    import time
+
+    from partitioner.cli.worker import free_ports
+
+    port = free_ports(1)[0]
+    cluster = tmp_path / "c.json"
+    cluster.write_text(f'{{"worker": ["127.0.0.1:{port}"]}}')
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["PYTHONPATH"] = str(REPO)
+    sink = open("/dev/full", "w") if stdout == "full" else subprocess.DEVNULL
+    cmd = [sys.executable, "-m", "partitioner", "worker", "--cluster", str(cluster), "--task", "0"]
+    kwargs: dict[str, Any] = {"stdout": sink} if stdout == "full" else {"close_fds": True}
+    if stdout == "closed":
+        cmd = ["sh", "-c", 'exec "$@" >&-', "sh", *cmd]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, **kwargs)
+    try:
+        deadline = time.monotonic() + 120
+        served = False
+        while time.monotonic() < deadline and proc.poll() is None and not served:
+            with socket.socket() as s:
+                served = s.connect_ex(("127.0.0.1", port)) == 0
+            time.sleep(0.5)
+        assert served and proc.poll() is None  # still serving
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+        if stdout == "full":
+            sink.close()
+    line = next(x for x in err.decode().splitlines() if "ready" in x)
+    reason = "No space left on device" if stdout == "full" else "it is closed"
+    assert line == (
+        f"partition worker: note: stdout takes no line ({reason}); partition worker ready: task "
+        f"0 at 127.0.0.1:{port}"
+    )
+    assert "Traceback" not in err.decode()

@@ -398,10 +398,10 @@ def test_print_out_ends_quietly_on_a_closed_pipe_and_names_the_files_on_other_fa
             raise self.exc
 
     monkeypatch.setattr(sys, "stdout", Failing(BrokenPipeError(errno.EPIPE, "Broken pipe")))
-    assert cli._print_out("report\n", "the report", ["plan.json"]) == 0
+    assert cli.print_out("report\n", "the report", ["plan.json"]) == 0
     monkeypatch.setattr(sys, "stdout", Failing(OSError(errno.ENOSPC, "No space left on device")))
     with pytest.raises(OutputError, match=r"\(No space left on device\); plan.json was written"):
-        cli._print_out("report\n", "the report", ["plan.json"])
+        cli.print_out("report\n", "the report", ["plan.json"])
 
 
 # -- errors from the model's own code ------------------------------------------------------------

@@ -37,6 +37,7 @@ DEFAULT_ROUNDS = 15
 
 FLAGS: Mapping[str, str] = MappingProxyType(
     {
+        "cluster": "--cluster {}",
         "rounds": "--rounds {}",
         "step_timeout_s": "--timeout {}",
         "timeout_s": "--timeout {}",
@@ -158,8 +159,9 @@ def _run(args: argparse.Namespace) -> int:
             "run again"
         )
     write_atomic(target, json.dumps(data, indent=1) + "\n", follow_symlinks=False)
-    sys.stdout.write(_summary(data, args.out, time.monotonic() - started))
-    return 0
+    from partitioner.cli.main import print_out  # a full or closed stdout: one line, as a plan's
+
+    return print_out(_summary(data, args.out, time.monotonic() - started), "the summary", [args.out])
 
 
 def _check_written(data: dict[str, object]) -> None:

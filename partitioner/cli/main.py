@@ -858,7 +858,7 @@ def _show(argv: Sequence[str], out: Console) -> int:
     try:
         with out.capture() as tables:
             render_plan(load_plan(args.plan), out, verbose=args.verbose)
-        return _print_out(tables.get(), "the plan's tables", ())
+        return print_out(tables.get(), "the plan's tables", ())
     except PartitionError as exc:
         return _error(exc)
 
@@ -890,7 +890,7 @@ def _devices(argv: Sequence[str], out: Console) -> int:
     with out.capture() as listed:
         out.print(table)
     try:
-        return _print_out(listed.get(), "the device catalog", ())
+        return print_out(listed.get(), "the device catalog", ())
     except PartitionError as exc:
         return _error(exc)
 
@@ -952,7 +952,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     130 (at once outside the run, where nothing is being written; inside it a
     ``KeyboardInterrupt`` unwinds, so atomic writers remove their temporary files; after the
     plan is written, up to the process's very end: :func:`_end_process`), a stdout or stderr
-    that fails leaves no traceback and changes no status (:func:`_print_out`,
+    that fails leaves no traceback and changes no status (:func:`print_out`,
     :func:`_flush_or_drop`, :func:`_own_stderr`), and threads and child processes the model's
     code left running do not keep the process (or a pipe from it) alive (:func:`_leave`). With
     ``argv`` (tests, another program calling it) it only returns the status: signals, streams
@@ -1048,7 +1048,7 @@ def _interrupted() -> int:
 class _Unwritten:
     """Stdout as a rich Console sees it (its terminal, encoding, descriptor) but never
     writes to: rich writes and flushes its file even while capturing, where a full disk raises.
-    Everything is drawn into captures and printed by :func:`_print_out`, after the files."""
+    Everything is drawn into captures and printed by :func:`print_out`, after the files."""
 
     def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
@@ -1079,7 +1079,7 @@ def _say(line: str) -> None:
         stream.flush()
 
 
-def _print_out(text: str, what: str, written: Sequence[str]) -> int:
+def print_out(text: str, what: str, written: Sequence[str]) -> int:
     """Print ``text`` (``what`` it is) on stdout, after the run's files (``written``, as shown)
     were written; the run's status. A reader that closed the pipe (``partition ... | head -1``)
     ends the run quietly with status 0, as it took what it wanted and the files are whole; any
@@ -1538,7 +1538,7 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
             out.print(f"{escape(labels[written.option])} written to {escape(name)}")
         if args.verbose:
             out.print(f"Total wall time: {time.perf_counter() - started:.2f} s")
-    return _print_out(report.get() + footer.get(), "the report", [escape_control(n) for n in shown])
+    return print_out(report.get() + footer.get(), "the report", [escape_control(n) for n in shown])
 
 
 def _plan(

@@ -76,6 +76,7 @@ falls back to every interface.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import logging
@@ -573,8 +574,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(argv) if argv is not None else None)
 
     def announce(task: int, address: str) -> None:
-        sys.stdout.write(f"{READY_PREFIX} task {task} at {address}\n")
-        sys.stdout.flush()
+        line = f"{READY_PREFIX} task {task} at {address}"
+        try:
+            sys.stdout.write(f"{line}\n")
+            sys.stdout.flush()
+        except (OSError, ValueError, AttributeError) as exc:  # full, closed, or a closed pipe
+            _stdout_dropped()
+            reason = (exc.strerror if isinstance(exc, OSError) else None) or "it is closed"
+            sys.stderr.write(f"partition worker: note: stdout takes no line ({reason}); {line}\n")
+            sys.stderr.flush()
 
     try:
         # Before TensorFlow: a bad --bind or thread count starts nothing.
@@ -668,6 +676,16 @@ def _accepts(address: str) -> bool:
             return True
     except OSError:
         return False
+
+
+def _stdout_dropped() -> None:
+    """Stdout at /dev/null from here on (``sys.stdout`` too, if it was None): what it still
+    holds goes nowhere instead of failing again, and the worker goes on serving."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    sys.stdout = open(1, "w", closefd=False)
 
 
 def _new_log(path: Path) -> BinaryIO:

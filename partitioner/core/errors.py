@@ -125,9 +125,11 @@ def _bounded(line: str) -> str:
 def error_line(exc: BaseException, empty: str | None = None) -> str:
     """The first line of ``exc``'s message (at most :data:`MAX_MESSAGE_CHARS` of it), of
     Keras's own message where Keras wrapped it in the layer call's context ("Exception
-    encountered when calling Dense.call()."); ``empty`` (default: the exception's type) when
+    encountered when calling Dense.call()."), and of the error it wrapped when that is at hand
+    (Keras keeps only its first argument: an ``OSError``'s errno, ``2``); ``empty`` (default: the exception's type) when
     there is none, or when the message cannot be made."""
-    text = message_of(exc).strip()
+    own = unwrapped(exc)
+    text = message_of(own).strip()
     context = _KERAS_CALL_CONTEXT.match(text)
     if context is not None:
         text = text[context.end() :].split("\x1b[0m", 1)[0].strip()
@@ -138,6 +140,19 @@ def error_line(exc: BaseException, empty: str | None = None) -> str:
     if first.endswith(":") and len(lines) > 1:  # "... Error encountered:" then the reason
         first = f"{first} {lines[1]}"
     return _bounded(first)
+
+
+def unwrapped(exc: BaseException) -> BaseException:
+    """The error Keras wrapped in a layer call's context ("Exception encountered when calling
+    Dense.call()."), where it is at hand and says more: Keras's wrapper keeps only its first
+    argument (an ``OSError``'s errno, ``2``) and is a ``RuntimeError`` where the error's class
+    takes other arguments (``CalledProcessError``); else ``exc``."""
+    inner = exc.__cause__ or exc.__context__
+    if inner is None or _KERAS_CALL_CONTEXT.match(message_of(exc).strip()) is None:
+        return exc
+    if type(inner) is not type(exc) and type(exc) is not RuntimeError:
+        return exc
+    return inner if message_of(inner).strip() else exc
 
 
 def keras_call(exc: BaseException) -> str | None:
