@@ -324,9 +324,20 @@ def _chosen_row(data: dict[str, Any]) -> dict[str, Any]:
          "field 'predicted.transfer_bytes' has 3 entries for the plan's 2 devices"),
         (lambda d: d["pipeline"]["bubble_fraction"].append(0.1),
          "field 'pipeline.bubble_fraction' has 3 entries for the plan's 2 devices"),
+        (lambda d: d["timeline"][0].update(end_s=5.0),
+         "field 'timeline' ends at 5.0 s, after 'predicted.step_time_s' "),
+        (lambda d: d["predicted"]["compute_s"].__setitem__(0, 0.5),
+         "field 'predicted.compute_s[0]' is 0.5 s, more than 'predicted.step_time_s' "),
+        (lambda d: d["predicted"]["memory_limit_bytes"].__setitem__(0, 2**30),
+         "field 'predicted.memory_limit_bytes[0]' is 1073741824, but 'devices[0].memory_bytes'"),
+        (lambda d: d["strategies"][0].update(memory_limit_bytes=2**30),
+         "field 'strategies[0].memory_limit_bytes' is 1073741824, no device's memory"),
+        (lambda d: d["baselines"].append(d["baselines"][0]),
+         "field 'baselines' lists solver "),
     ],
     ids=["fits-over-limit", "two-chosen", "family-twice", "chosen-slower",
-         "timeline-device", "timeline-self-link", "transfer-bytes", "bubbles"],
+         "timeline-device", "timeline-self-link", "transfer-bytes", "bubbles", "timeline-end",
+         "compute-over-step", "limit-not-memory", "row-limit", "baseline-twice"],
 )  # fmt: skip
 def test_a_plan_files_predictions_must_agree_with_the_plan(
     compared: Any, tmp_path: Path, edit: Any, says: str
@@ -600,3 +611,23 @@ def test_a_worker_whose_stdout_takes_no_line_serves_and_says_so(
         f"0 at 127.0.0.1:{port}"
     )
     assert "Traceback" not in err.decode()
+
+
+@pytest.mark.parametrize("link", ["nvlink", "nvlink4"])
+def test_a_topology_files_nvlink_between_cpus_is_refused(link: str, tmp_path: Path) -> None:
+    """Campaign 34k b (DEF4): ``[[links]] devices = [0, 1], link = "nvlink"`` between two CPU
+    devices was priced as the host link without a word (``--topology nvlink`` on CPUs is
+    refused); ``nvlink4`` was priced as NVLink between CPUs."""
+    from cost_models.devices.topology import load_topology
+    from partitioner.core.errors import CatalogError
+
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[[devices]]\ntype = "cpu"\ncount = 2\n[[links]]\ndevices = [0, 1]\nlink = "{link}"\n'
+    )
+    with pytest.raises(CatalogError) as info:
+        load_topology(str(path))
+    assert str(info.value).endswith(
+        f"links[0].link: is {link!r} between devices 0 and 1, but device type 'cpu' has no "
+        "NVLink; use link 'pcie' for a CPU"
+    )

@@ -470,6 +470,13 @@ def _pair_overrides(
         if (a, b) in overrides:
             raise where.fail(f"{lfield}.devices", f"pair {pair!r} is given twice")
         spec = _link_spec(where, f"{lfield}.link", entry["link"], allow_alias=True)
+        cpus = [t.name for t in (all_types[a], all_types[b]) if _is_cpu(t)]
+        if str(entry["link"]).startswith("nvlink") and cpus:
+            raise where.fail(
+                f"{lfield}.link",
+                f"is {entry['link']!r} between devices {a} and {b}, but device type "
+                f"{cpus[0]!r} has no NVLink; use link 'pcie' for a CPU",
+            )
         overrides[(a, b)] = _pair_link(where, f"{lfield}.link", spec, all_types[a], all_types[b])
     return overrides
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -1003,8 +1003,9 @@ def _check_predictions(
     """What a plan file predicts agrees with the plan: one entry per device in every list (a
     pipeline's bubbles too: one per device, of every replica), the strategies table's rows
     with their own memory and its chosen row the fastest, the timeline on the plan's devices
-    and links; PlanError naming ``origin`` and the field. (A plan may put a device over its
-    memory: a forced placement does, and its advice says so.)"""
+    and links and within the step, each device's compute within the step and its limit its
+    memory, each baseline's solver once; PlanError naming ``origin`` and the field. (A plan may
+    put a device over its memory: a forced placement does, and its advice says so.)"""
     predicted, pipeline = data["predicted"], data.get("pipeline") or {}
     for name, values in (
         ("predicted.transfer_bytes", predicted.get("transfer_bytes")),
@@ -1015,16 +1016,61 @@ def _check_predictions(
                 f"{origin}: field {name!r} has {len(values)} entries for the plan's "
                 f"{len(devices)} devices; make the plan again"
             )
-    _check_strategy_rows(optional["strategies"], origin)
+    _check_device_figures(predicted, devices, origin)
+    solvers = [b.solver for b in optional["baselines"]]
+    twice = next((name for i, name in enumerate(solvers) if name in solvers[:i]), None)
+    if twice is not None:
+        raise PlanError(
+            f"{origin}: field 'baselines' lists solver {twice!r} twice; each baseline is one "
+            "solver's placement: make the plan again"
+        )
+    _check_strategy_rows(optional["strategies"], {d.memory_bytes for d in devices}, origin)
     _check_timeline_resources(optional["timeline"], devices, origin)
+    step = float(predicted["step_time_s"])
+    end = max((e.end_s for e in optional["timeline"]), default=0.0)
+    if end > step * (1 + _BOUND_SLACK):
+        raise PlanError(
+            f"{origin}: field 'timeline' ends at {end!r} s, after 'predicted.step_time_s' "
+            f"{step!r} s, the step it simulates; make the plan again"
+        )
 
 
-def _check_strategy_rows(rows: Sequence[FamilyRow], origin: str) -> None:
+def _check_device_figures(
+    predicted: Mapping[str, Any], devices: Sequence[PlanDevice], origin: str
+) -> None:
+    """Each device's memory limit is the plan's device memory, its compute fits in the step
+    (a device computes only within it), and the timeline ends within the step."""
+    step = float(predicted["step_time_s"])
+    for i, device in enumerate(devices):
+        limit = predicted["memory_limit_bytes"][i]
+        if limit != device.memory_bytes:
+            raise PlanError(
+                f"{origin}: field 'predicted.memory_limit_bytes[{i}]' is {limit}, but "
+                f"'devices[{i}].memory_bytes' is {device.memory_bytes}: one device has one "
+                "memory; make the plan again"
+            )
+        compute = float(predicted["compute_s"][i])
+        if compute > step * (1 + _BOUND_SLACK):
+            raise PlanError(
+                f"{origin}: field 'predicted.compute_s[{i}]' is {compute!r} s, more than "
+                f"'predicted.step_time_s' {step!r} s, the step it computes within; make the "
+                "plan again"
+            )
+
+
+def _check_strategy_rows(rows: Sequence[FamilyRow], memories: Set[int], origin: str) -> None:
     """The ``strategies[]`` table (each family's best, the fastest marked chosen, whatever the
-    plan itself runs): one row per family, each fitting exactly when its peak is within its
-    limit, at most one chosen, and that one the fastest that fits (or any, when none fits)."""
+    plan itself runs): one row per family, its limit one of the plan's device ``memories``,
+    each fitting exactly when its peak is within its limit, at most one chosen, and that one
+    the fastest that fits (or any, when none fits)."""
     families = [row.family for row in rows]
     for i, row in enumerate(rows):
+        if row.memory_limit_bytes not in memories:
+            raise PlanError(
+                f"{origin}: field 'strategies[{i}].memory_limit_bytes' is "
+                f"{row.memory_limit_bytes}, no device's memory of the plan "
+                f"({', '.join(map(str, sorted(memories)))}); make the plan again"
+            )
         if families.index(row.family) != i:
             raise PlanError(
                 f"{origin}: field 'strategies[{i}]' is a second {row.family.value} row; the "
