@@ -631,3 +631,30 @@ def test_a_topology_files_nvlink_between_cpus_is_refused(link: str, tmp_path: Pa
         f"links[0].link: is {link!r} between devices 0 and 1, but device type 'cpu' has no "
         "NVLink; use link 'pcie' for a CPU"
     )
+
+
+def test_a_ctrl_c_swallowed_by_the_import_machinery_still_ends_the_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """CI of cb681eb (``test_ctrl_c_early_is_one_line_130_and_nothing_written[at-1.5s]``): a
+    Ctrl-C raised inside a weakref callback of Python's import machinery was printed as
+    "Exception ignored ... KeyboardInterrupt" and swallowed; the run went on and exited 0.
+    It is not printed, and the run ends with it at its next phase (one line, 130)."""
+    import importlib
+    from types import SimpleNamespace
+
+    cli = importlib.import_module("partitioner.cli.main")
+    interrupts = cli._INTERRUPTS
+    assert not interrupts.arrived
+    interrupts.honour()  # none arrived: nothing
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            interrupts(2, None)
+        cli._unraisable_but_interrupts(
+            SimpleNamespace(exc_value=KeyboardInterrupt(), exc_type=KeyboardInterrupt)
+        )
+        assert capsys.readouterr().err == ""
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.honour()
+    finally:
+        interrupts.arrived = False

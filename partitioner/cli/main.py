@@ -929,8 +929,25 @@ class _Interrupts:
         self.arrived = True
         raise KeyboardInterrupt
 
+    def honour(self) -> None:
+        """``KeyboardInterrupt`` again if one arrived: raised inside a weakref callback of
+        Python's import machinery, it is printed as "Exception ignored" and swallowed, and the
+        run went on to write its files and exit 0."""
+        if self.arrived:
+            raise KeyboardInterrupt
+
 
 _INTERRUPTS = _Interrupts()
+
+
+def _unraisable_but_interrupts(unraisable: Any) -> None:
+    """``sys.unraisablehook`` of a ``partition`` process: a Ctrl-C raised where Python cannot
+    raise it (a weakref callback of the import machinery) is not printed as "Exception ignored"
+    with its traceback; :meth:`_Interrupts.honour` ends the run with it at the next phase. Any
+    other is Python's to print."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _INTERRUPTS.arrived:
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
@@ -962,6 +979,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(list(argv), process=False)
     _interrupt_exits(INTERRUPTED_EARLY)
     _own_stderr()
+    sys.unraisablehook = _unraisable_but_interrupts
     os.register_at_fork(after_in_child=_default_signals)
     os.register_at_fork(after_in_child=_copies_at_devnull(_stream_files()))
     args = sys.argv[1:]
@@ -1019,7 +1037,9 @@ def _main_plan(argv: list[str], *, process: bool) -> int:
     if process:  # from here on Ctrl-C unwinds: the run may be writing its files
         _set_sigint(_INTERRUPTS)
     try:
-        return _run(args, out, err)
+        status = _run(args, out, err)
+        _INTERRUPTS.honour()  # arrived, swallowed, and never honoured since: still 130
+        return status
     except PartitionError as exc:
         return _interrupted() if _INTERRUPTS.arrived else _error(exc)
     except KeyboardInterrupt:
@@ -1565,6 +1585,8 @@ def _plan(
         progress("importing TensorFlow")
         import tensorflow  # noqa: F401  (import cost shown as its own phase)
 
+        _INTERRUPTS.honour()  # one that landed in the import machinery was swallowed there
+
         t0 = time.perf_counter()
         from partitioner.api import partition_prepared
         from partitioner.cli.loader import load_model
@@ -1581,6 +1603,7 @@ def _plan(
         _check_outputs(paths, [*inputs, *_imported(paths, code)])
 
         def phase(message: str, completed: float | None = None, total: float | None = None) -> None:
+            _INTERRUPTS.honour()
             _rearm_interrupt(own_sigint)
             progress(message, completed, total)
 
