@@ -134,7 +134,8 @@ def _rebuild_advice(layer: Any) -> str:
     if names:
         head = "Keras finds a function in a layer's config again by its registered name"
         if "<lambda>" in names:
-            head += f", and a Python lambda has none: make it a named function decorated with {register}"
+            head += ", and a Python lambda has none: make it a named function decorated with "
+            head += register
         else:
             head += f": decorate {', '.join(names)} with {register}"
         alternative = "write a custom layer (a keras.layers.Layer subclass with get_config)"

@@ -29,6 +29,7 @@ from partitioner.core.errors import CatalogError, PartitionError, UsageError
 from partitioner.core.options import MAX_DEVICES
 
 __all__ = [
+    "TF_CONFIG_EXAMPLE",
     "TF_CONFIG_VARIABLE",
     "TfConfig",
     "address_host",
@@ -51,7 +52,8 @@ MAX_HOST_NAME_CHARS = 253
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "ip6-localhost"})
 _UNSPECIFIED = frozenset({"0.0.0.0", "[::]"})
 """Addresses that name no host: a connection to one reaches this machine."""
-_EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
+TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
+"""TF_CONFIG's own form, for messages: TensorFlow reads the jobs only under ``cluster``."""
 
 Jobs = tuple[tuple[str, tuple[str, ...]], ...]
 """A cluster's jobs in file order: ``((job, (address, ...)), ...)``."""
@@ -114,7 +116,7 @@ def parse_tf_config(
     """
     data: Any
     if isinstance(config, str):
-        data = parse_json(config, origin, UsageError, hint=f"it should look like {_EXAMPLE}")
+        data = parse_json(config, origin, UsageError, hint=f"it should look like {TF_CONFIG_EXAMPLE}")
     else:
         data = dict(config)
     check_schema(data, "cost_models", _SCHEMA, origin, error)

@@ -366,9 +366,9 @@ def cache_write_problem(cache_dir: str | os.PathLike[str] | None) -> str | None:
 
     given = cache_dir if cache_dir is not None else default_cache_dir()
     try:
-        check_links_followed(given, "the cache directory")
+        check_links_followed(given, "its path")
     except OutputError as exc:
-        return str(exc).split(": ", 1)[-1]
+        return str(exc)
     cache = Path(os.path.realpath(given))
     layers = cache / "layers"
     if layers.is_symlink():

@@ -509,24 +509,21 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
     # Outputs are resolved now, through every symbolic link, and written there: a link the
     # model's code re-points later changes nothing, and one it puts on the resolved path is
     # refused (_check_still_resolved), never written through.
+    outputs = []
     for option, given in named:
         if given is not None:
-            check_links_followed(os.path.join(start, given), option, given)
+            joined = os.path.join(start, given)
+            check_links_followed(joined, option, given)
+            outputs.append(
+                _Output(option, given, os.path.realpath(joined), os.path.lexists(joined))
+            )
     return _Paths(
         start=start,
         model=model if attr is None else f"{model}:{attr}",
         topology_file=None if topology_file is None else Path(start, topology_file),
-        outputs=tuple(
-            _Output(o, p, os.path.realpath(os.path.join(start, p)), _lexists(start, p))
-            for o, p in named
-            if p is not None
-        ),
+        outputs=tuple(outputs),
         cache_dir=cache_dir,
     )
-
-
-def _lexists(start: str, given: str) -> bool:
-    return os.path.lexists(os.path.join(start, given))
 
 
 def _check_still_resolved(path: str, option: str, shown: str) -> None:

@@ -126,8 +126,9 @@ def error_line(exc: BaseException, empty: str | None = None) -> str:
     """The first line of ``exc``'s message (at most :data:`MAX_MESSAGE_CHARS` of it), of
     Keras's own message where Keras wrapped it in the layer call's context ("Exception
     encountered when calling Dense.call()."), and of the error it wrapped when that is at hand
-    (Keras keeps only its first argument: an ``OSError``'s errno, ``2``); ``empty`` (default: the exception's type) when
-    there is none, or when the message cannot be made."""
+    (:func:`unwrapped`: Keras keeps only its first argument, an ``OSError``'s errno ``2``);
+    ``empty`` (default: the exception's type) when there is none, or when the message cannot
+    be made."""
     own = unwrapped(exc)
     text = message_of(own).strip()
     context = _KERAS_CALL_CONTEXT.match(text)

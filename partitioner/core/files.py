@@ -127,9 +127,8 @@ def check_links_followed(
     (``>> journal.txt``) would have that file replaced whole. OutputError naming ``shown``
     (default ``path``) otherwise."""
     current, pending = "/", list(reversed(Path(os.path.abspath(path)).parts[1:]))
-    for _ in range(MAX_LINKS_FOLLOWED * 64):
-        if not pending:
-            return
+    followed = 0
+    while pending and followed <= MAX_LINKS_FOLLOWED:  # past it, the kernel's ELOOP says
         part = pending.pop()
         if part in ("", "."):
             continue
@@ -151,6 +150,7 @@ def check_links_followed(
             current = candidate
             continue
         _check_link_owner(candidate, link, current, f"{what} {shown or path}")
+        followed += 1
         parts = Path(target).parts
         if target.startswith("/"):
             current, parts = "/", parts[1:]

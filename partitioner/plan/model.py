@@ -1016,7 +1016,8 @@ def _check_predictions(
                 f"{origin}: field {name!r} has {len(values)} entries for the plan's "
                 f"{len(devices)} devices; make the plan again"
             )
-    _check_device_figures(predicted, devices, origin)
+    step = float(predicted["step_time_s"])
+    _check_device_figures(predicted, devices, step, origin)
     solvers = [b.solver for b in optional["baselines"]]
     twice = next((name for i, name in enumerate(solvers) if name in solvers[:i]), None)
     if twice is not None:
@@ -1025,22 +1026,14 @@ def _check_predictions(
             "solver's placement: make the plan again"
         )
     _check_strategy_rows(optional["strategies"], {d.memory_bytes for d in devices}, origin)
-    _check_timeline_resources(optional["timeline"], devices, origin)
-    step = float(predicted["step_time_s"])
-    end = max((e.end_s for e in optional["timeline"]), default=0.0)
-    if end > step * (1 + _BOUND_SLACK):
-        raise PlanError(
-            f"{origin}: field 'timeline' ends at {end!r} s, after 'predicted.step_time_s' "
-            f"{step!r} s, the step it simulates; make the plan again"
-        )
+    _check_timeline_figures(optional["timeline"], devices, step, origin)
 
 
 def _check_device_figures(
-    predicted: Mapping[str, Any], devices: Sequence[PlanDevice], origin: str
+    predicted: Mapping[str, Any], devices: Sequence[PlanDevice], step: float, origin: str
 ) -> None:
-    """Each device's memory limit is the plan's device memory, its compute fits in the step
-    (a device computes only within it), and the timeline ends within the step."""
-    step = float(predicted["step_time_s"])
+    """Each device's memory limit is the plan's device memory, and its compute fits in the
+    ``step`` (a device computes only within it)."""
     for i, device in enumerate(devices):
         limit = predicted["memory_limit_bytes"][i]
         if limit != device.memory_bytes:
@@ -1102,11 +1095,18 @@ def _check_strategy_rows(rows: Sequence[FamilyRow], memories: Set[int], origin: 
         )
 
 
-def _check_timeline_resources(
-    timeline: Sequence[TimelineEvent], devices: Sequence[PlanDevice], origin: str
+def _check_timeline_figures(
+    timeline: Sequence[TimelineEvent], devices: Sequence[PlanDevice], step: float, origin: str
 ) -> None:
     """Every timeline event is on one of the plan's devices (``device i``), or a channel
-    between two of its devices or hosts (``link a->b``, ``hosts a->b``)."""
+    between two of its devices or hosts (``link a->b``, ``hosts a->b``), and ends within the
+    ``step`` it simulates."""
+    end = max((e.end_s for e in timeline), default=0.0)
+    if end > step * (1 + _BOUND_SLACK):
+        raise PlanError(
+            f"{origin}: field 'timeline' ends at {end!r} s, after 'predicted.step_time_s' "
+            f"{step!r} s, the step it simulates; make the plan again"
+        )
     hosts = 1 + max((d.host for d in devices), default=0)
     for i, event in enumerate(timeline):
         kind, _, rest = event.resource.partition(" ")

@@ -58,6 +58,7 @@ import tensorflow as tf
 from cost_models.devices.catalog import DeviceKind
 from cost_models.devices.datafiles import check_text_size, parse_json, read_text
 from cost_models.devices.tf_config import (
+    TF_CONFIG_EXAMPLE,
     TF_CONFIG_VARIABLE,
     TfConfig,
     check_addresses,
@@ -67,6 +68,7 @@ from cost_models.devices.tf_config import (
 from cost_models.devices.topology import bounded_tf_config_text
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
+from partitioner.core.options import short_repr
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +143,6 @@ class WorkerCluster:
 
 
 _CLUSTER_EXAMPLE = '{"worker": ["host0:2222", "host1:2222"]}'
-_TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
-"""TF_CONFIG's own form: TensorFlow reads the cluster only under its ``cluster`` key."""
 
 MAX_CLUSTER_BYTES = 1 << 20
 """The largest cluster file read (1 MiB; TF_CONFIG has the same bound): a regular file, refused
@@ -178,17 +178,12 @@ def _read_cluster_data(
         )
     else:
         raise UsageError(
-            f"cluster={_short_repr(cluster)} ({type(cluster).__name__}) is no cluster; give a "
+            f"cluster={short_repr(cluster, 60)} ({type(cluster).__name__}) is no cluster; give a "
             f"cluster file, a mapping like {_CLUSTER_EXAMPLE}, a TF_CONFIG JSON string, or None "
             "for TF_CONFIG"
         )
-    example = _TF_CONFIG_EXAMPLE if source == TF_CONFIG_VARIABLE else _CLUSTER_EXAMPLE
+    example = TF_CONFIG_EXAMPLE if source == TF_CONFIG_VARIABLE else _CLUSTER_EXAMPLE
     return parse_json(text, source, UsageError, hint=f"it should look like {example}"), source
-
-
-def _short_repr(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _cluster_config(data: object, source: str) -> TfConfig:
@@ -196,7 +191,7 @@ def _cluster_config(data: object, source: str) -> TfConfig:
     form, through the one TF_CONFIG parser."""
     tf_config = source == TF_CONFIG_VARIABLE
     if not isinstance(data, dict):
-        example = _TF_CONFIG_EXAMPLE if tf_config else _CLUSTER_EXAMPLE
+        example = TF_CONFIG_EXAMPLE if tf_config else _CLUSTER_EXAMPLE
         raise UsageError(
             f"{source} must be a JSON object like {example}, got {type(data).__name__}"
         )
