@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cost_models.devices.catalog import DeviceKind, get_device_type
@@ -92,6 +94,7 @@ from partitioner.solvers.stages import acyclic_on_devices
 
 if TYPE_CHECKING:
     from passes.trace import TraceResult
+    from passes.trace_cache import TraceCache
 
 _Inexact = tuple[tuple[InexactLayer, str], ...]
 """The layers not exact under a split batch: ``(why, layer name)`` (``passes.checks``)."""
@@ -298,6 +301,7 @@ def partition(
     profile: bool = False,
     profile_ops: bool = False,
     cache_dir: str | None = None,
+    trace_cache: bool = False,
     target: TargetOptions | None = None,
     search: SearchOptions | None = None,
     measure: MeasureOptions | None = None,
@@ -309,9 +313,8 @@ def partition(
     field does): :class:`~partitioner.core.options.TargetOptions` (what to plan for: ``gpus``
     to ``memory_limit_bytes``), :class:`~partitioner.core.options.SearchOptions` (``solver`` to
     ``strategy``; the schedule is unused without ``pipeline``, and refused beside a
-    ``strategy``) and
-    :class:`~partitioner.core.options.MeasureOptions` (``profile``, ``profile_ops``,
-    ``cache_dir``). ``target=``, ``search=`` or ``measure=`` pass a group whole instead;
+    ``strategy``) and :class:`~partitioner.core.options.MeasureOptions` (``profile`` to
+    ``trace_cache``). ``target=``, ``search=`` or ``measure=`` pass a group whole instead;
     :func:`prepare` and :func:`partition_prepared` are the two halves of this call.
 
     Returns a :class:`~partitioner.plan.model.Plan`; ``plan.apply(model)`` gives the placed model.
@@ -332,7 +335,7 @@ def partition(
     )  # fmt: skip
     measure = _options(
         MeasureOptions, measure, "measure", profile=profile, profile_ops=profile_ops,
-        cache_dir=cache_dir,
+        cache_dir=cache_dir, trace_cache=trace_cache,
     )  # fmt: skip
     _check_progress(progress)
     return partition_prepared(model, prepare(target, search, measure), progress=progress)
@@ -353,13 +356,37 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
         raise UsageError(f"prepared={prepared!r} must be what prepare(...) returns")
     _check_progress(progress)
     prepared = _cache_checked(prepared)
-    say: Progress = progress or _no_progress
+    cache = _trace_cache(prepared.measure)
+    plan = _partition_prepared(model, prepared, progress or _no_progress, cache)
+    if cache is not None:
+        cache.flush()  # only now: a failed run leaves no new file
+    return plan
+
+
+def _trace_cache(measure: MeasureOptions) -> TraceCache | None:
+    """The run's trace cache (:mod:`passes.trace_cache`), or None: not asked for, or a run that
+    measures (a profile runs the traced step itself), or no cache directory (no home)."""
+    if not measure.trace_cache or measure.profile or measure.profile_ops:
+        return None
+    from cost_models.measure.profiled import default_cache_dir
+    from passes.trace_cache import TraceCache
+
+    try:
+        given = measure.cache_dir if measure.cache_dir is not None else default_cache_dir()
+    except RuntimeError:  # no home directory to hold the default
+        return None
+    return TraceCache(Path(os.path.realpath(given)))
+
+
+def _partition_prepared(
+    model: Any, prepared: Prepared, say: Progress, cache: TraceCache | None
+) -> Plan:
     phases: list[tuple[str, float]] = []
     inexact = _check_model(model)
     _check_splittable(model, prepared)
-    traced = _trace(model, prepared.target, say, phases)
+    traced = _trace(model, prepared.target, say, phases, cache)
     costed, cost_notes = _cost(model, traced, prepared, say, phases)
-    costed_at = _CostedAt(model, prepared, costed, traced)
+    costed_at = _CostedAt(model, prepared, costed, traced, cache)
     pipelined = _pipelined_costs(costed_at, prepared, say, phases)
     say(f"solving with {prepared.solver.name}")
     with _timed(phases, "solve"), _memory_limit_named(prepared):
@@ -602,23 +629,46 @@ class _CostedAt:
 
     Without measurements, a batch's graph comes from two traces at other batches where they
     determine it exactly (:func:`~partitioner.core.batching.graph_at_batch`), so a large model
-    is traced twice, not once per batch the strategy search prices."""
+    is traced twice, not once per batch the strategy search prices: at the batch and at its
+    half, whichever batches the search asks for (the same two traces in every run at this
+    batch, which the trace cache then serves)."""
 
-    def __init__(self, model: Any, prepared: Prepared, costed: CostedGraph, traced: TraceResult):
-        self.model, self._prepared = model, prepared
+    def __init__(
+        self,
+        model: Any,
+        prepared: Prepared,
+        costed: CostedGraph,
+        traced: TraceResult,
+        cache: TraceCache | None = None,
+    ):
+        self.model, self._prepared, self._cache = model, prepared, cache
         self.graphs = {prepared.target.batch_size: costed}
         self._traced = {prepared.target.batch_size: traced}
         measure = prepared.measure
         self._derive = not (measure.profile or measure.profile_ops)
+        self._half_tried = False
+
+    def _trace_half(self) -> None:
+        """Trace the model at half the batch, once: the second trace the others derive from.
+        A model that refuses that batch is traced at each batch asked instead."""
+        half = self._prepared.target.batch_size // 2
+        if self._half_tried or half < 1 or half in self._traced:
+            return
+        self._half_tried = True
+        target = replace(self._prepared.target, batch_size=half)
+        with contextlib.suppress(PartitionError):
+            self._traced[half] = _trace(self.model, target, _no_progress, [], self._cache)
 
     def _traced_at(self, batch: int) -> TraceResult:
+        if self._derive:
+            self._trace_half()
         if self._derive and len(self._traced) >= 2:
             low, high = min(self._traced), max(self._traced)
             graph = graph_at_batch(self._traced[low].graph, self._traced[high].graph, batch)
             if graph is not None:
                 return replace(self._traced[low], graph=graph, step_function=None)
         target = replace(self._prepared.target, batch_size=batch)
-        self._traced[batch] = _trace(self.model, target, _no_progress, [])
+        self._traced[batch] = _trace(self.model, target, _no_progress, [], self._cache)
         return self._traced[batch]
 
     def confirm(self, batch: int) -> None:
@@ -626,7 +676,7 @@ class _CostedAt:
         model's own code there (a layer that refuses some batches); its error is raised."""
         if batch not in self._traced:
             target = replace(self._prepared.target, batch_size=batch)
-            self._traced[batch] = _trace(self.model, target, _no_progress, [])
+            self._traced[batch] = _trace(self.model, target, _no_progress, [], self._cache)
 
     def __call__(self, batch: int) -> CostedGraph:
         if batch not in self.graphs:
@@ -695,13 +745,25 @@ def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Comp
 
 
 def _trace(
-    model: Any, target: TargetOptions, say: Progress, phases: list[tuple[str, float]]
+    model: Any,
+    target: TargetOptions,
+    say: Progress,
+    phases: list[tuple[str, float]],
+    cache: TraceCache | None = None,
 ) -> TraceResult:
-    """Trace one training step of ``model`` at the target's batch size."""
+    """Trace one training step of ``model`` at the target's batch size (read from ``cache``
+    when it holds it: the phase is then ``trace cache``)."""
     from passes.trace import trace_model
 
     say("tracing")
-    traced = trace_model(model, batch_size=target.batch_size, input_shape=target.input_shape)
+    if cache is None:
+        traced = trace_model(model, batch_size=target.batch_size, input_shape=target.input_shape)
+    else:
+        hits = cache.hits
+        traced = cache.trace(model, target.batch_size, target.input_shape)
+        if cache.hits > hits:
+            phases.append(("trace cache", traced.trace_time_s))
+            return traced
     phases += [("trace", traced.trace_time_s), ("flops", traced.flops_time_s)]
     return traced
 

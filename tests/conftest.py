@@ -7,6 +7,8 @@ before any test touches TensorFlow. Pure-Python tests (IR, cost models, solvers)
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,16 @@ def _share_the_cores() -> None:
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, (cores or 1) // int(workers))))
 
 
+def _own_cache_directory() -> None:
+    """The ``partition`` command caches traces (:mod:`passes.trace_cache`) in
+    ``$PARTITIONER_CACHE_DIR``: the suite's runs (and the commands they start, which inherit
+    it) use a directory of their own, never the user's cache."""
+    os.environ["PARTITIONER_CACHE_DIR"] = tempfile.mkdtemp(prefix="partitioner-tests-cache-")
+
+
 def pytest_configure(config: object) -> None:
     _share_the_cores()
+    _own_cache_directory()
     try:
         import tensorflow as tf
     except ImportError:  # pragma: no cover - the pure-Python suites still run
@@ -110,6 +120,12 @@ ONE_PROCESS_FILES = (
     "passes/test_cluster.py",
     "cost_models/test_saved_activations.py",
 )
+
+
+def pytest_unconfigure(config: object) -> None:
+    cache = os.environ.get("PARTITIONER_CACHE_DIR", "")
+    if Path(cache).name.startswith("partitioner-tests-cache-"):
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def pytest_addoption(parser: Any) -> None:

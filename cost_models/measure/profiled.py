@@ -295,6 +295,11 @@ MAX_CACHE_ENTRY_BYTES = 1 << 20
 """The largest profile cache entry read (1 MiB); a larger one, or one that is not a regular
 file (a FIFO, a device), is ignored with a warning, as a malformed one is."""
 
+MAX_MEASURED_LAYER_S = 3600.0
+"""The longest forward or backward time a cache entry may give one layer (an hour): a larger
+one is an edited or corrupted entry, ignored (with a warning) and measured again; a plan built
+on it would state a step no plan file takes (``MAX_PLAN_SECONDS``)."""
+
 _CACHE_SCHEMA_RESOURCE = "measure/profile_cache.schema.json"
 """The JSON Schema of a cache entry, next to this reader (package data of ``cost_models``)."""
 
@@ -319,7 +324,15 @@ def _read_entry(cache_dir: Path, key: str) -> tuple[float, float, int] | None:
     except PartitionError as exc:
         logger.warning("ignoring %s", exc)
         return None
-    return float(raw["forward_time_s"]), float(raw["backward_time_s"]), int(raw["repeats"])
+    fwd, bwd = float(raw["forward_time_s"]), float(raw["backward_time_s"])
+    if max(fwd, bwd) > MAX_MEASURED_LAYER_S:
+        logger.warning(
+            "ignoring %s: it gives a layer %s s, more than the %s s any measured layer takes "
+            "(an edited or corrupted entry)",
+            origin, max(fwd, bwd), MAX_MEASURED_LAYER_S,
+        )  # fmt: skip
+        return None
+    return fwd, bwd, int(raw["repeats"])
 
 
 def _write_entry(

@@ -74,6 +74,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FLAGS", "LIMITS", "build_parser", "cli_message", "main"]
 
+logger = logging.getLogger(__name__)
+
 PROG = "partition"
 
 LIMITS: Mapping[str, float] = MappingProxyType(
@@ -111,6 +113,7 @@ FLAGS: Mapping[str, str] = MappingProxyType(
         "profile": "--profile",
         "profile_ops": "--profile-ops",
         "cache_dir": "PARTITIONER_CACHE_DIR={}",
+        "trace_cache": "--trace-cache",
     }
 )
 """The library's argument names (as its error messages spell them, ``batch_size=32``) -> the
@@ -340,6 +343,14 @@ def _add_measure_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="time every op inside the training step on this machine's CPU (cpu devices)",
     )
+    parser.add_argument(
+        "--trace-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read the traced training step from the cache directory when an earlier run "
+        "traced this model at this batch, and store new traces there (default on; "
+        "--no-trace-cache traces again and writes nothing)",
+    )
 
 
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -387,7 +398,10 @@ def _options(
         strategy=args.strategy,
     )
     measure = MeasureOptions(
-        profile=args.profile, profile_ops=args.profile_ops, cache_dir=paths.cache_dir
+        profile=args.profile,
+        profile_ops=args.profile_ops,
+        cache_dir=paths.cache_dir or paths.trace_cache_dir,
+        trace_cache=paths.trace_cache_dir is not None,
     )
     return target, search, measure
 
@@ -459,6 +473,9 @@ class _Paths:
     outputs: tuple[_Output, ...]
     cache_dir: str | None
     """The profile cache directory (absolute) with ``--profile``."""
+    trace_cache_dir: str | None = None
+    """The cache directory (absolute) the trace cache uses, None without one
+    (``--no-trace-cache``, or a path through another user's link: a warning says so)."""
 
     def shown(self, given: str, path: str) -> str:
         """How a message names a file: as given while the working directory is the one the
@@ -506,6 +523,7 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
                 given_cache, "the profile cache directory (PARTITIONER_CACHE_DIR)", given_cache
             )
             cache_dir = os.path.realpath(given_cache)
+    trace_cache_dir = _trace_cache_dir(start) if args.trace_cache and not args.profile else None
     # Outputs are resolved now, through every symbolic link, and written there: a link the
     # model's code re-points later changes nothing, and one it puts on the resolved path is
     # refused (_check_still_resolved), never written through.
@@ -523,7 +541,25 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
         topology_file=None if topology_file is None else Path(start, topology_file),
         outputs=tuple(outputs),
         cache_dir=cache_dir,
+        trace_cache_dir=trace_cache_dir,
     )
+
+
+def _trace_cache_dir(start: str) -> str | None:
+    """The trace cache's directory, resolved before the model's code runs; None (a warning:
+    the run traces) when there is none (no home directory) or it leads through another user's
+    link (:func:`check_links_followed`)."""
+    from cost_models.measure.profiled import default_cache_dir
+
+    try:
+        given = os.path.join(start, default_cache_dir())
+        check_links_followed(given, "the cache directory (PARTITIONER_CACHE_DIR)", given)
+    except RuntimeError:  # no home directory
+        return None
+    except OutputError as exc:
+        logger.warning("%s; tracing without the trace cache", exc)
+        return None
+    return os.path.realpath(given)
 
 
 def _check_still_resolved(path: str, option: str, shown: str) -> None:

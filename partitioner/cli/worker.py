@@ -102,7 +102,7 @@ from partitioner.cli.loopback import (
     tie_listening,
 )
 from partitioner.cli.parsing import OneLineParser
-from partitioner.cli.quiet import import_quietly
+from partitioner.cli.quiet import hold_native_lines, import_quietly
 from partitioner.core.errors import PartitionError, UsageError
 from partitioner.core.files import check_links_followed, file_kind, write_atomic
 
@@ -502,15 +502,18 @@ def _start_server(
         cluster=spec.as_cluster_def(), job_name=job_name, task_index=index, protocol="grpc"
     )
     server_def.default_session_config.CopyFrom(config)
-    try:
-        # Through the C API without the interpreter lock, so EarlyTie runs meanwhile.
-        started = start_server_unlocked(server_def.SerializeToString())
-        if started is None:
-            started = tf.distribute.Server(
-                spec, job_name=job_name, task_index=index, config=config, start=True
-            )
-    except (tf.errors.OpError, ValueError) as exc:
-        started = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    with hold_native_lines() as held:  # gRPC's own lines on a failure: the one line says it
+        try:
+            # Through the C API without the interpreter lock, so EarlyTie runs meanwhile.
+            started = start_server_unlocked(server_def.SerializeToString())
+            if started is None:
+                started = tf.distribute.Server(
+                    spec, job_name=job_name, task_index=index, config=config, start=True
+                )
+        except (tf.errors.OpError, ValueError) as exc:
+            text = str(exc).strip()
+            started = text.splitlines()[0] if text else type(exc).__name__
+        held.keep = not isinstance(started, str)
     if isinstance(started, str):
         raise UsageError(
             f"worker task {index} could not listen on {cluster.addresses[index]}: {started}; "

@@ -103,7 +103,28 @@ def check_output_path(
         )
     if not target.parent.is_dir():
         raise OutputError(f"{what} {path}: directory {target.parent} does not exist")
+    if mode is not None and stat.S_ISREG(mode):
+        _check_file_owner(target, f"{what} {path}")
     return target
+
+
+def _check_file_owner(target: Path, head: str) -> None:
+    """The existing regular file ``target`` may be replaced: not a file of another user in a
+    sticky directory writable by all (``/tmp``), unless the directory's owner made it, as Linux's
+    ``fs.protected_regular`` refuses to open one for writing. A rename over it never meets the
+    kernel's check, and another user's file planted at ``/tmp/placed.py`` would be replaced by
+    ours, which they could then edit (it keeps the replaced file's permissions)."""
+    try:
+        st, parent = os.lstat(target), os.stat(target.parent)
+    except OSError:
+        return
+    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+    if shared and st.st_uid not in (os.geteuid(), parent.st_uid):
+        raise OutputError(
+            f"{head}: it is a file of another user (uid {st.st_uid}) in {target.parent}, a "
+            "sticky directory anyone may write to; refusing to replace it (as the kernel's "
+            "protected_regular would): give a path of your own"
+        )
 
 
 MAX_LINKS_FOLLOWED = 40

@@ -528,14 +528,21 @@ class MeasureOptions:
     times every op of the traced training step inside the step on this machine's CPU
     (:func:`cost_models.measure.op_profile.profile_step_ops`) and those times replace the
     estimates of the topology's cpu devices (glue ops included; not cached).
+
+    ``trace_cache`` reads each traced training step from ``cache_dir`` instead of tracing it
+    again, and stores the run's new traces there once the plan succeeds
+    (:mod:`passes.trace_cache`); off unless asked (the ``partition`` command asks), so a library
+    call writes no file it was not told to. A run that measures traces for real.
     """
 
     profile: bool = False
     profile_ops: bool = False
     cache_dir: str | None = None
+    trace_cache: bool = False
 
     def __post_init__(self) -> None:
         _flag("profile", self.profile)
         _flag("profile_ops", self.profile_ops)
+        _flag("trace_cache", self.trace_cache)
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", _text("cache_dir", self.cache_dir))

@@ -13,7 +13,9 @@ mean the same in the plan, its file and ``Plan.apply(devices=...)``.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, field
@@ -51,8 +53,11 @@ __all__ = [
     "SolverInfo",
     "device_key",
     "load_plan",
+    "plan_digest",
     "plan_from_solution",
 ]
+
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 
@@ -322,7 +327,12 @@ class Plan:
     # -- JSON -------------------------------------------------------------------------------
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The plan as JSON data (see the module docstring for the schema)."""
+        """The plan as JSON data (see the module docstring for the schema), with its
+        ``digest`` (:func:`plan_digest`)."""
+        data = self._json_data()
+        return {**data, "digest": plan_digest(data)}
+
+    def _json_data(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "model": self.model_name,
@@ -412,6 +422,7 @@ class Plan:
         optional = _optional_fields(data, origin)
         _check_timeline(optional["timeline"], strategy, pipeline, origin)
         _check_predictions(data, devices, optional, origin)
+        _check_digest(data, origin)
         fields: dict[str, Any] = dict(
             model_name=data["model"],
             devices=devices,
@@ -443,6 +454,35 @@ class Plan:
         CLI's ``--out`` (:func:`~partitioner.core.files.check_replaceable`)."""
         check_replaceable(check_output_path(path), f"Plan.save path={os.fspath(path)!r}")
         return write_atomic(path, self.to_json())
+
+
+def plan_digest(data: Mapping[str, Any]) -> str:
+    """The SHA-256 of a plan's JSON data without its ``digest``: its keys sorted, no spaces
+    (floats as Python writes them, which read back to the same value)."""
+    rest = {k: v for k, v in data.items() if k != "digest"}
+    text = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_digest(data: Mapping[str, Any], origin: str) -> None:
+    """A plan file's figures are the planner's: its ``digest`` matches the rest (checked after
+    the specific checks, which say what disagrees); a file without one is read as written,
+    with a warning. An edit the checks cannot see (the batch size, a peak memory, bytes
+    received) changes the digest: a plan's predictions hold only for what they were made for."""
+    given = data.get("digest")
+    if given is None:
+        logger.warning(
+            "%s has no digest (written by hand, or by a partitioner before it wrote one): its "
+            "predictions are read as written, unchecked",
+            origin,
+        )
+        return
+    if given != plan_digest(data):
+        raise PlanError(
+            f"{origin}: it was changed after it was written (its digest does not match the "
+            "rest): a plan's predictions hold only for the batch, devices and placement they "
+            "were made for; make the plan again"
+        )
 
 
 def plan_from_solution(

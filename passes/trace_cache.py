@@ -1,0 +1,360 @@
+"""A cache on disk of traced training steps: the second plan of a model traces nothing.
+
+Tracing a large model's step (:func:`passes.trace.trace_model`) takes seconds per batch size, and
+a user plans the same model again and again: another ``--gpus``, topology, solver or strategy.
+Each trace is stored after a plan succeeds and read instead of tracing the next time.
+
+The key
+-------
+The SHA-256 of everything the traced graph depends on (:func:`trace_key`): the model's class and
+configuration, every placement unit's path, class and configuration, every weight's path, shape,
+dtype and trainability, the input specs the step is traced at (names, shapes, dtypes: the batch
+size is their first dimension), whether the model was built without weights, TensorFlow's TF32
+setting, Keras's float type and dtype policy, the versions of Python, TensorFlow and Keras, this
+project's tracing code, and the bytes of every source file that defines a class of the model or
+its layers outside TensorFlow and Keras, and of every module loaded from outside the Python
+installation (the model's file and its local imports): editing the model's code is a miss, even
+where its configuration does not change (a subclassed layer's ``call``). A configuration
+that is not JSON (an object without ``get_config``) is keyed by its ``repr``, whose address
+changes every run: such a model is never served from the cache, it is traced.
+
+The entries
+-----------
+One JSON file per key in ``<cache dir>/traces/`` (beside the profile cache's ``layers/``; the
+cache directory is :func:`cost_models.measure.profiled.default_cache_dir`). Entries are written
+only after the plan they served succeeded (a failed run leaves no new file), atomically (a
+temporary file and a rename: a concurrent writer or a kill mid-write never leaves a partial
+entry), and never through a symbolic link. An entry is read with the product's bounded,
+non-blocking reader, its key checked, and decoded into a validated :class:`~partitioner.core.ir.Graph`;
+anything else (a FIFO, a link, a truncated or foreign file) is a miss with a warning. The directory
+is bounded: after a write, the least recently used entries (a read touches its entry) are removed
+until the rest fit in :data:`MAX_TRACE_CACHE_BYTES`. A cache that cannot take entries (a full
+disk, a directory that is a file) costs a warning, never the plan.
+
+A cached trace has no ``step_function`` (nothing to run): a run that measures (``profile``,
+``profile_ops``) traces for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import sysconfig
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from partitioner.core.errors import PartitionError
+from partitioner.core.files import read_regular_text, write_atomic
+from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
+from passes import blocks, trace, weightless
+
+__all__ = [
+    "MAX_TRACE_CACHE_BYTES",
+    "MAX_TRACE_ENTRY_BYTES",
+    "TRACE_CACHE_SCHEMA",
+    "TraceCache",
+    "decode_graph",
+    "encode_graph",
+    "trace_key",
+]
+
+logger = logging.getLogger(__name__)
+
+TRACE_CACHE_SCHEMA = 1
+"""The version of an entry's layout; an entry of another is a miss."""
+
+MAX_TRACE_ENTRY_BYTES = 256 << 20
+"""The largest entry read or written (256 MiB); a larger trace is not stored."""
+
+MAX_TRACE_CACHE_BYTES = 1 << 30
+"""What the entries may take together (1 GiB); the least recently used go first."""
+
+_STALE_TEMPORARY_S = 3600.0
+"""A writer's temporary file older than this (an hour) was left by a killed run: removed."""
+
+_TRACING_CODE = (trace, blocks, weightless)
+"""This project's modules whose code decides the traced graph: their source is in the key."""
+
+
+def _file_digest(path: str, seen: dict[str, str]) -> str:
+    if path not in seen:
+        try:
+            seen[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            seen[path] = "unreadable"
+    return seen[path]
+
+
+def _installation_dirs() -> tuple[str, ...]:
+    """The Python installation's directories: the standard library and the site-packages."""
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    dirs.update((sys.prefix, sys.base_prefix, sys.exec_prefix))
+    return tuple(sorted(os.path.realpath(d) + os.sep for d in dirs))
+
+
+def _local_sources() -> list[str]:
+    """The source files of the modules loaded from outside the Python installation (the model's
+    file and its own imports; this project when installed editable)."""
+    installed = _installation_dirs()
+    files = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and path.endswith(".py"):
+            real = os.path.realpath(path)
+            if not real.startswith(installed):
+                files.append(real)
+    return sorted(set(files))
+
+
+def _class_sources(objects: Iterable[Any]) -> list[str]:
+    """The files defining the classes (and their bases) of ``objects`` that are not Keras's or
+    TensorFlow's own: a custom layer's ``call`` is in the key even when installed."""
+    own = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (keras, tf))
+    files = set()
+    for obj in objects:
+        for cls in type(obj).__mro__:
+            path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+            if isinstance(path, str) and not os.path.realpath(path).startswith(own):
+                files.add(os.path.realpath(path))
+    return sorted(files)
+
+
+def _config(obj: Any) -> Any:
+    try:
+        return obj.get_config()
+    except Exception:  # no configuration: the repr stands for it
+        return repr(obj)
+
+
+def trace_key(model: Any, batch_size: int, input_shape: Any) -> str:
+    """The key of ``model``'s step traced at ``batch_size`` (with ``input_shape``): see the
+    module docstring for what it covers."""
+    specs = trace.input_specs(model, batch_size, input_shape)
+    trace.build_sublayers(model, specs)  # as the trace does first: the units of a built model
+    units = trace.placement_units(model)
+    seen: dict[str, str] = {}
+    sources = [*_local_sources(), *_class_sources([model, *(u.operation for u in units)])]
+    sources += [os.path.realpath(m.__file__ or "") for m in _TRACING_CODE]
+    signature = {
+        "schema": TRACE_CACHE_SCHEMA,
+        "model": [type(model).__qualname__, _config(model)],
+        "units": [[u.name, list(u.path), type(u.operation).__qualname__, _config(u.operation)]
+                  for u in units],
+        "weights": [[v.path, list(v.shape), str(v.dtype), bool(v.trainable)] for v in model.weights],
+        "specs": [[s.name, s.shape.as_list(), s.dtype.name] for s in specs],
+        "batch_size": batch_size,
+        "weightless": weightless.is_weightless(model),
+        "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled()),
+        "keras": [keras.__version__, keras.config.floatx(), keras.config.dtype_policy().name],
+        "versions": [sys.version, tf.__version__],
+        "sources": {path: _file_digest(path, seen) for path in sorted(set(sources))},
+    }  # fmt: skip
+    text = json.dumps(signature, sort_keys=True, default=repr, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def encode_graph(graph: Graph) -> dict[str, Any]:
+    """``graph`` as JSON values: ops and edges as rows, layers and ops referred to by index."""
+    layer_at = {info.name: i for i, info in enumerate(graph.layers)}
+    op_at = graph.op_index
+    return {
+        "name": graph.name,
+        "batch_size": graph.batch_size,
+        "target_bytes": graph.target_bytes,
+        "layers": [
+            [x.name, x.class_name, x.num_params, x.trainable_params, x.param_bytes,
+             x.trainable_param_bytes, x.trainable_tensors,
+             [[g.variable, g.rows_per_step, g.row_bytes, g.index_bytes, g.dense_bytes]
+              for g in x.sparse_gradients]]
+            for x in graph.layers
+        ],
+        "ops": [
+            [op.id, op.op_type, -1 if op.layer is None else layer_at[op.layer], op.phase.value,
+             [list(s) for s in op.output_shapes], list(op.output_dtypes), op.output_bytes,
+             op.flops, op.transposed_bytes]
+            for op in graph.ops
+        ],
+        "edges": [[op_at[e.src], op_at[e.dst], e.bytes, e.output_index] for e in graph.edges],
+    }  # fmt: skip
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise ValueError(f"expected an integer, found {value!r}")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, found {value!r}")
+    return value
+
+
+def _layer(row: Sequence[Any]) -> LayerInfo:
+    name, cls, params, trainable, pbytes, tbytes, tensors, sparse = row
+    gradients = tuple(
+        SparseGradient(_str(v), _int(r), _int(rb), _int(ib), _int(db))
+        for v, r, rb, ib, db in sparse
+    )
+    return LayerInfo(
+        _str(name), _str(cls), _int(params), _int(trainable), _int(pbytes), _int(tbytes),
+        gradients, _int(tensors),
+    )  # fmt: skip
+
+
+def _op(row: Sequence[Any], layers: Sequence[LayerInfo]) -> Op:
+    op_id, op_type, layer, phase, shapes, dtypes, out_bytes, flops, transposed = row
+    index = _int(layer)
+    return Op(
+        id=_str(op_id),
+        op_type=_str(op_type),
+        layer=None if index == -1 else layers[index].name,
+        phase=Phase(phase),
+        output_shapes=tuple(tuple(_int(d) for d in s) for s in shapes),
+        output_dtypes=tuple(_str(d) for d in dtypes),
+        output_bytes=_int(out_bytes),
+        flops=_int(flops),
+        transposed_bytes=_int(transposed),
+    )
+
+
+def decode_graph(raw: Mapping[str, Any]) -> Graph:
+    """The :class:`Graph` :func:`encode_graph` wrote; ``ValueError`` (or
+    :class:`~partitioner.core.errors.InvalidGraphError`) for anything else."""
+    try:
+        layers = tuple(_layer(row) for row in raw["layers"])
+        ops = tuple(_op(row, layers) for row in raw["ops"])
+        edges = tuple(
+            Edge(ops[_int(s)].id, ops[_int(d)].id, _int(b), _int(i)) for s, d, b, i in raw["edges"]
+        )
+        return Graph(
+            _str(raw["name"]), ops, edges, layers,
+            batch_size=_int(raw["batch_size"]), target_bytes=_int(raw["target_bytes"]),
+        )  # fmt: skip
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
+
+
+@dataclass
+class TraceCache:
+    """The trace cache of one planning run in ``directory`` (its ``traces/``): :meth:`trace`
+    reads an entry or traces; :meth:`flush` stores the new traces once the run succeeded."""
+
+    directory: Path
+    pending: dict[str, trace.TraceResult] = field(default_factory=dict)
+    hits: int = 0
+
+    @property
+    def entries(self) -> Path:
+        return self.directory / "traces"
+
+    def trace(self, model: Any, batch_size: int, input_shape: Any) -> trace.TraceResult:
+        """The step of ``model`` at ``batch_size`` from the cache, else traced
+        (:func:`passes.trace.trace_model`) and kept for :meth:`flush`."""
+        with trace.KERAS_CALL_LOCK:  # the key reads the model as a trace does
+            key = trace_key(model, batch_size, input_shape)
+            t0 = time.perf_counter()
+            graph = self._read(key)
+            if graph is not None and [x.name for x in graph.layers] == [
+                u.name for u in trace.placement_units(model)
+            ]:
+                self.hits += 1
+                return _cached_result(model, graph, time.perf_counter() - t0)
+        traced = trace.trace_model(model, batch_size=batch_size, input_shape=input_shape)
+        self.pending[key] = traced
+        return traced
+
+    def _read(self, key: str) -> Graph | None:
+        path = self.entries / f"{key}.json"
+        if not os.path.lexists(path):
+            return None
+        try:
+            raw = json.loads(read_regular_text(path, MAX_TRACE_ENTRY_BYTES, follow_symlinks=False))
+            if raw.get("schema") != TRACE_CACHE_SCHEMA or raw.get("key") != key:
+                return None
+            graph = decode_graph(raw["graph"])
+        except (PartitionError, ValueError, AttributeError, KeyError) as exc:
+            logger.warning("ignoring the trace cache entry %s: %s", path, exc)
+            return None
+        with contextlib.suppress(OSError):  # the least recently used go first (_evict)
+            os.utime(path, follow_symlinks=False)
+        return graph
+
+    def flush(self) -> None:
+        """Store the traces this run made; a cache that cannot take them costs a warning."""
+        if not self.pending:
+            return
+        try:
+            self._check_directory()
+            self.entries.mkdir(parents=True, exist_ok=True)
+            for key, traced in self.pending.items():
+                self._write(key, traced.graph)
+            self._evict()
+        except (OSError, PartitionError) as exc:
+            logger.warning("traces not cached in %s: %s", self.entries, _reason(exc))
+        self.pending.clear()
+
+    def _check_directory(self) -> None:
+        now = os.path.realpath(self.directory)
+        if now != str(self.directory):
+            raise PartitionError(
+                f"the cache directory now leads to {now} (a symbolic link put on it after the "
+                "run started), which entries are never written through"
+            )
+        if self.entries.is_symlink():
+            raise PartitionError("it is a symbolic link, which entries are never written through")
+
+    def _write(self, key: str, graph: Graph) -> None:
+        body = {"schema": TRACE_CACHE_SCHEMA, "key": key, "graph": encode_graph(graph)}
+        text = json.dumps(body, separators=(",", ":"))
+        if len(text) > MAX_TRACE_ENTRY_BYTES:
+            logger.debug("trace of %s not cached: %d bytes", graph.name, len(text))
+            return
+        write_atomic(self.entries / f"{key}.json", text, follow_symlinks=False)
+
+    def _evict(self) -> None:
+        """Remove the least recently used entries past :data:`MAX_TRACE_CACHE_BYTES`, and the
+        temporary files of writers killed more than an hour ago."""
+        now, entries = time.time(), []
+        for path in self.entries.iterdir():
+            st = path.lstat()
+            if path.name.startswith(".") and now - st.st_mtime > _STALE_TEMPORARY_S:
+                path.unlink(missing_ok=True)
+            elif path.suffix == ".json":
+                entries.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= MAX_TRACE_CACHE_BYTES:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return str(exc.strerror or exc)
+    return str(exc)
+
+
+def _cached_result(model: Any, graph: Graph, load_time_s: float) -> trace.TraceResult:
+    return trace.TraceResult(
+        graph=graph,
+        units=trace.placement_units(model),
+        trace_time_s=load_time_s,
+        flops_time_s=0.0,
+        step_function=None,
+        weightless=weightless.is_weightless(model),
+        tf32_enabled=bool(tf.config.experimental.tensor_float_32_execution_enabled()),
+        input_bounds=trace.integer_input_bounds(model),
+    )
