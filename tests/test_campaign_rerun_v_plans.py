@@ -35,7 +35,7 @@ from report_plans import make_plan
 from partitioner.api import prepare
 from partitioner.core.errors import PlanError, UsageError
 from partitioner.core.options import MAX_BATCH_SIZE, MAX_MEMORY_BYTES, TargetOptions
-from partitioner.plan.model import InputSignature, ModelFingerprint, Plan, load_plan
+from partitioner.plan.model import InputSignature, ModelFingerprint, Plan, load_plan, plan_digest
 
 cli = importlib.import_module("partitioner.cli.main")  # the module; partitioner.cli.main is main()
 REPO = Path(__file__).resolve().parent.parent
@@ -54,6 +54,7 @@ def _fingerprinted() -> Plan:
 def _write(tmp_path: Path, change: Callable[[dict[str, Any]], None], name: str) -> Path:
     data = copy.deepcopy(json.loads(_fingerprinted().to_json()))
     change(data)
+    data["digest"] = plan_digest(data)  # as written: the figures under test, not the digest
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(data))
     return path

@@ -753,12 +753,14 @@ def test_a_plan_records_the_wiring_of_every_layer_it_applies_to(mlp: Any, tmp_pa
     import partitioner
     from partitioner import load_plan
     from partitioner.core.errors import PlanError
+    from partitioner.plan.model import plan_digest
 
     plan = partitioner.partition(mlp, gpus=2, device_type="cpu", batch_size=16, strategy="placed")
     data = json.loads(plan.to_json())
     wiring = data["fingerprint"]["layer_inputs"]
     dropped = sorted(wiring)[-1]
     del wiring[dropped]
+    data["digest"] = plan_digest(data)  # a plan written so: the wiring check refuses it
     path = tmp_path / "partial.json"
     path.write_text(json.dumps(data))
     with pytest.raises(

@@ -147,3 +147,143 @@ def test_a_plan_file_without_a_digest_is_read_with_a_warning(
         assert Plan.from_json_dict(data, origin="plan file 'p.json'") == pipeline_plan
     assert "plan file 'p.json' has no digest" in caplog.text
     assert "its predictions are read as written, unchecked" in caplog.text
+
+
+# -- campaign 34l c: the model's code and the process ----------------------------------------
+
+MLP_FILE = """
+import keras{extra}
+
+def build_model():
+    x = keras.Input((16,))
+    h = keras.layers.Dense(32, name="d1")(x)
+    h = keras.layers.Dense(32, name="d2")(h)
+    h = keras.layers.Dense(32, name="d3")(h)
+    return keras.Model(x, keras.layers.Dense(4, name="d4")(h), name="m")
+"""
+
+
+def _partition(tmp_path: Path, extra: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    model = tmp_path / "model.py"
+    model.write_text(MLP_FILE.format(extra=extra))
+    (tmp_path / "p.json").write_text("old\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "partitioner", str(model), "--gpus", "4", "--device-type", "cpu"]
+    return subprocess.run(
+        [*cmd, "--batch-size", "8", "--out", str(tmp_path / "p.json"), *flags],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_thread_of_the_model_calling_os_exit_does_not_end_the_run(tmp_path: Path) -> None:
+    """Campaign 34l c (n10): a timer thread of the model's code calling ``os._exit(0)`` while
+    the run planned ended it with status 0, no line and no plan: the stale ``--out`` looked like
+    this run's. That thread is stopped, the run goes on, and a note says so."""
+    extra = ", os, threading\nthreading.Timer(0.2, lambda: os._exit(0)).start()"
+    done = _partition(tmp_path, extra)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "p.json").read_text())["model"] == "m"
+    assert (
+        "partition: note: a thread of the model's code (Thread-1) called os._exit(0) while the "
+        "run planned; that thread was stopped and the run went on"
+    ) in done.stderr
+
+
+@pytest.mark.slow
+def test_os_exit_in_the_models_main_code_is_one_line(tmp_path: Path) -> None:
+    done = _partition(tmp_path, ", os\nos._exit(0)")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"partition: error: importing {tmp_path / 'model.py'} called os._exit(0); remove the exit "
+        "from the model file (or put it under if __name__ == '__main__':)"
+    )
+    assert (tmp_path / "p.json").read_text() == "old\n"
+
+
+@pytest.mark.slow
+def test_a_model_closing_the_descriptors_it_was_given_still_plans(tmp_path: Path) -> None:
+    """Campaign 34l c (s23): ``os.closerange(3, 256)`` at import (as daemonising code does)
+    closed the CLI's copies of stdout and stderr and its record of the files the model read:
+    status 1 and no line. Those are kept at high descriptors now."""
+    done = _partition(tmp_path, ", os\nos.closerange(3, 256)", "--report", str(tmp_path / "r.txt"))
+    assert done.returncode == 0, done.stderr
+    assert "Plan written to" in done.stdout
+    assert json.loads((tmp_path / "p.json").read_text())["model"] == "m"
+    assert (tmp_path / "r.txt").is_file()
+
+
+@pytest.mark.slow
+def test_a_stdout_pipe_the_model_made_non_blocking_takes_the_whole_report(
+    tmp_path: Path,
+) -> None:
+    """Campaign 34l c (s20): the model made the pipes it holds non-blocking with a 4 KiB buffer;
+    the report was cut at 4 KiB, status 0. The CLI writes its stdout blocking."""
+    extra = """, fcntl, os, stat
+for fd in map(int, os.listdir("/proc/self/fd")):
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, 1031, 4096)  # F_SETPIPE_SZ
+            os.set_blocking(fd, False)
+    except OSError:
+        pass"""
+    model = tmp_path / "model.py"
+    model.write_text(MLP_FILE.format(extra=extra))
+    plan = tmp_path / "p.json"
+    command = (
+        f"{sys.executable} -m partitioner {model} --gpus 4 --device-type cpu --batch-size 8 "
+        f"--out {plan} | (while [ ! -e {plan} ]; do sleep 0.2; done; sleep 2; wc -c)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) > 4096
+
+
+def test_a_task_of_a_job_without_workers_is_told_to_serve_that_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Campaign 34l c (t17): TF_CONFIG whose task is ``ps`` and which has no ``worker`` job was
+    told to list the workers in the bare form, which TF_CONFIG refuses (row 133)."""
+    from partitioner.core.errors import UsageError
+    from passes.cluster.runtime import load_cluster
+
+    config = {"cluster": {"chief": ["h:1"], "ps": ["h:2"]}, "task": {"type": "ps", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    with pytest.raises(UsageError) as info:
+        load_cluster(None)
+    assert str(info.value) == (
+        "TF_CONFIG has no job 'worker' (jobs found: chief, ps), and its task is of job 'ps': "
+        "serve that job instead (partition worker --job ps), or list the 'worker' tasks as "
+        '{"cluster": {"worker": ["host0:2222", "host1:2222"]}}'
+    )
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["h:2"]}}))
+    with pytest.raises(UsageError, match=r'as \{"cluster": \{"worker"'):
+        load_cluster(None)
+
+
+def test_a_subclassed_model_is_told_to_plan_without_a_pipeline_in_no_flags_words() -> None:
+    """Campaign 34l c (u12): ``--strategy pipeline`` on a subclassed model was advised "or plan
+    with no --pipeline", a flag the user never gave."""
+    import keras
+
+    from partitioner.core.errors import RewriteError
+    from passes.rewrite import pipeline
+
+    class Sub(keras.Model):
+        def __init__(self) -> None:
+            super().__init__(name="sub")
+            self.out = keras.layers.Dense(2)
+
+        def call(self, x: Any) -> Any:
+            return self.out(x)
+
+    with pytest.raises(RewriteError) as info:
+        pipeline._graph_of(Sub())
+    assert str(info.value).endswith(
+        "build it with the functional API or Sequential, or plan it without a pipeline (one "
+        "device, data parallel or a plain split)"
+    )

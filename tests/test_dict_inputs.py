@@ -234,6 +234,7 @@ def test_the_plan_file_keeps_the_shapes_per_input(placed_plan: Plan, tmp_path: A
     assert load_plan(path).input_shape == SHAPES
     data["input_shape"] = [32, 32, 3]  # one shape, as version 2 files have it
     data["fingerprint"] = None  # (which a fingerprint of two inputs would contradict)
+    del data["digest"]  # a file of an earlier release: no digest either
     path.write_text(json.dumps(data))
     assert load_plan(path).input_shape == (32, 32, 3)
     data["input_shape"] = {"token_ids": [0]}

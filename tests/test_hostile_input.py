@@ -24,7 +24,7 @@ import pytest
 
 from partitioner.core.errors import OutputError, PlanError
 from partitioner.core.files import write_all_atomic, write_atomic
-from partitioner.plan.model import MAX_PLAN_BYTES, load_plan
+from partitioner.plan.model import MAX_PLAN_BYTES, load_plan, plan_digest
 
 cli = importlib.import_module("partitioner.cli.main")  # the module; partitioner.cli.main is main()
 
@@ -356,10 +356,11 @@ def test_show_escapes_control_characters_in_names(
     sys.path.insert(0, str(REPO / "tests"))
     from report_plans import make_plan
 
-    text = make_plan().to_json()
     hostile = "conv1\x1b[2J\x1b]0;pwned\x07\u202e\x9b31m"
+    data = json.loads(make_plan().to_json().replace('"conv1"', json.dumps(hostile)))
+    data["digest"] = plan_digest(data)  # a plan of a model named so, as written
     plan = tmp_path / "plan.json"
-    plan.write_text(text.replace('"conv1"', json.dumps(hostile)))
+    plan.write_text(json.dumps(data))
     code, out, err = run_main(["show", plan], capsys)
     assert code == 0, err
     assert "conv1\\x1b[2J" in out and "\\u202e" in out and "\\x9b" in out and "\\x07" in out

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from partitioner.core.errors import OutputError
-from partitioner.plan.model import Plan, load_plan
+from partitioner.plan.model import Plan, load_plan, plan_digest
 from tests.test_campaign_rerun_v_plans import _refused, _show
 
 cli = importlib.import_module("partitioner.cli.main")  # the module, not its main()
@@ -28,10 +28,13 @@ Edit = Callable[[dict[str, Any]], None]
 
 
 def _written(plan: Plan, tmp_path: Path, change: Edit, name: str = "edited") -> Path:
-    """``plan`` saved, read back as JSON, changed by ``change`` and written to ``name``.json."""
+    """``plan`` saved, read back as JSON, changed by ``change`` and written to ``name``.json
+    with the digest of the change (a file written so: what is checked is its figures, and an
+    edit the specific checks miss is refused by the digest instead)."""
     saved = plan.save(tmp_path / "saved.json")
     data = json.loads(saved.read_text(encoding="utf-8"))
     change(data)
+    data["digest"] = plan_digest(data)
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(data), encoding="utf-8")
     return path

@@ -22,7 +22,7 @@ from typing import Any
 
 from partitioner.core.errors import escape_control
 
-__all__ = ["EXIT_HANDLERS_GRACE_S", "run_exit_handlers"]
+__all__ = ["EXIT_HANDLERS_GRACE_S", "HardExit", "hard_exits_refused", "run_exit_handlers"]
 
 EXIT_HANDLERS_GRACE_S = 5.0
 """How long the exit handlers (``atexit``) of a ``partition`` process may run, once the plan is
@@ -73,8 +73,9 @@ def run_exit_handlers(grace_s: float = EXIT_HANDLERS_GRACE_S) -> list[str]:
     return notes
 
 
-class _HardExit(BaseException):
-    """Raised in place of ``os._exit(status)`` called by an exit handler (:func:`_no_hard_exit`)."""
+class HardExit(SystemExit):
+    """Raised in place of ``os._exit(status)`` called by the model's code (:func:`_no_hard_exit`,
+    :func:`hard_exits_refused`): a ``SystemExit``, so a thread it ends ends quietly."""
 
     def __init__(self, status: object) -> None:
         super().__init__(status)
@@ -82,17 +83,43 @@ class _HardExit(BaseException):
 
 
 @contextlib.contextmanager
-def _no_hard_exit() -> Iterator[None]:
-    """While inside, ``os._exit`` called by this thread raises :class:`_HardExit` instead: an
-    exit handler of the model's code calling ``os._exit(0)`` ended a failed run with status 0
-    (atexit stops that handler and reports it; the process keeps its own status). Other threads
-    and forked children get the real ``os._exit``."""
+def hard_exits_refused() -> Iterator[list[str]]:
+    """While the run plans, ``os._exit`` called by the model's code in this process raises
+    :class:`HardExit` instead of ending the process with the status it chose and no plan
+    written (a timer thread calling ``os._exit(0)`` made a stale plan look like this run's).
+    In the main thread it unwinds the run as ``sys.exit`` does; in another thread it ends that
+    thread only, and the yielded list gets a note saying so. A forked child gets the real one."""
+    notes: list[str] = []
+    main = threading.main_thread()
+
+    def noted(status: object) -> None:
+        if threading.current_thread() is not main:
+            name = escape_control(threading.current_thread().name)
+            notes.append(
+                f"a thread of the model's code ({name}) called os._exit({status!r}) while the "
+                "run planned; that thread was stopped and the run went on"
+            )
+
+    with _no_hard_exit(any_thread=True, called=noted):
+        yield notes
+
+
+@contextlib.contextmanager
+def _no_hard_exit(
+    *, any_thread: bool = False, called: Callable[[object], None] | None = None
+) -> Iterator[None]:
+    """While inside, ``os._exit`` called by this thread (``any_thread``: by any thread) raises
+    :class:`HardExit` instead, after ``called(status)``: an exit handler of the model's code
+    calling ``os._exit(0)`` ended a failed run with status 0 (atexit stops that handler and
+    reports it; the process keeps its own status). Forked children get the real ``os._exit``."""
     real = os._exit
     thread, pid = threading.get_ident(), os.getpid()
 
     def guarded(status: int) -> None:
-        if threading.get_ident() == thread and os.getpid() == pid:
-            raise _HardExit(status)
+        if (any_thread or threading.get_ident() == thread) and os.getpid() == pid:
+            if called is not None:
+                called(status)
+            raise HardExit(status)
         real(status)
 
     os._exit = posix._exit = guarded  # type: ignore[assignment]
@@ -108,9 +135,9 @@ def _raised_note(unraisable: Any) -> str:
     exc = unraisable.exc_value
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     what = f"raised {detail}"
-    if isinstance(exc, (_HardExit, SystemExit)):
-        call = "os._exit" if isinstance(exc, _HardExit) else "sys.exit"
-        code = exc.status if isinstance(exc, _HardExit) else exc.code
+    if isinstance(exc, SystemExit):
+        call = "os._exit" if isinstance(exc, HardExit) else "sys.exit"
+        code = exc.status if isinstance(exc, HardExit) else exc.code
         what = f"called {call}({code!r}), ignored: the run's own exit status stands"
     tb = unraisable.exc_traceback
     handler = _described(tb.tb_frame) if tb is not None else _callable_name(unraisable.object)

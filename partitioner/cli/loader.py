@@ -234,8 +234,11 @@ def recording_files_read(into: set[str]) -> Iterator[None]:
     it (``spec_from_file_location`` and ``exec_module``, ``runpy.run_path``) or read data
     files, and an output must not replace any of them (:func:`user_files_read`). Not seen: what
     a new interpreter reads (a ``spawn`` pool, a subprocess such as ``cat``)."""
+    from partitioner.cli.quiet import descriptors_closed, kept_copy
+
     _install_audit_hook()
-    channel = tempfile.TemporaryFile()
+    with tempfile.TemporaryFile() as made:  # kept high: the model's code may close the low ones
+        channel = os.fdopen(kept_copy(made.fileno()), "w+b")
     with _FILES_READ.lock:
         previous = (_FILES_READ.files, _FILES_READ.pid, _FILES_READ.channel)
         _FILES_READ.files, _FILES_READ.pid = into, os.getpid()
@@ -245,9 +248,21 @@ def recording_files_read(into: set[str]) -> Iterator[None]:
     finally:
         with _FILES_READ.lock:
             _FILES_READ.files, _FILES_READ.pid, _FILES_READ.channel = previous
-        with channel:
-            channel.seek(0)
-            into.update(f for f in os.fsdecode(channel.read()).split("\0") if f)
+        try:
+            with channel:
+                channel.seek(0)
+                into.update(f for f in os.fsdecode(channel.read()).split("\0") if f)
+        except OSError as exc:  # the model's code closed it: what it read is unknown
+            raise descriptors_closed(exc) from None
+
+
+def exit_call(exc: SystemExit) -> str:
+    """``sys.exit(0)``, or ``os._exit(0)`` for one the run turned into an exception
+    (:class:`~partitioner.cli.exits.HardExit`), as the model's code called it."""
+    from partitioner.cli.exits import HardExit
+
+    call = "os._exit" if isinstance(exc, HardExit) else "sys.exit"
+    return f"{call}({exc.code!r})"
 
 
 def user_files_read(read: Collection[str]) -> list[Path]:
@@ -376,7 +391,7 @@ def _import_error(exc: BaseException, path: Path) -> ModelLoadError:
         )
     if isinstance(exc, SystemExit):
         return ModelLoadError(
-            f"importing {path} called sys.exit({exc.code!r}); remove the exit from the model "
+            f"importing {path} called {exit_call(exc)}; remove the exit from the model "
             "file (or put it under if __name__ == '__main__':)"
         )
     return quoting(
@@ -411,7 +426,7 @@ def _call_builder(builder: Any, what: str, path: Path) -> Any:
         return builder()
     except SystemExit as exc:
         raise ModelLoadError(
-            f"{path}:{what}() called sys.exit({exc.code!r}) instead of returning a model; "
+            f"{path}:{what}() called {exit_call(exc)} instead of returning a model; "
             "remove the exit from the model file"
         ) from None
     except KeyboardInterrupt:

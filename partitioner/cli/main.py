@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import io
 import logging
 import math
 import os
@@ -33,8 +34,10 @@ from rich.console import Console
 from partitioner.cli.early import INTERRUPTED_EARLY
 from partitioner.cli.early import interrupt_exits as _interrupt_exits
 from partitioner.cli.early import set_sigint as _set_sigint
-from partitioner.cli.exits import run_exit_handlers
+from partitioner.cli.exits import hard_exits_refused, run_exit_handlers
+from partitioner.cli.loader import exit_call
 from partitioner.cli.parsing import OneLineParser
+from partitioner.cli.quiet import kept_copy
 from partitioner.core.errors import (
     CatalogError,
     ModelLoadError,
@@ -778,7 +781,7 @@ def _quiet_native_stderr(enabled: bool, shown: TextIO) -> Iterator[None]:
 
     system = system_dirs()  # once: TensorFlow's import warns while it runs
     sys.stderr.flush()
-    saved, python_stderr, show = os.dup(2), sys.stderr, warnings.showwarning
+    saved, python_stderr, show = kept_copy(2), sys.stderr, warnings.showwarning
 
     def show_users(
         message: Warning | str,
@@ -792,11 +795,11 @@ def _quiet_native_stderr(enabled: bool, shown: TextIO) -> Iterator[None]:
             show(message, category, filename, lineno, file, line)
 
     try:
-        with open(os.devnull, "w") as devnull:
+        with open(os.devnull, "w") as devnull:  # closed at once: the model's code may close it
             os.dup2(devnull.fileno(), 2)
-            sys.stderr = cast(TextIO, _StderrOrNothing(shown))
-            warnings.showwarning = show_users
-            yield
+        sys.stderr = cast(TextIO, _StderrOrNothing(shown))
+        warnings.showwarning = show_users
+        yield
     finally:
         warnings.showwarning = show
         with contextlib.suppress(Exception):  # the model's code may have set it to None
@@ -818,7 +821,7 @@ def _stdout_kept_from_children() -> Iterator[None]:
         return
     _flush_or_drop(sys.stdout)
     try:
-        saved = os.dup(1)  # not inheritable
+        saved = kept_copy(1)  # not inheritable
     except OSError:  # started with stdout closed
         yield
         return
@@ -1061,7 +1064,7 @@ def _main_plan(argv: list[str], *, process: bool) -> int:
     # Progress goes to a copy of stderr, so it still shows while TensorFlow's native start-up
     # logging (written straight to file descriptor 2) is silenced.
     err = Console(
-        file=os.fdopen(os.dup(2), "w", encoding=sys.stderr.encoding, errors="replace"),
+        file=os.fdopen(kept_copy(2), "w", encoding=sys.stderr.encoding, errors="replace"),
         stderr=True,
     )
     for handler in logging.getLogger().handlers:  # warnings must show through the silence too
@@ -1069,8 +1072,14 @@ def _main_plan(argv: list[str], *, process: bool) -> int:
             handler.setStream(err.file)
     if process:  # from here on Ctrl-C unwinds: the run may be writing its files
         _set_sigint(_INTERRUPTS)
+    exits: contextlib.AbstractContextManager[list[str]] = (
+        hard_exits_refused() if process else contextlib.nullcontext([])
+    )
     try:
-        status = _run(args, out, err)
+        with exits as notes:
+            status = _run(args, out, err)
+        for note in notes:
+            _say(f"{PROG}: note: {note}\n")
         _INTERRUPTS.honour()  # arrived, swallowed, and never honoured since: still 130
         return status
     except PartitionError as exc:
@@ -1080,8 +1089,8 @@ def _main_plan(argv: list[str], *, process: bool) -> int:
     except SystemExit as exc:  # only the model's code exits: argparse ran before
         return _error(
             ModelLoadError(
-                f"the model's code called sys.exit({exc.code!r}) while it was planned; no "
-                "file was written: remove the exit from the model file"
+                f"the model's code called {exit_call(exc)} while it was planned; no file was "
+                "written: remove the exit from the model file"
             )
         )
     except BaseException as exc:
@@ -1128,8 +1137,17 @@ def _say(line: str) -> None:
     if stream is None:  # started without a stderr
         return
     with contextlib.suppress(OSError, ValueError, AttributeError):
+        _blocking(stream)
         stream.write(line)
         stream.flush()
+
+
+def _blocking(stream: TextIO) -> None:
+    """``stream``'s descriptor in blocking mode: the model's code may have made the pipe
+    non-blocking (``O_NONBLOCK`` is shared by every copy of it), where a write past the pipe's
+    buffer would stop short."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        os.set_blocking(stream.fileno(), True)
 
 
 def print_out(text: str, what: str, written: Sequence[str]) -> int:
@@ -1140,6 +1158,7 @@ def print_out(text: str, what: str, written: Sequence[str]) -> int:
     (OutputError, status 2)."""
     try:
         if sys.stdout is not None:  # None: started with stdout closed; nothing to print to
+            _blocking(sys.stdout)
             sys.stdout.write(text)
             sys.stdout.flush()
     except BrokenPipeError:

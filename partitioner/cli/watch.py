@@ -74,11 +74,15 @@ def _opened(fd: int, watched: dict[int, str]) -> set[str]:
 def watching_opens(paths: Iterable[str], into: set[str]) -> Iterator[None]:
     """Add to ``into`` the real path of every file of ``paths`` (those that exist) that was
     opened or read while inside, by TensorFlow's C++ readers as by Python (module docstring)."""
+    from partitioner.cli.quiet import descriptors_closed, kept_copy
+
     libc = _libc()
-    fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC) if libc is not None else -1
-    if libc is None or fd < 0:
+    made = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC) if libc is not None else -1
+    if libc is None or made < 0:
         yield
         return
+    fd = kept_copy(made)  # high: the model's code may close the low ones
+    os.close(made)
     try:
         watched = _watches(libc, fd, paths)
     except BaseException:
@@ -89,5 +93,8 @@ def watching_opens(paths: Iterable[str], into: set[str]) -> Iterator[None]:
     finally:
         try:
             into.update(_opened(fd, watched))
+        except OSError as exc:  # closed by the model's code: what it opened is unknown
+            raise descriptors_closed(exc) from None
         finally:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -215,14 +215,29 @@ def load_cluster(
     config = _cluster_config(data, source)
     if job_name not in config.job_names:
         raise UsageError(
-            f"{source} has no job {job_name!r} (jobs found: {', '.join(config.job_names) or 'none'}); "
-            f'list the workers as {{"{job_name}": ["host0:2222", "host1:2222"]}}'
+            _no_job(config, source, job_name, isinstance(data, dict) and "cluster" in data)
         )
     config = check_addresses(config, origin=source, error=UsageError)
     workers = config.addresses(job_name)
     others = tuple((job, addrs) for job, addrs in config.jobs if job != job_name)
     task_index = config.task_index if config.task_type == job_name else None
     return WorkerCluster(job_name, workers, others, task_index, source, config.task_type)
+
+
+def _no_job(config: TfConfig, source: str, job_name: str, tf_config_form: bool) -> str:
+    """Why ``config`` has no task to serve for ``job_name``, and the next step in the form the
+    cluster was given in (TF_CONFIG's jobs are read only under ``cluster``)."""
+    jobs = ", ".join(config.job_names) or "none"
+    workers = f'{{"{job_name}": ["host0:2222", "host1:2222"]}}'
+    form = f'{{"cluster": {workers}}}' if tf_config_form else workers
+    head = f"{source} has no job {job_name!r} (jobs found: {jobs})"
+    task = config.task_type
+    if task is not None and task != job_name and task in config.job_names:
+        return (
+            f"{head}, and its task is of job {task!r}: serve that job instead (partition worker "
+            f"--job {task}), or list the {job_name!r} tasks as {form}"
+        )
+    return f"{head}; list the {job_name!r} tasks as {form}"
 
 
 # -- reachability --------------------------------------------------------------------------------

@@ -168,8 +168,8 @@ def _graph_of(model: keras.Model) -> Any:
         return model
     raise RewriteError(
         f"model {model.name!r} is a subclassed {type(model).__name__}: its call() cannot be split "
-        "into pipeline stages; build it with the functional API or Sequential, or plan with "
-        "pipeline=False"
+        "into pipeline stages; build it with the functional API or Sequential, or plan it "
+        "without a pipeline (one device, data parallel or a plain split)"
     )
 
 
