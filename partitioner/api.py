@@ -37,6 +37,7 @@ from cost_models.estimate.precision import parse_precision, traced_precision
 from partitioner.core.batching import BatchShare, at_share, graph_at_batch
 from partitioner.core.errors import (
     InfeasibleError,
+    OutputError,
     PartitionError,
     PlanError,
     RewriteError,
@@ -369,11 +370,16 @@ def _trace_cache(measure: MeasureOptions) -> TraceCache | None:
     if not measure.trace_cache or measure.profile or measure.profile_ops:
         return None
     from cost_models.measure.profiled import default_cache_dir
+    from partitioner.core.files import check_links_followed
     from passes.trace_cache import TraceCache
 
     try:
         given = measure.cache_dir if measure.cache_dir is not None else default_cache_dir()
+        check_links_followed(given, "the cache directory")
     except RuntimeError:  # no home directory to hold the default
+        return None
+    except OutputError as exc:
+        logger.warning("%s; tracing without the trace cache", exc)
         return None
     return TraceCache(Path(os.path.realpath(given)))
 

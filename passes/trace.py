@@ -1148,9 +1148,14 @@ def _ops_and_edges(
         for i, size in _loop_list_bytes(op).items()
     }
 
+    seen: dict[tuple[str, int], tuple[tuple[int, ...], str, int]] = {}
+
     def tensor_bytes(t: Any) -> tuple[tuple[int, ...], str, int]:
-        dims, dtype, size = _tensor_bytes(t)
-        return dims, dtype, list_bytes.get((t.op.name, t.value_index), size)
+        key = (t.op.name, t.value_index)  # once per tensor: reading its shape is slow
+        if key not in seen:
+            dims, dtype, size = _tensor_bytes(t)
+            seen[key] = (dims, dtype, list_bytes.get(key, size))
+        return seen[key]
 
     owner: dict[str, str | None] = {}
     ops: list[Op] = []

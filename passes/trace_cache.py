@@ -105,16 +105,25 @@ def _installation_dirs() -> tuple[str, ...]:
 
 def _local_sources() -> list[str]:
     """The source files of the modules loaded from outside the Python installation (the model's
-    file and its own imports; this project when installed editable)."""
-    installed = _installation_dirs()
+    file and its own imports), but for this project's own packages (their tracing code is
+    :data:`_TRACING_CODE`; which of the rest a run imported depends on its flags) and
+    AutoGraph's generated modules (new each run)."""
+    skipped = (*_installation_dirs(), *_project_dirs())
     files = []
-    for module in list(sys.modules.values()):
+    for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if isinstance(path, str) and path.endswith(".py"):
+        if isinstance(path, str) and path.endswith(".py") and "autograph_generated" not in name:
             real = os.path.realpath(path)
-            if not real.startswith(installed):
+            if not real.startswith(skipped):
                 files.append(real)
     return sorted(set(files))
+
+
+def _project_dirs() -> tuple[str, ...]:
+    """The directories of this project's packages (``partitioner``, ``cost_models``,
+    ``passes``)."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # they are siblings
+    return tuple(os.path.join(root, p) + os.sep for p in ("partitioner", "cost_models", "passes"))
 
 
 def _class_sources(objects: Iterable[Any]) -> list[str]:

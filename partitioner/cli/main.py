@@ -1653,6 +1653,7 @@ def _plan(
         _rearm_interrupt(own_sigint)
         load_s = time.perf_counter() - t0
         _check_outputs(paths, [*inputs, *_imported(paths, code)])
+        prepared = _trace_cache_kept(paths, prepared)
 
         def phase(message: str, completed: float | None = None, total: float | None = None) -> None:
             _INTERRUPTS.honour()
@@ -1663,6 +1664,24 @@ def _plan(
             plan = partition_prepared(model, prepared, progress=phase)
         _rearm_interrupt(own_sigint)
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), code
+
+
+def _trace_cache_kept(paths: _Paths, prepared: Prepared) -> Prepared:
+    """``prepared`` without the trace cache when its directory no longer resolves where it did
+    before the model's code ran (the code put a symbolic link on it): a warning, and the run
+    traces and writes no entry there."""
+    from dataclasses import replace
+
+    cache = paths.trace_cache_dir
+    if cache is None or os.path.realpath(cache) == cache:
+        return prepared
+    logger.warning(
+        "the cache directory %s now leads to %s (the model's code put a symbolic link on it); "
+        "tracing without the trace cache",
+        cache,
+        os.path.realpath(cache),
+    )
+    return replace(prepared, measure=replace(prepared.measure, trace_cache=False))
 
 
 @contextlib.contextmanager

@@ -251,3 +251,25 @@ def test_the_least_recently_used_entries_go_past_the_bound(
     cache.flush()
     kept = {p.name for p in _entries(tmp_path)}
     assert oldest not in kept and len(kept) == 2
+
+
+@pytest.mark.slow
+def test_the_command_plans_again_from_the_cache_at_another_device_count(tmp_path: Path) -> None:
+    """The user's path: ``partition`` twice in fresh processes; the second, at another
+    ``--gpus``, reads both traces (its own phases say so), and ``--no-trace-cache`` traces."""
+    env = {**os.environ, "PARTITIONER_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    model = str(ROOT / "examples" / "mnist_mlp.py")
+
+    def phases(*flags: str) -> list[str]:
+        out = tmp_path / "p.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "partitioner", model, "--out", str(out), *flags],
+            capture_output=True, text=True, env=env, timeout=600, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return list(json.loads(out.read_text())["phase_times_s"])
+
+    assert "trace" in phases("--gpus", "2")
+    warm = phases("--gpus", "4")
+    assert "trace cache" in warm and "trace" not in warm
+    assert "trace" in phases("--gpus", "4", "--no-trace-cache")
