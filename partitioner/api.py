@@ -350,16 +350,25 @@ def _timed(phases: list[tuple[str, float]], name: str) -> Iterator[None]:
     phases.append((name, time.perf_counter() - t0))
 
 
-def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | None = None) -> Plan:
+def partition_prepared(
+    model: Any,
+    prepared: Prepared,
+    *,
+    progress: Progress | None = None,
+    trace_cache: TraceCache | None = None,
+) -> Plan:
     """Plan ``model`` with options already checked by :func:`prepare` (the CLI checks them
-    before it imports TensorFlow; :func:`partition` is the two in one)."""
+    before it imports TensorFlow; :func:`partition` is the two in one). ``trace_cache``: the
+    caller's (:class:`passes.trace_cache.TraceCache`), which it flushes once its own outputs
+    are written; without one, ``trace_cache=True`` makes one, flushed when the plan is made."""
     if not isinstance(prepared, Prepared):
         raise UsageError(f"prepared={prepared!r} must be what prepare(...) returns")
     _check_progress(progress)
     prepared = _cache_checked(prepared)
-    cache = _trace_cache(prepared.measure)
+    own = trace_cache is None
+    cache = _trace_cache(prepared.measure) if own else trace_cache
     plan = _partition_prepared(model, prepared, progress or _no_progress, cache)
-    if cache is not None:
+    if own and cache is not None:
         cache.flush()  # only now: a failed run leaves no new file
     return plan
 
@@ -367,7 +376,7 @@ def partition_prepared(model: Any, prepared: Prepared, *, progress: Progress | N
 def _trace_cache(measure: MeasureOptions) -> TraceCache | None:
     """The run's trace cache (:mod:`passes.trace_cache`), or None: not asked for, or a run that
     measures (a profile runs the traced step itself), or no cache directory (no home)."""
-    if not measure.trace_cache or measure.profile or measure.profile_ops:
+    if not measure.trace_cache or not _traces_cached(measure):
         return None
     from cost_models.measure.profiled import default_cache_dir
     from partitioner.core.files import check_links_followed
@@ -382,6 +391,12 @@ def _trace_cache(measure: MeasureOptions) -> TraceCache | None:
         logger.warning("%s; tracing without the trace cache", exc)
         return None
     return TraceCache(Path(os.path.realpath(given)))
+
+
+def _traces_cached(measure: MeasureOptions) -> bool:
+    """Whether a run measured so may read traces from a cache: not one that profiles (a profile
+    runs the traced step itself, which a cached trace does not have)."""
+    return not (measure.profile or measure.profile_ops)
 
 
 def _partition_prepared(

@@ -34,7 +34,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -43,7 +43,7 @@ import networkx as nx
 import tensorflow as tf
 
 from partitioner.core.batching import TRACED_AT
-from partitioner.core.errors import TraceError, error_line, quoting, unwrapped
+from partitioner.core.errors import TraceError, error_line, message_of, quoting, unwrapped
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
 from passes import blocks, weightless
 
@@ -170,7 +170,9 @@ def _own_specs(model: keras.Model) -> list[tf.TensorSpec] | None:
 
 
 def build_sublayers(
-    model: keras.Model, specs: Sequence[tf.TensorSpec] | None = None
+    model: keras.Model,
+    specs: Sequence[tf.TensorSpec] | None = None,
+    given: ShapeArg | None = None,
 ) -> keras.Model:
     """``model`` with its unbuilt layers (:func:`unbuilt_layers`) built by one symbolic call
     (``model(x, training=True)`` in Keras's scratch graph, as Keras builds a layer it cannot
@@ -179,7 +181,7 @@ def build_sublayers(
     (:mod:`passes.weightless`) stay without values. Where the symbolic call fails, the layers
     are left as they are: the trace calls the model again and reports what fails.
     """
-    _build_sequential(model, specs)
+    _build_sequential(model, specs, given)
     unbuilt = unbuilt_layers(model)
     specs = _own_specs(model) if specs is None and unbuilt else specs
     if not unbuilt or not specs:
@@ -203,7 +205,9 @@ def build_sublayers(
     return model
 
 
-def _build_sequential(model: keras.Model, specs: Sequence[tf.TensorSpec] | None) -> None:
+def _build_sequential(
+    model: keras.Model, specs: Sequence[tf.TensorSpec] | None, given: ShapeArg | None = None
+) -> None:
     """An unbuilt ``keras.Sequential`` (no ``keras.Input``) built on ``specs``' one input shape
     with the batch unknown, as ``keras.Input(shape=...)`` declares it. Keras builds one on its
     first call at that call's whole shape, batch included, as if the model fixed its batch
@@ -212,8 +216,20 @@ def _build_sequential(model: keras.Model, specs: Sequence[tf.TensorSpec] | None)
     if not isinstance(model, keras.Sequential) or model.built or not specs or len(specs) != 1:
         return
     scope = weightless.without_weights() if weightless.is_weightless(model) else None
-    with scope or contextlib.nullcontext():
-        model.build((None, *tuple(specs[0].shape)[1:]))
+    try:
+        with scope or contextlib.nullcontext():
+            model.build((None, *tuple(specs[0].shape)[1:]))
+    except TraceError:
+        raise
+    except Exception as exc:  # a layer refuses the shape: Keras's message names it
+        said = error_line(exc)
+        raise quoting(
+            TraceError(
+                f"model {model.name!r} raised {type(unwrapped(exc)).__name__} while built: "
+                f"{said}; {_traced_at(model, specs, given)}"
+            ),
+            said,
+        ) from None
 
 
 def placement_units(model: keras.Model) -> tuple[Unit, ...]:
@@ -1072,7 +1088,7 @@ def _trace_failure(
     """One line for a model TensorFlow could not trace: the layer that raised, Keras's own
     message, and the batch and input shapes of the trace beside the model's own (the arguments
     to change; ``given``: the ``input_shape`` the specs were made with)."""
-    bad_scope = re.search(r"'([^']*)' is not a valid scope name", str(exc))
+    bad_scope = re.search(r"'([^']*)' is not a valid scope name", message_of(exc))
     if bad_scope:
         return TraceError(
             f"layer name {bad_scope.group(1)!r} of model {model.name!r} is not a valid "
@@ -1131,6 +1147,27 @@ def _given_shapes(model: keras.Model, specs: Sequence[tf.TensorSpec], given: Sha
     return {n: t for n, t in zip(input_names(model), traced) if n in given}
 
 
+def _tensor_reader(tf_ops: Sequence[Any]) -> Callable[[Any], tuple[tuple[int, ...], str, int]]:
+    """``tensor_bytes(t)``: a tensor's dimensions, dtype and bytes (a loop's tensor lists at
+    their reserved size), read once per tensor (reading a shape is slow)."""
+    list_bytes: dict[tuple[str, int], int] = {
+        (op.name, i): size
+        for op in tf_ops
+        if op.type in _LOOP_OPS
+        for i, size in _loop_list_bytes(op).items()
+    }
+    seen: dict[tuple[str, int], tuple[tuple[int, ...], str, int]] = {}
+
+    def tensor_bytes(t: Any) -> tuple[tuple[int, ...], str, int]:
+        key = (t.op.name, t.value_index)
+        if key not in seen:
+            dims, dtype, size = _tensor_bytes(t)
+            seen[key] = (dims, dtype, list_bytes.get(key, size))
+        return seen[key]
+
+    return tensor_bytes
+
+
 def _ops_and_edges(
     tf_ops: Sequence[Any],
     forward_end: int,
@@ -1141,22 +1178,7 @@ def _ops_and_edges(
     """The IR's ops (with their owning layer and phase) and edges, in creation order;
     ``fixed_owners`` names the layer and the op type of the stand-ins made outside every layer
     call (a weightless trace's variable arguments and update assignments)."""
-    list_bytes: dict[tuple[str, int], int] = {
-        (op.name, i): size
-        for op in tf_ops
-        if op.type in _LOOP_OPS
-        for i, size in _loop_list_bytes(op).items()
-    }
-
-    seen: dict[tuple[str, int], tuple[tuple[int, ...], str, int]] = {}
-
-    def tensor_bytes(t: Any) -> tuple[tuple[int, ...], str, int]:
-        key = (t.op.name, t.value_index)  # once per tensor: reading its shape is slow
-        if key not in seen:
-            dims, dtype, size = _tensor_bytes(t)
-            seen[key] = (dims, dtype, list_bytes.get(key, size))
-        return seen[key]
-
+    tensor_bytes = _tensor_reader(tf_ops)
     owner: dict[str, str | None] = {}
     ops: list[Op] = []
     edges: list[Edge] = []
@@ -1293,7 +1315,7 @@ def trace_model(
 def _trace_model(model: keras.Model, batch_size: int, input_shape: ShapeArg | None) -> TraceResult:
     t0 = time.perf_counter()
     specs = input_specs(model, batch_size, input_shape)
-    build_sublayers(model, specs)  # not inside the step: see unbuilt_layers
+    build_sublayers(model, specs, input_shape)  # not inside the step: see unbuilt_layers
     units = placement_units(model)
     if not units:
         raise TraceError(f"model {model.name!r} has no layers to place")

@@ -13,8 +13,12 @@ size is their first dimension), whether the model was built without weights, Ten
 setting, Keras's float type and dtype policy, the versions of Python, TensorFlow and Keras, this
 project's tracing code, and the bytes of every source file that defines a class of the model or
 its layers outside TensorFlow and Keras, and of every module loaded from outside the Python
-installation (the model's file and its local imports): editing the model's code is a miss, even
-where its configuration does not change (a subclassed layer's ``call``). A configuration
+installation (the model's file and its local imports, from a zip archive or a ``.pyc`` too),
+the environment variables (but the few a shell changes between runs: ``_VOLATILE_ENVIRONMENT``)
+and, under the ``partition`` command, which records them, the content of every data file the
+model's code read while it was loaded: editing the model's code, its settings file or an
+environment variable it reads is a miss, even where its configuration does not change (a
+subclassed layer's ``call``). A configuration
 that is not JSON (an object without ``get_config``) is keyed by its ``repr``, whose address
 changes every run: such a model is never served from the cache, it is traced.
 
@@ -26,9 +30,11 @@ only after the plan they served succeeded (a failed run leaves no new file), ato
 temporary file and a rename: a concurrent writer or a kill mid-write never leaves a partial
 entry), and never through a symbolic link. An entry is read with the product's bounded,
 non-blocking reader, its key checked, and decoded into a validated :class:`~partitioner.core.ir.Graph`;
-anything else (a FIFO, a link, a truncated or foreign file) is a miss with a warning. The directory
-is bounded: after a write, the least recently used entries (a read touches its entry) are removed
-until the rest fit in :data:`MAX_TRACE_CACHE_BYTES`. A cache that cannot take entries (a full
+anything else (a FIFO, a link, a truncated file, another user's entry or one reached through
+another user's link, a count past :data:`MAX_ENTRY_VALUE`) is a miss with a warning. The
+directory is bounded: after a write, the least recently used entries (a read touches its entry)
+are removed until the rest fit in :data:`MAX_TRACE_CACHE_BYTES`; only files named as this
+cache names them are ever removed. A cache that cannot take entries (a full
 disk, a directory that is a file) costs a warning, never the plan.
 
 A cached trace has no ``step_function`` (nothing to run): a run that measures (``profile``,
@@ -42,6 +48,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+import stat
 import sys
 import sysconfig
 import time
@@ -54,8 +62,9 @@ import keras
 import tensorflow as tf
 
 from partitioner.core.errors import PartitionError
-from partitioner.core.files import read_regular_text, write_atomic
+from partitioner.core.files import check_links_followed, read_regular_text, write_atomic
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
+from partitioner.core.jsonfiles import loads_bounded
 from passes import blocks, trace, weightless
 
 __all__ = [
@@ -73,8 +82,9 @@ logger = logging.getLogger(__name__)
 TRACE_CACHE_SCHEMA = 1
 """The version of an entry's layout; an entry of another is a miss."""
 
-MAX_TRACE_ENTRY_BYTES = 256 << 20
-"""The largest entry read or written (256 MiB); a larger trace is not stored."""
+MAX_TRACE_ENTRY_BYTES = 64 << 20
+"""The largest entry read or written (64 MiB; a ResNet-50 step takes 1 MiB); a larger trace is
+not stored."""
 
 MAX_TRACE_CACHE_BYTES = 1 << 30
 """What the entries may take together (1 GiB); the least recently used go first."""
@@ -82,17 +92,34 @@ MAX_TRACE_CACHE_BYTES = 1 << 30
 _STALE_TEMPORARY_S = 3600.0
 """A writer's temporary file older than this (an hour) was left by a killed run: removed."""
 
+_ENTRY = re.compile(r"[0-9a-f]{64}\.json")
+_TEMPORARY = re.compile(r"\.[0-9a-f]{64}\.json\.[^/]*\.tmp")
+"""The names of this cache's entries and of their writers' temporary files
+(:func:`~partitioner.core.files.write_atomic`): the only files eviction removes."""
+
 _TRACING_CODE = (trace, blocks, weightless)
 """This project's modules whose code decides the traced graph: their source is in the key."""
 
 
 def _file_digest(path: str, seen: dict[str, str]) -> str:
+    """The SHA-256 of the file ``path``, or of the archive it is inside (a module imported from
+    a zip file on ``sys.path``: ``lib.zip/helper.py``)."""
     if path not in seen:
+        real = _archive_of(path)
         try:
-            seen[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            seen[path] = hashlib.sha256(Path(real).read_bytes()).hexdigest()
         except OSError:
-            seen[path] = "unreadable"
+            seen[path] = f"unreadable {time.time_ns()}"  # never the same key twice
     return seen[path]
+
+
+def _archive_of(path: str) -> str:
+    """``path``, or the nearest of its parents that is a regular file (its zip archive)."""
+    here = Path(path)
+    for candidate in (here, *here.parents):
+        if candidate.is_file():
+            return str(candidate)
+    return path
 
 
 def _installation_dirs() -> tuple[str, ...]:
@@ -111,8 +138,8 @@ def _local_sources() -> list[str]:
     skipped = (*_installation_dirs(), *_project_dirs())
     files = []
     for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str) and path.endswith(".py") and "autograph_generated" not in name:
+        path = getattr(module, "__file__", None)  # a .py, a .pyc without source, a zip member
+        if isinstance(path, str) and "autograph_generated" not in name:
             real = os.path.realpath(path)
             if not real.startswith(skipped):
                 files.append(real)
@@ -146,15 +173,28 @@ def _config(obj: Any) -> Any:
         return repr(obj)
 
 
-def trace_key(model: Any, batch_size: int, input_shape: Any) -> str:
+_VOLATILE_ENVIRONMENT = frozenset(
+    {"_", "OLDPWD", "PWD", "SHLVL", "COLUMNS", "LINES", "PARTITIONER_CACHE_DIR"}
+)
+"""Environment variables a shell changes between two runs of one command, which no model
+reads; every other variable is in the key (a model may read one to choose its shapes)."""
+
+
+def _environment() -> list[tuple[str, str]]:
+    return sorted((k, v) for k, v in os.environ.items() if k not in _VOLATILE_ENVIRONMENT)
+
+
+def trace_key(model: Any, batch_size: int, input_shape: Any, files: Iterable[str] = ()) -> str:
     """The key of ``model``'s step traced at ``batch_size`` (with ``input_shape``): see the
-    module docstring for what it covers."""
+    module docstring for what it covers; ``files``: data files the model's code read (their
+    content joins the key)."""
     specs = trace.input_specs(model, batch_size, input_shape)
-    trace.build_sublayers(model, specs)  # as the trace does first: the units of a built model
+    trace.build_sublayers(model, specs, input_shape)  # as the trace does: a built model's units
     units = trace.placement_units(model)
     seen: dict[str, str] = {}
     sources = [*_local_sources(), *_class_sources([model, *(u.operation for u in units)])]
     sources += [os.path.realpath(m.__file__ or "") for m in _TRACING_CODE]
+    sources += [os.path.realpath(f) for f in files]
     signature = {
         "schema": TRACE_CACHE_SCHEMA,
         "model": [type(model).__qualname__, _config(model)],
@@ -167,6 +207,7 @@ def trace_key(model: Any, batch_size: int, input_shape: Any) -> str:
         "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled()),
         "keras": [keras.__version__, keras.config.floatx(), keras.config.dtype_policy().name],
         "versions": [sys.version, tf.__version__],
+        "environment": _environment(),
         "sources": {path: _file_digest(path, seen) for path in sorted(set(sources))},
     }  # fmt: skip
     text = json.dumps(signature, sort_keys=True, default=repr, separators=(",", ":"))
@@ -198,9 +239,14 @@ def encode_graph(graph: Graph) -> dict[str, Any]:
     }  # fmt: skip
 
 
+MAX_ENTRY_VALUE = 1 << 62
+"""The largest count an entry may give (FLOPs, bytes, a dimension): no traced step comes near
+it (a 70 B model's step is ~10**18 FLOPs); a larger one is an edited or corrupted entry."""
+
+
 def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise ValueError(f"expected an integer, found {value!r}")
+    if type(value) is not int or not -1 <= value <= MAX_ENTRY_VALUE:
+        raise ValueError(f"expected an integer in -1..2**62, found {str(value)[:40]}")
     return value
 
 
@@ -261,6 +307,9 @@ class TraceCache:
     reads an entry or traces; :meth:`flush` stores the new traces once the run succeeded."""
 
     directory: Path
+    files: tuple[str, ...] = ()
+    """Data files the model's code read (the command records them): their content joins the
+    key, so a model built from a changed ``settings.json`` is traced again."""
     pending: dict[str, trace.TraceResult] = field(default_factory=dict)
     hits: int = 0
 
@@ -272,7 +321,7 @@ class TraceCache:
         """The step of ``model`` at ``batch_size`` from the cache, else traced
         (:func:`passes.trace.trace_model`) and kept for :meth:`flush`."""
         with trace.KERAS_CALL_LOCK:  # the key reads the model as a trace does
-            key = trace_key(model, batch_size, input_shape)
+            key = trace_key(model, batch_size, input_shape, self.files)
             t0 = time.perf_counter()
             graph = self._read(key)
             if graph is not None and [x.name for x in graph.layers] == [
@@ -289,7 +338,9 @@ class TraceCache:
         if not os.path.lexists(path):
             return None
         try:
-            raw = json.loads(read_regular_text(path, MAX_TRACE_ENTRY_BYTES, follow_symlinks=False))
+            _check_own(path)
+            text = read_regular_text(path, MAX_TRACE_ENTRY_BYTES, follow_symlinks=False)
+            raw = loads_bounded(text, f"entry {path}", PartitionError, "it is traced again")
             if raw.get("schema") != TRACE_CACHE_SCHEMA or raw.get("key") != key:
                 return None
             graph = decode_graph(raw["graph"])
@@ -338,9 +389,11 @@ class TraceCache:
         now, entries = time.time(), []
         for path in self.entries.iterdir():
             st = path.lstat()
-            if path.name.startswith(".") and now - st.st_mtime > _STALE_TEMPORARY_S:
+            if not stat.S_ISREG(st.st_mode):
+                continue  # never this cache's: left alone
+            if _TEMPORARY.fullmatch(path.name) and now - st.st_mtime > _STALE_TEMPORARY_S:
                 path.unlink(missing_ok=True)
-            elif path.suffix == ".json":
+            elif _ENTRY.fullmatch(path.name):
                 entries.append((st.st_mtime, st.st_size, path))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
@@ -348,6 +401,16 @@ class TraceCache:
                 break
             path.unlink(missing_ok=True)
             total -= size
+
+
+def _check_own(path: Path) -> None:
+    """An entry is read only through no other user's link (:func:`check_links_followed`: a
+    ``traces`` directory planted in a shared cache directory) and only if this user (or root)
+    wrote it: another user's entry in a cache anyone may write is not this run's trace."""
+    check_links_followed(path.parent, "the trace cache directory")
+    owner = os.lstat(path).st_uid
+    if owner not in (os.geteuid(), 0):
+        raise PartitionError(f"it belongs to another user (uid {owner})")
 
 
 def _reason(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -188,6 +189,7 @@ def test_a_thread_of_the_model_calling_os_exit_does_not_end_the_run(tmp_path: Pa
         "partition: note: a thread of the model's code (Thread-1) called os._exit(0) while the "
         "run planned; that thread was stopped and the run went on"
     ) in done.stderr
+    assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr
 
 
 @pytest.mark.slow
@@ -287,3 +289,185 @@ def test_a_subclassed_model_is_told_to_plan_without_a_pipeline_in_no_flags_words
         "build it with the functional API or Sequential, or plan it without a pipeline (one "
         "device, data parallel or a plain split)"
     )
+
+
+CLIENT_SCRIPT = """
+import socket, sys
+from passes.cluster.loopback import listening_sockets, _socket_fds
+from passes.cluster.runtime import connect
+before = set(listening_sockets())
+connect(sys.argv[1], timeout_s=120)
+fds = _socket_fds()
+for inode, port in listening_sockets().items():
+    fd = next(f for f, i in fds.items() if i == inode)
+    sock = socket.socket(fileno=__import__("os").dup(fd))
+    device = sock.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16).rstrip(b"\\0")
+    print(port, device.decode() or "-", "new" if inode not in before else "old")
+"""
+
+
+@pytest.mark.slow
+def test_the_clients_own_server_stays_on_this_machine_for_a_local_cluster(
+    tmp_path: Path,
+) -> None:
+    """Campaign 34l a (W3): ``partition calibrate`` and ``plan.apply(cluster=...)`` connect as
+    TensorFlow's client, whose own gRPC server listened on every interface while the workers
+    were loopback-only: another host could send it graphs. Its listeners are tied to ``lo``."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from cluster_util import start_workers, worker_env
+
+    workers = start_workers(1, tmp_path / "w")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CLIENT_SCRIPT, str(workers.cluster_file)],
+            capture_output=True, text=True, env=worker_env(), timeout=300, check=False,
+        )  # fmt: skip
+    finally:
+        workers.stop()
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()]
+    new = [row for row in rows if row[2] == "new"]
+    assert new, done.stdout  # the connect opened the client's server
+    assert all(device == "lo" for _, device, _ in new), done.stdout
+
+
+# -- campaign 34m ------------------------------------------------------------------------------
+
+
+def test_a_plan_rewritten_by_jq_still_loads(pipeline_plan: Any) -> None:
+    """Campaign 34m a (D1b): ``jq .`` writes ``0.0`` as ``0``; the values are equal, and the
+    digest is of the values (a float equal to an integer as that integer)."""
+    from partitioner.plan.model import Plan
+
+    text = json.dumps(pipeline_plan.to_json_dict())
+    assert ".0," in text or ".0]" in text or ".0}" in text  # there are such floats to rewrite
+    rewritten = json.loads(text.replace(".0,", ",").replace(".0]", "]").replace(".0}", "}"))
+    assert Plan.from_json_dict(rewritten) == pipeline_plan
+
+
+def test_a_huge_string_in_a_plan_file_is_not_echoed_whole(pipeline_plan: Any) -> None:
+    """Campaign 34m a (D1e, E1): a 10 MB ``digest`` or device type was printed whole."""
+    from partitioner.core.errors import PlanError
+    from partitioner.plan.model import Plan
+
+    for edit in ("digest", "device_type"):
+        data = pipeline_plan.to_json_dict()
+        if edit == "digest":
+            data["digest"] = "a" * 10_000_000
+        else:
+            data["devices"][0]["device_type"] = "x" * 10_000_000
+        with pytest.raises(PlanError) as info:
+            Plan.from_json_dict(data, origin="p.json")
+        assert len(str(info.value)) < 600, str(info.value)[:300]
+
+
+@pytest.mark.parametrize(
+    ("task", "words"),
+    [
+        ({"type": "worker", "idx": 1}, "task has no 'index' (TensorFlow would take task 0) but has key 'idx'"),
+        ({"index": 1}, "task gives index 1 but no type; add the job it is of"),
+    ],
+)  # fmt: skip
+def test_a_tf_config_task_misspelt_is_refused(task: dict[str, Any], words: str) -> None:
+    """Campaign 34m c (t13, t15): ``{"type": "worker", "idx": 1}`` served task 0; a task with
+    an index and no type was told it had no index."""
+    from cost_models.devices.tf_config import parse_tf_config
+    from partitioner.core.errors import PartitionError
+
+    config = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": task}
+    with pytest.raises(PartitionError, match=re.escape(words)):
+        parse_tf_config(json.dumps(config))
+    cloud = {**config, "task": {"type": "worker", "index": 1, "trial": "3"}}
+    assert parse_tf_config(json.dumps(cloud)).task_index == 1  # the keys clouds add are fine
+
+
+def test_a_memory_limit_is_read_exactly() -> None:
+    """Campaign 34m b (DEF3): ``--memory-limit`` went through a float: 2**60 + 1 passed as
+    2**60, and 9007199254740993 became ...992."""
+    from partitioner.core.units import parse_bytes
+
+    assert parse_bytes("9007199254740993") == 9007199254740993
+    with pytest.raises(ValueError, match="more than 1 EiB"):
+        parse_bytes(str(2**60 + 1))
+    assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("1.5GB") == 1_500_000_000
+
+
+def test_an_unbuilt_sequential_refusing_the_input_shape_is_the_users_error() -> None:
+    """Campaign 34m c (a5): ``Sequential([Conv2D, ...])`` with ``input_shape=(16,)`` leaked
+    Keras's ValueError (the CLI: "internal error")."""
+    import keras
+
+    import partitioner
+    from partitioner.core.errors import TraceError
+
+    model = keras.Sequential(
+        [keras.layers.Conv2D(4, 3, name="c1"), keras.layers.Flatten(), keras.layers.Dense(4)]
+    )
+    with pytest.raises(TraceError) as info:
+        partitioner.partition(model, gpus=2, batch_size=8, input_shape=(16,))
+    message = str(info.value)
+    assert "raised ValueError while built" in message and "layer 'c1'" in message
+    assert message.endswith("it was traced at batch_size=8 with input_shape=(16,)")
+
+
+def test_an_error_whose_str_raises_is_still_one_line() -> None:
+    """Campaign 34m c (L1): a layer raising an exception whose ``__str__`` raises leaked a
+    RuntimeError from the library."""
+    import keras
+
+    import partitioner
+    from partitioner.core.errors import TraceError
+
+    class Weird(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("str of the error fails too")
+
+    class Raising(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            if x.shape[0] == 8:
+                raise Weird()
+            return x
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(Raising(name="weird")(inputs)))
+    with pytest.raises(TraceError, match=r"layer 'weird' \(Raising\) .* raised Weird while traced"):
+        partitioner.partition(model, gpus=2, batch_size=8)
+
+
+@pytest.mark.slow
+def test_a_model_ignoring_ctrl_c_does_not_swallow_it(tmp_path: Path) -> None:
+    """Campaign 34m c (b1): ``signal.signal(SIGINT, SIG_IGN)`` at the model's import had the
+    kernel discard Ctrl-C: the run went on, replaced the old plan and exited 0. The model's
+    SIGINT handler is not installed while the run plans: Ctrl-C is the user's."""
+    import signal
+    import time
+
+    marker = tmp_path / "building"
+    model = tmp_path / "model.py"
+    model.write_text(
+        "import signal, time, keras\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "def build_model():\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    time.sleep(30)\n"
+        "    x = keras.Input((8,))\n"
+        "    return keras.Model(x, keras.layers.Dense(2)(x))\n"
+    )
+    out = tmp_path / "p.json"
+    out.write_text("old\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "partitioner", str(model), "--gpus", "2", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "partition: interrupted; no file was left half-written"
+    assert out.read_text() == "old\n"

@@ -3,7 +3,7 @@ another host, not even one made while it starts.
 
 TensorFlow's server listens on every interface before the worker ties its socket to ``lo``;
 a connection accepted in that window survived the tie (an HTTP/2 PING still answered after
-"ready"). Now :mod:`partitioner.cli.loopback` ties the socket the moment it is bound, and the
+"ready"). Now :mod:`passes.cluster.loopback` ties the socket the moment it is bound, and the
 worker shuts down every connection whose peer is not loopback before it says it is ready and
 while it serves.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from partitioner.cli.loopback import (
+from passes.cluster.loopback import (
     EarlyTie,
     close_foreign_connections,
     is_foreign,

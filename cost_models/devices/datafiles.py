@@ -52,6 +52,7 @@ from partitioner.core.jsonfiles import (
     field_path,
     strict_validator,
 )
+from partitioner.core.options import short_repr
 
 if sys.version_info >= (3, 11):
     import tomllib as _toml
@@ -248,9 +249,9 @@ def describe_value(value: object) -> str:
     if isinstance(value, list):
         return "a list"
     if isinstance(value, str):
-        return f"a string ({value!r})"
+        return f"a string ({short_repr(value, 60)})"
     if isinstance(value, (int, float)):
-        return f"a number ({value!r})"
+        return f"a number ({short_repr(value, 60)})"
     if value is None:
         return "null"
     return type(value).__name__
@@ -296,7 +297,7 @@ def _generic(error: ValidationError) -> tuple[str, str | None]:
     if rule == "additionalProperties" and isinstance(value, dict):
         known = list(schema.get("properties", {}))
         unknown = next(k for k in value if k not in known)
-        return f"unknown key {unknown!r}; known keys: {', '.join(known)}", None
+        return f"unknown key {short_repr(unknown, 60)}; known keys: {', '.join(known)}", None
     if rule == "type":
         types = [str(t) for t in (expected if isinstance(expected, list) else [expected])]
         return f"must be {' or '.join(_TYPE_NOUN.get(t, t) for t in types)}, got {got}", None
@@ -312,7 +313,10 @@ def _generic(error: ValidationError) -> tuple[str, str | None]:
         return f"must be one of {', '.join(map(repr, expected))}, got {got}", None
     if rule == "const":
         return f"must be {expected!r}, got {got}", None
-    return f"{error.message}", None
+    if rule == "pattern":
+        return f"must match {expected!r}, got {got}", None
+    message = str(error.message)  # it may quote the value whole
+    return (message if len(message) <= 200 else f"{message[:197]}..."), None
 
 
 def _problem(error: ValidationError) -> SchemaProblem:

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from cost_models.devices.datafiles import check_schema, parse_json
 from partitioner.core.errors import CatalogError, PartitionError, UsageError
-from partitioner.core.options import MAX_DEVICES
+from partitioner.core.options import MAX_DEVICES, short_repr
 
 __all__ = [
     "TF_CONFIG_EXAMPLE",
@@ -121,12 +121,35 @@ def parse_tf_config(
         data = dict(config)
     check_schema(data, "cost_models", _SCHEMA, origin, error)
     task = data.get("task") or {}
+    _check_task_keys(task, origin, error)
     task_type = task.get("type")
     return TfConfig(
         jobs=_jobs(data["cluster"]),
         task_type=task_type,
         task_index=task.get("index", 0) if task_type is not None else task.get("index"),
     )
+
+
+_TASK_KEYS = frozenset({"type", "index", "trial", "cloud"})
+"""The keys of TF_CONFIG's ``task`` TensorFlow and the clouds that set it write."""
+
+
+def _check_task_keys(task: Mapping[str, Any], origin: str, error: type[PartitionError]) -> None:
+    """A ``task`` with an index has a type, and one without an index (TensorFlow then takes 0)
+    has no key of another name: ``{"type": "worker", "idx": 1}`` is a misspelt index, not
+    task 0."""
+    if "index" in task and "type" not in task:
+        raise error(
+            f"{origin}: task gives index {task['index']!r} but no type; add the job it is of, "
+            f'like {{"type": "worker", "index": {task["index"]!r}}}'
+        )
+    unknown = sorted(k for k in task if k not in _TASK_KEYS)
+    if "index" not in task and unknown:
+        raise error(
+            f"{origin}: task has no 'index' (TensorFlow would take task 0) but has key "
+            f"{short_repr(unknown[0], 40)}; spell the index 'index', like "
+            '{"type": "worker", "index": 1}'
+        )
 
 
 def address_host(address: str) -> str:

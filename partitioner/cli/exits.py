@@ -119,6 +119,8 @@ def _no_hard_exit(
         if (any_thread or threading.get_ident() == thread) and os.getpid() == pid:
             if called is not None:
                 called(status)
+            if any_thread and threading.current_thread() is not threading.main_thread():
+                raise SystemExit(status)  # a thread's run() ends quietly on exactly SystemExit
             raise HardExit(status)
         real(status)
 

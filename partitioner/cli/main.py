@@ -79,6 +79,9 @@ __all__ = ["FLAGS", "LIMITS", "build_parser", "cli_message", "main"]
 
 logger = logging.getLogger(__name__)
 
+_REAL_SIGNAL = signal.signal
+"""``signal.signal`` itself, which :func:`_sigint_kept` replaces while the model's code runs."""
+
 PROG = "partition"
 
 LIMITS: Mapping[str, float] = MappingProxyType(
@@ -526,7 +529,8 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
                 given_cache, "the profile cache directory (PARTITIONER_CACHE_DIR)", given_cache
             )
             cache_dir = os.path.realpath(given_cache)
-    trace_cache_dir = _trace_cache_dir(start) if args.trace_cache and not args.profile else None
+    traced = args.trace_cache and not (args.profile or args.profile_ops)
+    trace_cache_dir = _trace_cache_dir(start) if traced else None
     # Outputs are resolved now, through every symbolic link, and written there: a link the
     # model's code re-points later changes nothing, and one it puts on the resolved path is
     # refused (_check_still_resolved), never written through.
@@ -655,6 +659,9 @@ class _UserCode:
     before: frozenset[str]
     read: set[str]
     opened: set[str] = field(default_factory=set)
+    traces: list[Any] = field(default_factory=list)
+    """The run's trace cache (:class:`passes.trace_cache.TraceCache`), if it has one, flushed
+    once the outputs are written."""
 
 
 def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[int, int]]]:
@@ -1217,7 +1224,7 @@ def _default_signals() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             with contextlib.suppress(ValueError):  # not Python's main thread
-                signal.signal(signum, signal.SIG_DFL)
+                _REAL_SIGNAL(signum, signal.SIG_DFL)
 
 
 def _stream_files() -> frozenset[tuple[int, int]]:
@@ -1601,6 +1608,8 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     # Layers may import more of the user's modules while traced: checked again, then written.
     _check_outputs(paths, [*inputs, *_imported(paths, code)])
     _write_outputs(args, paths, model, plan)
+    for cache in code.traces:  # only now: a failed run leaves no new file
+        cache.flush()
     # The files first, then stdout: a stdout that fails (a closed pipe, a full disk) loses none.
     what = plan.strategy.describe() if plan.strategy is not None else "the placement"
     labels = {"--out": "Plan", "--report": "Report", "--emit": f"Model code ({what})"}
@@ -1648,20 +1657,22 @@ def _plan(
         own_sigint = signal.getsignal(signal.SIGINT)  # the model's code may install its own
         # Planning needs shapes, not weight values: the model is built without its weights
         # unless its layers are timed on this machine's devices.
-        with _watching_the_model(paths, code):
+        with _watching_the_model(paths, code), _sigint_kept():
             model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         _rearm_interrupt(own_sigint)
         load_s = time.perf_counter() - t0
         _check_outputs(paths, [*inputs, *_imported(paths, code)])
         prepared = _trace_cache_kept(paths, prepared)
+        code.traces.extend(_trace_cache_of(paths, prepared, code))
 
         def phase(message: str, completed: float | None = None, total: float | None = None) -> None:
             _INTERRUPTS.honour()
             _rearm_interrupt(own_sigint)
             progress(message, completed, total)
 
-        with _watching_the_model(paths, code):  # layers may load more while traced
-            plan = partition_prepared(model, prepared, progress=phase)
+        with _watching_the_model(paths, code), _sigint_kept():  # layers may load more
+            cache = code.traces[0] if code.traces else None
+            plan = partition_prepared(model, prepared, progress=phase, trace_cache=cache)
         _rearm_interrupt(own_sigint)
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), code
 
@@ -1682,6 +1693,18 @@ def _trace_cache_kept(paths: _Paths, prepared: Prepared) -> Prepared:
         os.path.realpath(cache),
     )
     return replace(prepared, measure=replace(prepared.measure, trace_cache=False))
+
+
+def _trace_cache_of(paths: _Paths, prepared: Prepared, code: _UserCode) -> list[Any]:
+    """The run's trace cache in the directory resolved before the model's code ran, keyed by
+    the data files that code read too; none without one."""
+    if paths.trace_cache_dir is None or not prepared.measure.trace_cache:
+        return []
+    from partitioner.cli.loader import user_files_read
+    from passes.trace_cache import TraceCache
+
+    files = tuple(str(f) for f in user_files_read(code.read))
+    return [TraceCache(Path(paths.trace_cache_dir), files=files)]
 
 
 @contextlib.contextmanager
@@ -1712,6 +1735,26 @@ def _keeping_umask() -> Iterator[None]:
         os.umask(umask)
 
 
+@contextlib.contextmanager
+def _sigint_kept() -> Iterator[None]:
+    """While the model's code runs, its ``signal.signal(SIGINT, ...)`` leaves the run's handler
+    in place (and returns it): Ctrl-C is how the user stops the run, and a model that ignored it
+    (``SIG_IGN``) had it discarded by the kernel, the run going on to replace the old plan
+    (:func:`_rearm_interrupt` restores a handler after the fact, which cannot bring that back)."""
+
+    def kept(signum: int, handler: Any) -> Any:
+        main = threading.current_thread() is threading.main_thread()
+        if signum == signal.SIGINT and main:
+            return signal.getsignal(signal.SIGINT)
+        return _REAL_SIGNAL(signum, handler)
+
+    signal.signal = kept  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        signal.signal = _REAL_SIGNAL
+
+
 def _rearm_interrupt(handler: Any) -> None:
     """Install ``handler``, the SIGINT handler of the run before the model's code ran, again
     (after the model is loaded, at each phase of the plan, and after it). A native library may
@@ -1720,7 +1763,7 @@ def _rearm_interrupt(handler: Any) -> None:
     And a model file may install its own (``signal.signal(SIGINT, ...)`` at import), which made
     Ctrl-C the model's error (status 2) instead of the run's one line and 130."""
     if handler is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, handler)
+        _REAL_SIGNAL(signal.SIGINT, handler)  # not the model's view of it (_sigint_kept)
 
 
 def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Plan) -> None:

@@ -51,7 +51,7 @@ TensorFlow's gRPC server itself always listens on every interface (``0.0.0.0``/`
 in its C++: ``tf.distribute.Server`` and its ``ServerDef`` take a port, never an address); for a
 loopback ``bind`` the worker ties the listening socket to the loopback device
 (``SO_BINDTODEVICE lo``, Linux), so connections from other hosts are refused, and it stops
-with one line if that cannot be done (:mod:`partitioner.cli.loopback`). It does so from a thread
+with one line if that cannot be done (:mod:`passes.cluster.loopback`). It does so from a thread
 that watches for the socket while the server starts (started through TensorFlow's C API
 without Python's interpreter lock, so the thread runs meanwhile), ties it the moment it is bound
 (before or just after it listens), and ties it again once the server is up. Then, before it
@@ -94,17 +94,18 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from partitioner.cli.loopback import (
-    EarlyTie,
-    close_foreign_connections,
-    settle_foreign_connections,
-    start_server_unlocked,
-    tie_listening,
-)
 from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import hold_native_lines, import_quietly
 from partitioner.core.errors import PartitionError, UsageError
 from partitioner.core.files import check_links_followed, file_kind, write_atomic
+from passes.cluster.loopback import (
+    EarlyTie,
+    close_foreign_connections,
+    is_loopback,
+    settle_foreign_connections,
+    start_server_unlocked,
+    tie_listening,
+)
 
 if TYPE_CHECKING:
     from passes.cluster.runtime import WorkerCluster
@@ -233,20 +234,6 @@ def _port(address: str) -> int:
         return int(address.rpartition(":")[2])
     except ValueError:
         raise UsageError(f"cluster address {address!r} has no port; write it host:port") from None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` names is on this machine's loopback (127.0.0.0/8, ::1)."""
-    try:
-        infos = socket.getaddrinfo(host.strip("[]").rstrip(".") or host, None)
-    except (OSError, UnicodeError):
-        return False
-    addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
-    mapped = {  # ::ffff:127.0.0.1 is 127.0.0.1
-        a.ipv4_mapped if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped else a
-        for a in addresses
-    }
-    return bool(mapped) and all(a.is_loopback for a in mapped)
 
 
 def check_bind(bind: str) -> bool:

@@ -62,7 +62,10 @@ def parse_bytes(text: str) -> int:
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
         raise ValueError(f"{text!r} is not a size like 16GiB, 512MiB, 1.5GB or 2e9")
-    number = float(match.group(1)) * _UNITS[unit]
+    digits = match.group(1)
+    # exact where it is an integer (a float rounds past 2**53: 2**60 + 1 became 2**60)
+    exact = digits.isdigit() and len(digits) <= 40
+    number: float | int = (int(digits) if exact else float(digits)) * _UNITS[unit]
     if not number <= MAX_SIZE_BYTES:  # also inf
         raise ValueError(
             f"{text!r} is more than 1 EiB ({MAX_SIZE_BYTES} B), the largest size taken; give "

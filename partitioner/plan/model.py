@@ -457,11 +457,22 @@ class Plan:
 
 
 def plan_digest(data: Mapping[str, Any]) -> str:
-    """The SHA-256 of a plan's JSON data without its ``digest``: its keys sorted, no spaces
-    (floats as Python writes them, which read back to the same value)."""
-    rest = {k: v for k, v in data.items() if k != "digest"}
+    """The SHA-256 of a plan's JSON data without its ``digest``: its keys sorted, no spaces,
+    every number by its value (a float equal to an integer as that integer: ``jq`` writes
+    ``0.0`` as ``0``; other floats as Python writes them, which read back to the same value)."""
+    rest = _canonical({k: v for k, v in data.items() if k != "digest"})
     text = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value
 
 
 def _check_digest(data: Mapping[str, Any], origin: str) -> None:

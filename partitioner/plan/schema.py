@@ -33,6 +33,7 @@ from partitioner.core.options import (
     MAX_MEMORY_BYTES,
     MAX_MICROBATCHES,
     MAX_PLAN_SECONDS,
+    short_repr,
 )
 from partitioner.core.strategy import Family
 
@@ -182,9 +183,12 @@ def _types(expected: Any) -> list[str]:
 
 
 def _describe(error: ValidationError) -> str:
+    """One line for ``error``; a value quoted is cut to 60 characters (a 10 MB string was
+    printed whole)."""
     parts = list(error.absolute_path)
-    where = _path(parts)
+    where = _path(parts)[:200]
     value = error.instance
+    shown = short_repr(value, 60)
     rule = error.validator
     expected: Any = error.validator_value
     schema: Any = error.schema
@@ -193,35 +197,38 @@ def _describe(error: ValidationError) -> str:
         name = _path([*parts, missing[0]]) if missing else where
         return f"field {name!r} is missing"
     if rule == "type" and _is_non_finite(value) and "number" in _types(expected):
-        return f"field {where!r} must be a finite number, got {value!r}"
+        return f"field {where!r} must be a finite number, got {shown}"
     if rule == "type":
         wanted = " or ".join(expected) if isinstance(expected, list) else str(expected)
         return f"field {where!r} must be {wanted}, got {_json_type(value)}"
     if rule == "additionalProperties" and isinstance(value, dict):
         known = schema.get("properties", {}) if isinstance(schema, dict) else {}
-        unknown = sorted(k for k in value if k not in known)
+        unknown = ", ".join(short_repr(k, 60) for k in sorted(k for k in value if k not in known))
         return (
-            f"field {where!r} has unknown field(s) {', '.join(repr(k) for k in unknown)}; "
+            f"field {where!r} has unknown field(s) {unknown}; "
             "this is not a plan file of schema version 1 or 2 (make the plan again)"
         )
     if rule == "enum" and parts and parts[-1] == "device_type":
         return (
-            f"field {where!r} is {value!r}, not a device type of the catalog ("
+            f"field {where!r} is {shown}, not a device type of the catalog ("
             f"{', '.join(expected)}; partition devices lists them){_AGAIN}"
         )
     if rule == "enum":
         options = ", ".join(repr(v) for v in expected)
-        return f"field {where!r} must be one of {options}, got {value!r}{_AGAIN}"
+        return f"field {where!r} must be one of {options}, got {shown}{_AGAIN}"
     if rule == "const":
-        return f"field {where!r} must be {expected!r}, got {value!r}"
+        return f"field {where!r} must be {expected!r}, got {shown}"
     if rule in ("minimum", "maximum"):
         sign = ">=" if rule == "minimum" else "<="
-        return f"field {where!r} must be {sign} {expected}, got {value!r}{_AGAIN}"
+        return f"field {where!r} must be {sign} {expected}, got {shown}{_AGAIN}"
     if rule in ("minItems", "maxItems"):
         bound = "at least" if rule == "minItems" else "at most"
         count = len(value) if isinstance(value, list) else "?"
         return f"field {where!r} must have {bound} {expected} items, got {count}{_AGAIN}"
-    return f"field {where!r}: {error.message}"
+    if rule == "pattern":
+        return f"field {where!r} must match {expected!r}, got {shown}{_AGAIN}"
+    message = str(error.message)  # it may quote the value whole
+    return f"field {where!r}: {message if len(message) <= 200 else message[:197] + '...'}"
 
 
 def _names(names: Sequence[str]) -> str:

@@ -61,6 +61,7 @@ from cost_models.devices.tf_config import (
     TF_CONFIG_EXAMPLE,
     TF_CONFIG_VARIABLE,
     TfConfig,
+    address_host,
     check_addresses,
     parse_cluster_jobs,
     parse_tf_config,
@@ -69,6 +70,12 @@ from cost_models.devices.topology import bounded_tf_config_text
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
 from partitioner.core.options import short_repr
+from passes.cluster.loopback import (
+    close_foreign_connections,
+    is_loopback,
+    listening_sockets,
+    tie_listening,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -405,11 +412,35 @@ def connect(
         )
     _wait_for_tasks(spec, timeout_s)
     _warn_single_inter_op_thread()
+    before = listening_sockets()
     names = _connect_and_list(spec, timeout_s)
+    _client_kept_local(spec, {p for i, p in listening_sockets().items() if i not in before})
     remote = _remote_devices(spec, names)
     local = tuple(n for n in names if n not in remote)
     logger.info("connected to %s: %s", spec.source, ", ".join(remote))
     return ClusterHandle(spec, remote, local, timeout_s)
+
+
+def _client_kept_local(spec: WorkerCluster, ports: set[int]) -> None:
+    """The client's own gRPC server (``ports``: the listeners the connect opened) tied to the
+    loopback device when every task of the cluster is on this machine, and connections from
+    other hosts made before the tie shut: TensorFlow listens on every interface, where another
+    host could send it graphs to run. On a cluster of other hosts the workers must reach it,
+    and it is left as TensorFlow made it."""
+    others = (a for _, addresses in spec.other_jobs for a in addresses)
+    hosts = {address_host(a) for a in (*spec.addresses, *others)}
+    if not ports or not all(is_loopback(h) for h in hosts):
+        return
+    for port in ports:
+        _, problem = tie_listening(port)
+        close_foreign_connections(port)  # any another host made before the tie
+        if problem:
+            logger.warning(
+                "the client's server on port %d listens on every interface (%s), though the "
+                "cluster is on this machine",
+                port,
+                problem,
+            )
 
 
 def _warn_single_inter_op_thread() -> None:

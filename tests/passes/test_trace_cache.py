@@ -273,3 +273,148 @@ def test_the_command_plans_again_from_the_cache_at_another_device_count(tmp_path
     warm = phases("--gpus", "4")
     assert "trace cache" in warm and "trace" not in warm
     assert "trace" in phases("--gpus", "4", "--no-trace-cache")
+
+
+# -- campaign 34m: what the key covers, what the cache reads, what it removes -----------------
+
+
+def test_an_environment_variable_the_model_may_read_is_in_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Campaign 34m b (DEF1a): a layer's ``call`` repeated a matmul ``$REPEAT`` times; the
+    second run at another ``REPEAT`` was planned from the first's trace. Every environment
+    variable but the few a shell changes between runs is in the key."""
+    model = _mlp()
+    monkeypatch.setenv("REPEAT", "1")
+    key = trace_key(model, 16, None)
+    monkeypatch.setenv("REPEAT", "20")
+    assert trace_key(model, 16, None) != key
+    monkeypatch.setenv("REPEAT", "1")
+    monkeypatch.setenv("OLDPWD", "/somewhere/else")  # a shell's, not the model's
+    assert trace_key(model, 16, None) == key
+
+
+def test_a_data_file_the_model_read_is_in_the_key(tmp_path: Path) -> None:
+    """Campaign 34m b (DEF1b): the model read ``settings.json`` at import; the command records
+    the files the model's code read, and their content joins the key."""
+    model, settings = _mlp(), tmp_path / "settings.json"
+    settings.write_text('{"repeat": 1}')
+    key = trace_key(model, 16, None, [str(settings)])
+    settings.write_text('{"repeat": 20}')
+    assert trace_key(model, 16, None, [str(settings)]) != key
+
+
+def test_a_module_imported_from_a_zip_is_in_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Campaign 34m c (x2, x3): a helper imported from a zip on ``sys.path`` (or a ``.pyc``
+    without source) was read as "unreadable", the same every run: an edit of it was a hit."""
+    import importlib
+    import zipfile
+
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zipped_helper.py", "REPEAT = 1\n")
+    monkeypatch.syspath_prepend(str(archive))
+    monkeypatch.delitem(sys.modules, "zipped_helper", raising=False)
+    importlib.invalidate_caches()
+    import zipped_helper  # type: ignore[import-not-found]  # noqa: F401
+
+    model = _mlp()
+    key = trace_key(model, 16, None)
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zipped_helper.py", "REPEAT = 20\n")
+    assert trace_key(model, 16, None) != key
+
+
+def test_eviction_removes_only_the_caches_own_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Campaign 34m a (T3): after a plan, eviction removed the user's ``.notes`` (a dot-file
+    older than an hour) and the oldest ``*.json`` past the bound, whatever its name; a
+    directory there stopped it with a false warning."""
+    entries = tmp_path / "traces"
+    entries.mkdir()
+    notes, results = entries / ".notes", entries / "results.json"
+    notes.write_text("mine\n")
+    results.write_text("{}\n")
+    os.utime(notes, (1.0, 1.0))
+    os.utime(results, (1.0, 1.0))
+    (entries / ".git").mkdir()
+    monkeypatch.setattr(trace_cache, "MAX_TRACE_CACHE_BYTES", 1)
+    model = _mlp()
+    cache = TraceCache(tmp_path)
+    cache.trace(model, 8, None)
+    cache.flush()
+    assert notes.read_text() == "mine\n" and results.read_text() == "{}\n"
+    assert (entries / ".git").is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_another_users_traces_are_not_read(tmp_path: Path) -> None:
+    """Campaign 34m a (T8): in a cache directory anyone may write, another user's link as
+    ``traces/`` (to altered entries), or another user's entry, was read: a different plan,
+    exit 0. Both are misses now."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    model = _mlp()
+    mine = tmp_path / "mine"
+    first = TraceCache(mine)
+    first.trace(model, 8, None)
+    first.flush()
+    (shared / "traces").symlink_to(mine / "traces")
+    os.chown(shared / "traces", 65534, 65534, follow_symlinks=False)
+    linked = TraceCache(shared)
+    linked.trace(model, 8, None)
+    assert linked.hits == 0
+    entry = _entries(mine)[0]
+    os.chown(entry, 65534, 65534)
+    foreign = TraceCache(mine)
+    foreign.trace(model, 8, None)
+    assert foreign.hits == 0
+
+
+def test_an_entry_of_absurd_counts_is_a_miss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Campaign 34m a (T1), b (DEF2): an entry whose op claimed 10**80 FLOPs made a plan that
+    ``partition show`` then refused; counts past 2**62 make the entry a miss."""
+    model = _mlp()
+    cache = TraceCache(tmp_path)
+    cache.trace(model, 8, None)
+    cache.flush()
+    entry = _entries(tmp_path)[0]
+    body = json.loads(entry.read_text())
+    body["graph"]["ops"][3][7] = 10**80
+    entry.write_text(json.dumps(body))
+    again = TraceCache(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="passes.trace_cache"):
+        again.trace(model, 8, None)
+    assert again.hits == 0 and "expected an integer in -1..2**62" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_writing_its_outputs_leaves_no_entry(tmp_path: Path) -> None:
+    """Campaign 34m a (T11): entries were written when the plan was made, before the outputs;
+    a run refused at its outputs left them. They are written after the outputs now."""
+    model = tmp_path / "model.py"
+    out = tmp_path / "made.json"
+    model.write_text(
+        "import keras\n"
+        "class Maker(keras.layers.Layer):\n"
+        "    def call(self, x):\n"
+        "        if x.shape[0] is not None:  # traced at a batch: after the first output check\n"
+        f"            open({str(out)!r}, 'w').write('the model made me')\n"
+        "        return x\n"
+        "def build_model():\n"
+        "    x = keras.Input((8,))\n"
+        "    return keras.Model(x, keras.layers.Dense(2)(Maker()(keras.layers.Dense(4)(x))))\n"
+    )
+    env = {**os.environ, "PARTITIONER_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "partitioner", str(model), "--gpus", "2", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "the model's code made it" in done.stderr
+    assert not (tmp_path / "cache" / "traces").exists()

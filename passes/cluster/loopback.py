@@ -27,11 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "TCP_LISTEN",
     "EarlyTie",
     "ServerHandle",
     "TcpEntry",
     "close_foreign_connections",
     "is_foreign",
+    "is_loopback",
+    "listening_sockets",
     "pending_foreign_connections",
     "settle_foreign_connections",
     "start_server_unlocked",
@@ -140,6 +143,43 @@ def is_foreign(peer: Address | None) -> bool:
     if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
         peer = peer.ipv4_mapped
     return peer is not None and not (peer.is_loopback or peer.is_unspecified)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is on this machine's loopback (127.0.0.0/8, ::1)."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]").rstrip(".") or host, None)
+    except (OSError, UnicodeError):
+        return False
+    addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
+    mapped = {  # ::ffff:127.0.0.1 is 127.0.0.1
+        a.ipv4_mapped if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped else a
+        for a in addresses
+    }
+    return bool(mapped) and all(a.is_loopback for a in mapped)
+
+
+TCP_LISTEN = 10
+"""The kernel's ``tcpi_state`` of a listening socket."""
+
+
+def listening_sockets() -> dict[str, int]:
+    """This process's listening TCP sockets: ``{inode: local port}``."""
+    found: dict[str, int] = {}
+    for fd, inode in _socket_fds().items():
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:  # closed meanwhile, or not an internet socket
+            continue
+        try:
+            inet = sock.family in (socket.AF_INET, socket.AF_INET6)
+            if inet and sock.type == socket.SOCK_STREAM and _tcp_state(sock) == TCP_LISTEN:
+                found[inode] = sock.getsockname()[1]
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    return found
 
 
 def tie_listening(port: int, skip: Collection[str] = ()) -> tuple[set[str], str]:
