@@ -59,7 +59,7 @@ CASES = (
     Case("gpt2_small", "examples/decoder.py:gpt_125m", ("--gpus", "8", "--batch-size", "8"),
          ("--gpus", "4", "--batch-size", "8")),
     Case("llama_7b", "examples/decoder.py:llama_7b", ("--gpus", "8", *_A100),
-         ("--gpus", "4", *_A100), wall_target_s=120.0, memory_target_bytes=8 * 10**9),
+         ("--gpus", "16", *_A100), wall_target_s=120.0, memory_target_bytes=8 * 10**9),
 )  # fmt: skip
 """The cases of issue 35, in its order."""
 
