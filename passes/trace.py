@@ -187,16 +187,8 @@ def build_sublayers(
     specs = _own_specs(model) if specs is None and unbuilt else specs
     if not unbuilt or not specs:
         return model
-    from keras.src import backend
-
-    symbolic = [keras.KerasTensor(tuple(s.shape), dtype=s.dtype.name) for s in specs]
-    deferred = weightless.is_weightless(model)
-    scope = weightless.without_weights() if deferred else contextlib.nullcontext()
     try:
-        with scope:
-            backend.compute_output_spec(
-                lambda x: model(x, training=True), model_input(model, symbolic)
-            )
+        _call_symbolically(model, specs)
     except TraceError:
         raise
     except Exception as exc:  # the user's call() failed symbolically: the trace says why
@@ -204,6 +196,18 @@ def build_sublayers(
         return model
     logger.debug("built %d unbuilt layers of %s before its trace", len(unbuilt), model.name)
     return model
+
+
+def _call_symbolically(model: keras.Model, specs: Sequence[tf.TensorSpec]) -> None:
+    """``model(x, training=True)`` on symbolic inputs of ``specs`` in Keras's scratch graph
+    (nothing computed; a model without weights keeps its variables without values)."""
+    from keras.src import backend
+
+    symbolic = [keras.KerasTensor(tuple(s.shape), dtype=s.dtype.name) for s in specs]
+    deferred = weightless.is_weightless(model)
+    scope = weightless.without_weights() if deferred else contextlib.nullcontext()
+    with scope:
+        backend.compute_output_spec(lambda x: model(x, training=True), model_input(model, symbolic))
 
 
 def _build_sequential(
@@ -1311,18 +1315,9 @@ def runs_at(model: keras.Model, *, batch_size: int, input_shape: ShapeArg | None
     FLOP count): what a graph derived for that batch from two traces needs before it is
     planned on (a layer may refuse some batches). False when the model's code raises there;
     the caller traces it for the error's whole message."""
-    from keras.src import backend
-
     with KERAS_CALL_LOCK:
-        specs = input_specs(model, batch_size, input_shape)
-        symbolic = [keras.KerasTensor(tuple(s.shape), dtype=s.dtype.name) for s in specs]
-        deferred = weightless.is_weightless(model)
-        scope = weightless.without_weights() if deferred else contextlib.nullcontext()
         try:
-            with scope:
-                backend.compute_output_spec(
-                    lambda x: model(x, training=True), model_input(model, symbolic)
-                )
+            _call_symbolically(model, input_specs(model, batch_size, input_shape))
         except Exception as exc:  # the trace says what and where
             logger.debug("%s does not run at batch %d: %s", model.name, batch_size, exc)
             return False
@@ -1340,7 +1335,7 @@ def trace_model(
 def _trace_model(model: keras.Model, batch_size: int, input_shape: ShapeArg | None) -> TraceResult:
     t0 = time.perf_counter()
     specs = input_specs(model, batch_size, input_shape)
-    build_sublayers(model, specs, input_shape)  # not inside the step: see unbuilt_layers
+    build_sublayers(model, specs, given=input_shape)  # not inside the step: see unbuilt_layers
     units = placement_units(model)
     if not units:
         raise TraceError(f"model {model.name!r} has no layers to place")

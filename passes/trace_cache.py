@@ -189,7 +189,7 @@ def trace_key(model: Any, batch_size: int, input_shape: Any, files: Iterable[str
     module docstring for what it covers; ``files``: data files the model's code read (their
     content joins the key)."""
     specs = trace.input_specs(model, batch_size, input_shape)
-    trace.build_sublayers(model, specs, input_shape)  # as the trace does: a built model's units
+    trace.build_sublayers(model, specs, given=input_shape)  # as the trace does: a built model's units
     units = trace.placement_units(model)
     seen: dict[str, str] = {}
     sources = [*_local_sources(), *_class_sources([model, *(u.operation for u in units)])]

@@ -133,7 +133,7 @@ def test_a_layer_built_inside_the_step_is_still_charged_right(
 ) -> None:
     """A layer the symbolic build cannot build is built in the step: TensorFlow traces the step
     again, and the record of the discarded first trace is not read against the second."""
-    monkeypatch.setattr(trace, "build_sublayers", lambda model, specs=None: model)
+    monkeypatch.setattr(trace, "build_sublayers", lambda model, specs=None, given=None: model)
     model = default_build()
     assert trace.unbuilt_layers(model) == ["d1", "d2", "d3", "d4"]
     assert traced(model) == reference
