@@ -668,7 +668,6 @@ class _CostedAt:
         measure = prepared.measure
         self._derive = not (measure.profile or measure.profile_ops)
         self._half_tried = False
-        self._confirmed: set[int] = set()
 
     def _trace_half(self) -> None:
         """Trace the model at half the batch, once: the second trace the others derive from.
@@ -694,18 +693,12 @@ class _CostedAt:
         return self._traced[batch]
 
     def confirm(self, batch: int) -> None:
-        """Run the model's code at ``batch`` unless it ran there: a derived graph never did (a
-        layer may refuse some batches). Its forward pass, symbolically
-        (:func:`passes.trace.runs_at`); where that fails, a trace, whose error is raised."""
-        if batch in self._traced or batch in self._confirmed:
-            return
-        from passes.trace import runs_at
-
-        target = replace(self._prepared.target, batch_size=batch)
-        if runs_at(self.model, batch_size=batch, input_shape=target.input_shape):
-            self._confirmed.add(batch)
-            return
-        self._traced[batch] = _trace(self.model, target, _no_progress, [], self._cache)
+        """Trace the model for real at ``batch`` unless it was: a derived graph never ran the
+        model's own code there (a layer may refuse some batches, in its forward pass or in its
+        gradient); its error is raised. The trace cache serves it the next time."""
+        if batch not in self._traced:
+            target = replace(self._prepared.target, batch_size=batch)
+            self._traced[batch] = _trace(self.model, target, _no_progress, [], self._cache)
 
     def __call__(self, batch: int) -> CostedGraph:
         if batch not in self.graphs:

@@ -29,6 +29,7 @@ Threads: the wrap of ``__call__`` is process-wide, so a process traces one model
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import re
@@ -61,12 +62,12 @@ __all__ = [
     "build_sublayers",
     "error_line",
     "fixed_batch",
+    "forward_signature",
     "input_names",
     "input_specs",
     "integer_input_bounds",
     "model_input",
     "placement_units",
-    "runs_at",
     "sample_batch_size",
     "trace_model",
     "unbuilt_layers",
@@ -198,16 +199,47 @@ def build_sublayers(
     return model
 
 
-def _call_symbolically(model: keras.Model, specs: Sequence[tf.TensorSpec]) -> None:
+def _call_symbolically(model: keras.Model, specs: Sequence[tf.TensorSpec]) -> list[Any]:
     """``model(x, training=True)`` on symbolic inputs of ``specs`` in Keras's scratch graph
-    (nothing computed; a model without weights keeps its variables without values)."""
+    (nothing computed; a model without weights keeps its variables without values): the ops
+    that call made there, in creation order."""
     from keras.src import backend
 
     symbolic = [keras.KerasTensor(tuple(s.shape), dtype=s.dtype.name) for s in specs]
     deferred = weightless.is_weightless(model)
     scope = weightless.without_weights() if deferred else contextlib.nullcontext()
+    made: list[Any] = []
+
+    def call(x: Any) -> Any:
+        outputs = model(x, training=True)
+        made.extend(tf.compat.v1.get_default_graph().get_operations())
+        return outputs
+
     with scope:
-        backend.compute_output_spec(lambda x: model(x, training=True), model_input(model, symbolic))
+        backend.compute_output_spec(call, model_input(model, symbolic))
+    return made
+
+
+def forward_signature(
+    model: keras.Model, *, batch_size: int, input_shape: ShapeArg | None = None
+) -> str | None:
+    """The SHA-256 of the ops the model's forward pass (``training=True``) makes at
+    ``batch_size`` on symbolic inputs (each op's type and output shapes, in creation order; a
+    fifth of a trace's time), None where that call fails. A trace cache entry is checked
+    against it: a model whose structure changed through something its key cannot see (a file
+    read through TensorFlow's own file layer, a subprocess, a directory listing) is traced
+    again."""
+    with KERAS_CALL_LOCK:
+        try:
+            ops = _call_symbolically(model, input_specs(model, batch_size, input_shape))
+        except Exception as exc:  # the trace says what and where
+            logger.debug("%s does not run symbolically at %d: %s", model.name, batch_size, exc)
+            return None
+    digest = hashlib.sha256()
+    for op in ops:
+        shapes = [str(t.shape) for t in op.outputs]
+        digest.update(f"{op.type}{shapes};".encode())
+    return digest.hexdigest()
 
 
 def _build_sequential(
@@ -1307,21 +1339,6 @@ def _weightless_graph(
     recorder = _CallRecorder(units)
     concrete, end, owners = _weightless_step(model, specs, recorder, given)
     return _graph_of(model, batch_size, concrete, end, (recorder, units, owners))
-
-
-def runs_at(model: keras.Model, *, batch_size: int, input_shape: ShapeArg | None = None) -> bool:
-    """Whether the model's forward pass (``training=True``) runs at ``batch_size``, called on
-    symbolic inputs in Keras's scratch graph (a fifth of a trace's time: no gradients, no
-    FLOP count): what a graph derived for that batch from two traces needs before it is
-    planned on (a layer may refuse some batches). False when the model's code raises there;
-    the caller traces it for the error's whole message."""
-    with KERAS_CALL_LOCK:
-        try:
-            _call_symbolically(model, input_specs(model, batch_size, input_shape))
-        except Exception as exc:  # the trace says what and where
-            logger.debug("%s does not run at batch %d: %s", model.name, batch_size, exc)
-            return False
-    return True
 
 
 def trace_model(

@@ -22,6 +22,12 @@ subclassed layer's ``call``). A configuration
 that is not JSON (an object without ``get_config``) is keyed by its ``repr``, whose address
 changes every run: such a model is never served from the cache, it is traced.
 
+What no key can see (a file read through TensorFlow's own file layer, by a subprocess or by
+SQLite, a directory listing) is caught by the entry's **forward signature**: the ops the
+model's forward pass makes at the batch on symbolic inputs (:func:`passes.trace.forward_signature`,
+a fifth of a trace's time), recorded when it was traced and compared before it is served. A
+model whose structure changed is traced again; one that cannot be called so is never cached.
+
 The entries
 -----------
 One JSON file per key in ``<cache dir>/traces/`` (beside the profile cache's ``layers/``; the
@@ -79,7 +85,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TRACE_CACHE_SCHEMA = 1
+TRACE_CACHE_SCHEMA = 2
 """The version of an entry's layout; an entry of another is a miss."""
 
 MAX_TRACE_ENTRY_BYTES = 64 << 20
@@ -101,16 +107,36 @@ _TRACING_CODE = (trace, blocks, weightless)
 """This project's modules whose code decides the traced graph: their source is in the key."""
 
 
+MAX_HASHED_BYTES = 64 << 20
+"""The largest file whose content the key hashes (64 MiB); a larger one (a dataset the model
+read a header of) is keyed by its size, modification time and inode, as ``make`` keys files."""
+
+
 def _file_digest(path: str, seen: dict[str, str]) -> str:
-    """The SHA-256 of the file ``path``, or of the archive it is inside (a module imported from
-    a zip file on ``sys.path``: ``lib.zip/helper.py``)."""
+    """The SHA-256 of the regular file ``path``, or of the archive it is inside (a module
+    imported from a zip file on ``sys.path``: ``lib.zip/helper.py``); of its size, time and
+    inode past :data:`MAX_HASHED_BYTES`. Anything else (a FIFO, a device, unreadable) is never
+    the same key twice: opened without blocking, never read."""
     if path not in seen:
-        real = _archive_of(path)
         try:
-            seen[path] = hashlib.sha256(Path(real).read_bytes()).hexdigest()
+            seen[path] = _digest_of(_archive_of(path))
         except OSError:
-            seen[path] = f"unreadable {time.time_ns()}"  # never the same key twice
+            seen[path] = f"unreadable {time.time_ns()}"
     return seen[path]
+
+
+def _digest_of(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if st.st_size > MAX_HASHED_BYTES:
+            return f"{st.st_size} {st.st_mtime_ns} {st.st_dev} {st.st_ino}"
+        digest = hashlib.sha256()
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest()
 
 
 def _archive_of(path: str) -> str:
@@ -310,7 +336,8 @@ class TraceCache:
     files: tuple[str, ...] = ()
     """Data files the model's code read (the command records them): their content joins the
     key, so a model built from a changed ``settings.json`` is traced again."""
-    pending: dict[str, trace.TraceResult] = field(default_factory=dict)
+    pending: dict[str, tuple[trace.TraceResult, str]] = field(default_factory=dict)
+    """The traces this run made, each with its forward signature, for :meth:`flush`."""
     hits: int = 0
 
     @property
@@ -323,25 +350,34 @@ class TraceCache:
         with trace.KERAS_CALL_LOCK:  # the key reads the model as a trace does
             key = trace_key(model, batch_size, input_shape, self.files)
             t0 = time.perf_counter()
-            graph = self._read(key)
+            forward = trace.forward_signature(
+                model, batch_size=batch_size, input_shape=input_shape
+            )
+            graph = self._read(key, forward)
             if graph is not None and [x.name for x in graph.layers] == [
                 u.name for u in trace.placement_units(model)
             ]:
                 self.hits += 1
                 return _cached_result(model, graph, time.perf_counter() - t0)
         traced = trace.trace_model(model, batch_size=batch_size, input_shape=input_shape)
-        self.pending[key] = traced
+        if forward is not None:  # a model that cannot be checked so is never served
+            self.pending[key] = (traced, forward)
         return traced
 
-    def _read(self, key: str) -> Graph | None:
+    def _read(self, key: str, forward: str | None) -> Graph | None:
+        """The entry of ``key``, if the model's forward pass now makes the ops it made when it
+        was traced (``forward``: :func:`passes.trace.forward_signature`; None: never served)."""
         path = self.entries / f"{key}.json"
-        if not os.path.lexists(path):
+        if forward is None or not os.path.lexists(path):
             return None
         try:
             _check_own(path)
             text = read_regular_text(path, MAX_TRACE_ENTRY_BYTES, follow_symlinks=False)
             raw = loads_bounded(text, f"entry {path}", PartitionError, "it is traced again")
             if raw.get("schema") != TRACE_CACHE_SCHEMA or raw.get("key") != key:
+                return None
+            if raw.get("forward") != forward:  # changed by what the key cannot see
+                logger.info("the model's forward pass changed since %s was traced", path)
                 return None
             graph = decode_graph(raw["graph"])
         except (PartitionError, ValueError, AttributeError, KeyError) as exc:
@@ -358,8 +394,8 @@ class TraceCache:
         try:
             self._check_directory()
             self.entries.mkdir(parents=True, exist_ok=True)
-            for key, traced in self.pending.items():
-                self._write(key, traced.graph)
+            for key, (traced, forward) in self.pending.items():
+                self._write(key, traced.graph, forward)
             self._evict()
         except (OSError, PartitionError) as exc:
             logger.warning("traces not cached in %s: %s", self.entries, _reason(exc))
@@ -375,8 +411,13 @@ class TraceCache:
         if self.entries.is_symlink():
             raise PartitionError("it is a symbolic link, which entries are never written through")
 
-    def _write(self, key: str, graph: Graph) -> None:
-        body = {"schema": TRACE_CACHE_SCHEMA, "key": key, "graph": encode_graph(graph)}
+    def _write(self, key: str, graph: Graph, forward: str) -> None:
+        body = {
+            "schema": TRACE_CACHE_SCHEMA,
+            "key": key,
+            "forward": forward,
+            "graph": encode_graph(graph),
+        }
         text = json.dumps(body, separators=(",", ":"))
         if len(text) > MAX_TRACE_ENTRY_BYTES:
             logger.debug("trace of %s not cached: %d bytes", graph.name, len(text))

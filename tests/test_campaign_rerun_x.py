@@ -471,3 +471,110 @@ def test_a_model_ignoring_ctrl_c_does_not_swallow_it(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "partition: interrupted; no file was left half-written"
     assert out.read_text() == "old\n"
+
+
+# -- campaign 34n ------------------------------------------------------------------------------
+
+
+def test_a_module_file_that_is_a_fifo_or_huge_does_not_stall_the_key(tmp_path: Path) -> None:
+    """Campaign 34n a (N2, N1): the key read every module file whole: a module whose
+    ``__file__`` is a FIFO hung the run; a 3 GiB data file the model read a header of took
+    74 s and 3.8 GB. A file that is not regular is never read (and never the same key twice);
+    one past 64 MiB is keyed by its size, time and inode."""
+    from passes import trace_cache
+
+    fifo = tmp_path / "plug.fifo"
+    os.mkfifo(fifo)
+    first = trace_cache._file_digest(str(fifo), {})
+    assert first.startswith("unreadable") and trace_cache._file_digest(str(fifo), {}) != first
+    big = tmp_path / "data.bin"
+    with big.open("wb") as f:
+        f.truncate(trace_cache.MAX_HASHED_BYTES + 1)  # sparse: nothing is written
+    st = big.stat()
+    assert trace_cache._file_digest(str(big), {}) == (
+        f"{st.st_size} {st.st_mtime_ns} {st.st_dev} {st.st_ino}"
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_an_input_through_another_users_link_is_refused(tmp_path: Path) -> None:
+    """Campaign 34n a (N15): ``--topology shared/t.json``, ``partition show shared/p.json`` and
+    ``partition shared/m.py`` followed another user's link in a sticky directory anyone may
+    write (root ran that user's model code). Inputs are refused there, as outputs are."""
+    from partitioner.cli.loader import check_model_path
+    from partitioner.core.errors import ModelLoadError, PlanError
+    from partitioner.core.files import read_input_text
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    theirs = tmp_path / "theirs.py"
+    theirs.write_text("x = 1\n")
+    for name in ("m.py", "p.json"):
+        (shared / name).symlink_to(theirs)
+        os.chown(shared / name, 65534, 65534, follow_symlinks=False)
+    with pytest.raises(ModelLoadError, match="is a symbolic link of another user"):
+        check_model_path(str(shared / "m.py"))
+    with pytest.raises(PlanError, match="is a symbolic link of another user"):
+        read_input_text(shared / "p.json", "plan file", PlanError, 1 << 20)
+    os.chown(shared / "p.json", os.geteuid(), -1, follow_symlinks=False)  # the user's own
+    assert read_input_text(shared / "p.json", "plan file", PlanError, 1 << 20) == "x = 1\n"
+
+
+def test_a_huge_job_name_is_cut_in_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Campaign 34n a (N8): a 900 KB job name made a 900 KB error line."""
+    from partitioner.core.errors import UsageError
+    from passes.cluster.runtime import load_cluster
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"j" * 120_000: ["127.0.0.1:1"]}}))
+    with pytest.raises(UsageError) as info:
+        load_cluster(None)
+    assert len(str(info.value)) < 500
+
+
+def test_calibrate_refuses_an_unknown_device_type_before_measuring() -> None:
+    """Campaign 34n b (K03): ``partition calibrate --device-type tpu9`` connected and measured
+    for 45 s before refusing the type."""
+    from partitioner.core.errors import PartitionError
+    from passes.cluster.calibrate import CalibrationOptions
+
+    with pytest.raises(PartitionError, match="unknown device type 'tpu9'"):
+        CalibrationOptions(device_type="tpu9").check()
+
+
+def test_a_gradient_that_refuses_a_share_refuses_the_strategy() -> None:
+    """Campaign 34n c (D1): a layer whose gradient refuses a batch of 4 (its forward runs at
+    any batch) got a hybrid plan of micro-batches of 4 with exit 0, which could not train:
+    a derived share is confirmed by a real trace (gradients too), not by its forward pass."""
+    import keras
+    import tensorflow as tf
+
+    import partitioner
+    from partitioner.core.errors import PartitionError
+
+    class GradNot4(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            @tf.custom_gradient
+            def f(t: Any) -> Any:
+                def grad(dy: Any) -> Any:
+                    if dy.shape[0] == 4:
+                        raise ValueError("the gradient refuses a batch of 4")
+                    return dy * 2.0
+
+                return t * 2.0, grad
+
+            return f(x)
+
+    inputs = keras.Input((16,))
+    hidden = GradNot4(name="g")(keras.layers.Dense(16, name="d1")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(4, name="d2")(hidden))
+    try:
+        plan = partitioner.partition(
+            model, gpus=4, device_type="cpu", batch_size=16, strategy="hybrid"
+        )
+    except PartitionError as exc:
+        assert "refuses a batch of 4" in str(exc)
+        return
+    strategy = plan.strategy
+    assert strategy is not None
+    assert 16 // (strategy.replicas * strategy.num_microbatches) != 4, strategy.describe()

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from cost_models.devices.datafiles import check_schema, parse_json
 from partitioner.core.errors import CatalogError, PartitionError, UsageError
-from partitioner.core.options import MAX_DEVICES, short_repr
+from partitioner.core.options import MAX_DEVICES, short_repr, short_text
 
 __all__ = [
     "TF_CONFIG_EXAMPLE",
@@ -279,8 +279,8 @@ def _check_task(config: TfConfig, origin: str, error: type[PartitionError]) -> N
         return  # TensorFlow's evaluator may run outside the cluster it lists
     if job not in config.job_names:
         raise error(
-            f"{origin}: task.type {job!r} is no job of the cluster (jobs: "
-            f"{', '.join(config.job_names)})"
+            f"{origin}: task.type {short_repr(job, 60)} is no job of the cluster (jobs: "
+            f"{', '.join(short_text(j) for j in config.job_names)})"
         )
     count = len(config.addresses(job))
     if index is not None and index >= count:

@@ -100,7 +100,7 @@ from cost_models.devices.tf_config import (
 from partitioner.core.errors import CatalogError, PartitionError, UnknownDeviceError, UsageError
 from partitioner.core.files import read_input_text
 from partitioner.core.ir import AllReduceFit, Device, Link, TensorCountFit, Topology
-from partitioner.core.options import MAX_DEVICES
+from partitioner.core.options import MAX_DEVICES, short_text
 from partitioner.core.units import parse_bytes
 
 __all__ = [
@@ -777,7 +777,7 @@ def _tf_tasks(where: _Where, config: TfConfig) -> list[tuple[str, int, str]]:
         raise where.fail(
             "cluster",
             f"has no {' or '.join(_TF_JOBS)} tasks to place layers on; jobs found: "
-            f"{', '.join(config.job_names)}",
+            f"{', '.join(short_text(j) for j in config.job_names)}",
         )
     return tasks
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
-from partitioner.core.errors import ModelLoadError, error_line, keras_call, quoting
-from partitioner.core.files import MODEL_MODULE_FLAG, file_kind
+from partitioner.core.errors import ModelLoadError, PartitionError, error_line, keras_call, quoting
+from partitioner.core.files import MODEL_MODULE_FLAG, check_links_followed, file_kind
 from partitioner.core.units import format_bytes
 
 __all__ = [
@@ -77,6 +77,10 @@ def _check_path(path: Path) -> None:
         raise ModelLoadError(
             f"{path} is not a .py file; give a Python file that builds a Keras model"
         )
+    try:  # another user's link in a shared directory: not the user's code to run
+        check_links_followed(path, "cannot load the model file", streams=False)
+    except PartitionError as exc:
+        raise ModelLoadError(str(exc)) from None
     if not path.exists():
         raise ModelLoadError(f"no such file: {path}")
     if not path.is_file():

@@ -136,7 +136,11 @@ _FD_DIRECTORY = re.compile(r"^/proc/[^/]+(/task/[^/]+)?/fd$")
 
 
 def check_links_followed(
-    path: str | os.PathLike[str], what: str, shown: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str],
+    what: str,
+    shown: str | os.PathLike[str] | None = None,
+    *,
+    streams: bool = True,
 ) -> None:
     """Every symbolic link ``path`` leads through, in any component, link after link, may be
     followed, as Linux's ``fs.protected_symlinks`` has it: not a link of another user in a
@@ -145,8 +149,8 @@ def check_links_followed(
     another user's link planted at ``/tmp/plan.json`` (or ``/tmp/sub`` of ``/tmp/sub/plan.json``)
     would have the run replace any file it may write. Nor may it lead to an open file
     descriptor (``/dev/stdout``, ``/proc/self/fd/1``): a stream appended to a file
-    (``>> journal.txt``) would have that file replaced whole. OutputError naming ``shown``
-    (default ``path``) otherwise."""
+    (``>> journal.txt``) would have that file replaced whole (``streams=False``, for an input:
+    it may). OutputError naming ``shown`` (default ``path``) otherwise."""
     current, pending = "/", list(reversed(Path(os.path.abspath(path)).parts[1:]))
     followed = 0
     while pending and followed <= MAX_LINKS_FOLLOWED:  # past it, the kernel's ELOOP says
@@ -157,7 +161,7 @@ def check_links_followed(
             current = os.path.dirname(current)
             continue
         candidate = os.path.join(current, part)
-        if _FD_DIRECTORY.match(current):
+        if streams and _FD_DIRECTORY.match(current):
             raise OutputError(
                 f"{what} {shown or path}: it leads to {candidate}, an open file descriptor "
                 "(a stream such as stdout), not a file; give a file path"
@@ -441,6 +445,10 @@ def read_input_text(
     """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``
     (:func:`read_regular_text`); ``error`` naming ``what`` (``plan file``) and the path
     otherwise."""
+    try:
+        check_links_followed(path, f"cannot read {what}", streams=False)
+    except OutputError as exc:  # another user's link in a shared directory: not the user's
+        raise error(str(exc)) from None
     try:
         return read_regular_text(path, max_bytes)
     except UnreadableInput as exc:

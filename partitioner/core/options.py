@@ -44,6 +44,7 @@ __all__ = [
     "parse_memory_limit",
     "parse_schedule",
     "short_repr",
+    "short_text",
 ]
 
 InputShape: TypeAlias = tuple[int, ...] | dict[str, tuple[int, ...]]
@@ -81,6 +82,11 @@ MAX_SEED = (1 << 31) - 1
 integer) and METIS (a C ``int``)."""
 SINGLE_DEVICE_SOLVER = "single"
 """The solver that places every layer on one device: nothing for ``pipeline=True`` to overlap."""
+
+
+def short_text(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters (a 900 KB job name in a message)."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def short_repr(value: Any, limit: int = 40) -> str:

@@ -156,6 +156,10 @@ class CalibrationOptions:
         _check_rounds("rounds", self.rounds, MIN_ROUNDS, "timed rounds")
         _check_rounds("warmup", self.warmup, 0, "untimed rounds")
         check_timeout_s("step_timeout_s", self.step_timeout_s)
+        if self.device_type is not None:  # before anything is measured, as the planner does
+            from cost_models.devices.catalog import get_device_type
+
+            get_device_type(self.device_type)
 
 
 @dataclass(frozen=True)

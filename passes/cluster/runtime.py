@@ -69,7 +69,7 @@ from cost_models.devices.tf_config import (
 from cost_models.devices.topology import bounded_tf_config_text
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
-from partitioner.core.options import short_repr
+from partitioner.core.options import short_repr, short_text
 from passes.cluster.loopback import (
     close_foreign_connections,
     is_loopback,
@@ -234,10 +234,10 @@ def load_cluster(
 def _no_job(config: TfConfig, source: str, job_name: str, tf_config_form: bool) -> str:
     """Why ``config`` has no task to serve for ``job_name``, and the next step in the form the
     cluster was given in (TF_CONFIG's jobs are read only under ``cluster``)."""
-    jobs = ", ".join(config.job_names) or "none"
+    jobs = ", ".join(short_text(j) for j in config.job_names) or "none"
     workers = f'{{"{job_name}": ["host0:2222", "host1:2222"]}}'
     form = f'{{"cluster": {workers}}}' if tf_config_form else workers
-    head = f"{source} has no job {job_name!r} (jobs found: {jobs})"
+    head = f"{source} has no job {short_repr(job_name, 60)} (jobs found: {jobs})"
     task = config.task_type
     if task is not None and task != job_name and task in config.job_names:
         return (

@@ -20,7 +20,7 @@ import pytest
 import partitioner
 from partitioner.plan.model import Plan
 from passes import trace_cache
-from passes.trace import trace_model
+from passes.trace import forward_signature, trace_model
 from passes.trace_cache import TraceCache, decode_graph, encode_graph, trace_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,9 +140,11 @@ def test_concurrent_writers_leave_one_whole_entry(tmp_path: Path) -> None:
     model = _mlp()
     traced = trace_model(model, batch_size=16)
     key = trace_key(model, 16, None)
+    forward = forward_signature(model, batch_size=16)
+    assert forward is not None
     caches = [TraceCache(tmp_path) for _ in range(6)]
     for cache in caches:
-        cache.pending[key] = traced
+        cache.pending[key] = (traced, forward)
     threads = [threading.Thread(target=c.flush) for c in caches]
     for t in threads:
         t.start()
@@ -418,3 +420,35 @@ def test_a_run_that_fails_writing_its_outputs_leaves_no_entry(tmp_path: Path) ->
     )  # fmt: skip
     assert done.returncode == 2 and "the model's code made it" in done.stderr
     assert not (tmp_path / "cache" / "traces").exists()
+
+
+def test_a_change_no_key_sees_is_caught_by_the_forward_signature(tmp_path: Path) -> None:
+    """Campaign 34n b (DEF1-3), c (D2): a layer repeated a matmul as often as a file read
+    through ``tf.io.gfile`` (or ``cat`` in a subprocess, or SQLite) said; the key cannot see
+    those reads, and the stale trace was served. The entry's forward signature (the ops the
+    forward pass makes) is compared before it is served."""
+    import keras
+
+    counts = tmp_path / "reps.txt"
+
+    class Repeat(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            import tensorflow as tf
+
+            for _ in range(int(tf.io.gfile.GFile(str(counts)).read())):
+                x = x * 2.0
+            return x
+
+    counts.write_text("1")
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(Repeat()(keras.layers.Dense(6)(inputs))))
+    first = TraceCache(tmp_path / "cache")
+    few = first.trace(model, 8, None).graph
+    first.flush()
+    counts.write_text("20")
+    second = TraceCache(tmp_path / "cache")
+    many = second.trace(model, 8, None).graph
+    assert second.hits == 0 and len(many.ops) > len(few.ops)
+    counts.write_text("1")
+    third = TraceCache(tmp_path / "cache")
+    assert third.trace(model, 8, None).graph == few and third.hits == 1
