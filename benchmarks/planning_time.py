@@ -1,8 +1,9 @@
 """Planning time: a plan in seconds, cold and warm, against the time to import TensorFlow.
 
-Each case is planned by the ``partition`` command, as a user runs it, in a fresh process, twice:
-**cold** (an empty cache directory: every trace is made) and **warm** (the same model again at
-another ``--gpus``, with the trace cache the cold run filled, ``passes/trace_cache.py``). For each
+Each case is planned by the ``partition`` command, as a user runs it, in a fresh process, three
+times: **cold** (an empty cache directory: every trace is made), **again** (the same command,
+with the trace cache the cold run filled, ``passes/trace_cache.py``) and **warm** (the same model
+at another ``--gpus``: its strategy search may trace batches the first runs did not). For each
 run: the wall time, the peak resident memory of the process (its ``ru_maxrss``), the plan's own
 phases (``phase_times_s``), and the wall time over the time ``python -c "import tensorflow"``
 takes in a fresh process, timed in the same run before the cases (the median of three): this
@@ -92,7 +93,7 @@ def import_tensorflow_s(repeats: int = 3) -> float:
 
 
 def _plan_run(case: Case, mode: str, cache: Path, reference_s: float) -> dict[str, Any]:
-    argv = case.argv if mode == "cold" else case.warm_argv
+    argv = case.warm_argv if mode == "warm" else case.argv
     env = {**os.environ, "PARTITIONER_CACHE_DIR": str(cache), "TF_CPP_MIN_LOG_LEVEL": "3"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
@@ -117,7 +118,7 @@ def _plan_run(case: Case, mode: str, cache: Path, reference_s: float) -> dict[st
 
 def _verdicts(case: Case, row: dict[str, Any]) -> list[str]:
     checks: list[tuple[str, float | None, float]] = []
-    target = case.cold_ratio_target if row["mode"] == "cold" else case.warm_ratio_target
+    target = {"cold": case.cold_ratio_target, "warm": case.warm_ratio_target}.get(row["mode"])
     checks.append((f"<= {target}x", target, row["ratio"]))
     checks.append(
         (
@@ -138,7 +139,7 @@ def run(cases: list[Case]) -> dict[str, Any]:
     rows = []
     for case in cases:
         with tempfile.TemporaryDirectory() as cache:
-            for mode in ("cold", "warm"):
+            for mode in ("cold", "again", "warm"):
                 row = _plan_run(case, mode, Path(cache), reference)
                 if "error" not in row:
                     row["verdicts"] = _verdicts(case, row)
@@ -187,8 +188,9 @@ def table(doc: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"`{doc['command']}` (git {doc['git']}, {doc['date']}, {doc['machine']}): each run a fresh "
-        "`partition` process; cold with an empty cache directory, warm the same model at another "
-        f"`--gpus` after it; `import tensorflow` took {doc['import_tensorflow_s']:.2f} s here "
+        "`partition` process; cold with an empty cache directory, again the same command after "
+        "it, warm the same model at another `--gpus` after those; `import tensorflow` took "
+        f"{doc['import_tensorflow_s']:.2f} s here "
         "(median of 3, same run). `trace` is tracing and FLOP counting, or reading the trace cache; "
         "`solve` is the solver's (`auto`'s CP-SAT runs to its 5 s default time limit where it "
         "proves no optimum); the rest of the wall is importing TensorFlow and building the model."

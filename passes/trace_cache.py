@@ -59,7 +59,7 @@ import stat
 import sys
 import sysconfig
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ from passes import blocks, trace, weightless
 __all__ = [
     "MAX_TRACE_CACHE_BYTES",
     "MAX_TRACE_ENTRY_BYTES",
+    "MIN_CACHED_TRACE_S",
     "TRACE_CACHE_SCHEMA",
     "TraceCache",
     "decode_graph",
@@ -350,25 +351,28 @@ class TraceCache:
         with trace.KERAS_CALL_LOCK:  # the key reads the model as a trace does
             key = trace_key(model, batch_size, input_shape, self.files)
             t0 = time.perf_counter()
-            forward = trace.forward_signature(
-                model, batch_size=batch_size, input_shape=input_shape
-            )
-            graph = self._read(key, forward)
+            graph = self._read(key, lambda: _forward(model, batch_size, input_shape))
             if graph is not None and [x.name for x in graph.layers] == [
                 u.name for u in trace.placement_units(model)
             ]:
                 self.hits += 1
                 return _cached_result(model, graph, time.perf_counter() - t0)
         traced = trace.trace_model(model, batch_size=batch_size, input_shape=input_shape)
-        if forward is not None:  # a model that cannot be checked so is never served
-            self.pending[key] = (traced, forward)
+        if traced.trace_time_s + traced.flops_time_s >= MIN_CACHED_TRACE_S:
+            forward = _forward(model, batch_size, input_shape)
+            if forward is not None:  # a model that cannot be checked so is never served
+                self.pending[key] = (traced, forward)
         return traced
 
-    def _read(self, key: str, forward: str | None) -> Graph | None:
+    def _read(self, key: str, signature: Callable[[], str | None]) -> Graph | None:
         """The entry of ``key``, if the model's forward pass now makes the ops it made when it
-        was traced (``forward``: :func:`passes.trace.forward_signature`; None: never served)."""
+        was traced (``signature()``: :func:`passes.trace.forward_signature`, computed only
+        when there is an entry; None: never served)."""
         path = self.entries / f"{key}.json"
-        if forward is None or not os.path.lexists(path):
+        if not os.path.lexists(path):
+            return None
+        forward = signature()
+        if forward is None:
             return None
         try:
             _check_own(path)
@@ -452,6 +456,15 @@ def _check_own(path: Path) -> None:
     owner = os.lstat(path).st_uid
     if owner not in (os.geteuid(), 0):
         raise PartitionError(f"it belongs to another user (uid {owner})")
+
+
+MIN_CACHED_TRACE_S = 1.0
+"""The shortest trace stored (1 s): reading an entry and checking the model's forward pass
+takes a good part of a second, more than a cheap trace (a decoder traced two blocks deep)."""
+
+
+def _forward(model: Any, batch_size: int, input_shape: Any) -> str | None:
+    return trace.forward_signature(model, batch_size=batch_size, input_shape=input_shape)
 
 
 def _reason(exc: BaseException) -> str:

@@ -25,6 +25,20 @@ from passes.trace_cache import TraceCache, decode_graph, encode_graph, trace_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
+PARTITION = [
+    sys.executable,
+    "-c",
+    "import sys; import passes.trace_cache as c; c.MIN_CACHED_TRACE_S = 0.0; "
+    "from partitioner.cli.main import main; sys.exit(main())",
+]
+"""The ``partition`` command, storing every trace: these models trace in well under
+:data:`~passes.trace_cache.MIN_CACHED_TRACE_S`, the shortest trace it stores."""
+
+
+@pytest.fixture(autouse=True)
+def _every_trace_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_cache, "MIN_CACHED_TRACE_S", 0.0)
+
 
 def _mlp(units: int = 16, name: str = "cached_mlp") -> keras.Model:
     inputs = keras.Input((12,), name="x")
@@ -186,6 +200,8 @@ def test_a_full_disk_costs_a_warning_not_the_plan(tmp_path: Path) -> None:
         import resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         import keras, partitioner
+        import passes.trace_cache
+        passes.trace_cache.MIN_CACHED_TRACE_S = 0.0  # store this small model's trace
         inputs = keras.Input((12,))
         hidden = keras.layers.Dense(16, activation="relu")(inputs)
         model = keras.Model(inputs, keras.layers.Dense(4)(hidden))
@@ -265,7 +281,7 @@ def test_the_command_plans_again_from_the_cache_at_another_device_count(tmp_path
     def phases(*flags: str) -> list[str]:
         out = tmp_path / "p.json"
         done = subprocess.run(
-            [sys.executable, "-m", "partitioner", model, "--out", str(out), *flags],
+            [*PARTITION, model, "--out", str(out), *flags],
             capture_output=True, text=True, env=env, timeout=600, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -415,7 +431,7 @@ def test_a_run_that_fails_writing_its_outputs_leaves_no_entry(tmp_path: Path) ->
     )
     env = {**os.environ, "PARTITIONER_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "partitioner", str(model), "--gpus", "2", "--out", str(out)],
+        [*PARTITION, str(model), "--gpus", "2", "--out", str(out)],
         capture_output=True, text=True, env=env, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "the model's code made it" in done.stderr
