@@ -578,3 +578,25 @@ def test_a_gradient_that_refuses_a_share_refuses_the_strategy() -> None:
     strategy = plan.strategy
     assert strategy is not None
     assert 16 // (strategy.replicas * strategy.num_microbatches) != 4, strategy.describe()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_a_cluster_file_through_another_users_link_is_refused(tmp_path: Path) -> None:
+    """Campaign 34o a (S5, S12): ``partition worker --cluster shared/c.json`` served, and
+    ``load_cluster`` returned, the cluster another user's link in a sticky directory led to:
+    that user chose root's worker ports and calibrate's targets. The data files' reader
+    refuses such a link, as plan and topology files are refused."""
+    from partitioner.core.errors import UsageError
+    from passes.cluster.runtime import load_cluster
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    theirs = tmp_path / "c.json"
+    theirs.write_text('{"worker": ["127.0.0.1:23457"]}')
+    (shared / "c.json").symlink_to(theirs)
+    os.chown(shared / "c.json", 65534, 65534, follow_symlinks=False)
+    with pytest.raises(UsageError, match=r"is a symbolic link of another user \(uid 65534\)"):
+        load_cluster(str(shared / "c.json"))
+    os.chown(shared / "c.json", os.geteuid(), -1, follow_symlinks=False)  # the user's own
+    assert load_cluster(str(shared / "c.json")).addresses == ("127.0.0.1:23457",)

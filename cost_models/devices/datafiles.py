@@ -41,7 +41,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from partitioner.core.errors import PartitionError, UsageError
-from partitioner.core.files import UnreadableInput, read_regular_text
+from partitioner.core.files import UnreadableInput, check_links_followed, read_regular_text
 from partitioner.core.jsonfiles import (
     MAX_DEPTH,
     bounded_float,
@@ -113,9 +113,15 @@ def read_text(
 ) -> str:
     """The UTF-8 text of the regular file ``path`` of at most ``max_bytes``, through the one
     bounded reader (:func:`partitioner.core.files.read_regular_text`: a FIFO, a device or a
-    directory is refused without blocking, and a symbolic link without ``follow_symlinks``);
-    ``error`` naming ``origin`` otherwise."""
+    directory is refused without blocking, and a symbolic link without ``follow_symlinks``;
+    another user's link in a sticky directory anyone may write is never followed:
+    :func:`~partitioner.core.files.check_links_followed`); ``error`` naming ``origin``
+    otherwise."""
     tail = f"; {hint}" if hint else ""
+    try:
+        check_links_followed(path, "cannot read", origin, streams=False)
+    except PartitionError as exc:  # a cluster file planted by another user: not the user's
+        raise error(str(exc)) from None
     try:
         return read_regular_text(path, max_bytes, follow_symlinks=follow_symlinks)
     except UnreadableInput as exc:
