@@ -724,6 +724,7 @@ def _pipelined_costs(
     with _timed(phases, "micro-batch cost"):
         try:
             at_micro = costed_at(share.size)
+            costed_at.confirm(share.size)  # derived: the model's own code never ran there
         except PartitionError as exc:  # the model's own code at the micro-batch: say which
             raise at_share(exc, share) from exc
         return microbatch_costed(costed_at(batch), at_micro, micro)

@@ -228,13 +228,16 @@ def forward_signature(
     fifth of a trace's time), None where that call fails. A trace cache entry is checked
     against it: a model whose structure changed through something its key cannot see (a file
     read through TensorFlow's own file layer, a subprocess, a directory listing) is traced
-    again."""
+    again. None too for a model with a custom gradient (``tf.custom_gradient``): its backward
+    ops are not in the forward pass, so such a model is never served from the cache."""
     with KERAS_CALL_LOCK:
         try:
             ops = _call_symbolically(model, input_specs(model, batch_size, input_shape))
         except Exception as exc:  # the trace says what and where
             logger.debug("%s does not run symbolically at %d: %s", model.name, batch_size, exc)
             return None
+    if any("_gradient_op_type" in op.node_def.attr for op in ops):
+        return None  # a custom gradient: its ops are not in the forward pass to compare
     digest = hashlib.sha256()
     for op in ops:
         shapes = [str(t.shape) for t in op.outputs]

@@ -600,3 +600,37 @@ def test_a_cluster_file_through_another_users_link_is_refused(tmp_path: Path) ->
         load_cluster(str(shared / "c.json"))
     os.chown(shared / "c.json", os.geteuid(), -1, follow_symlinks=False)  # the user's own
     assert load_cluster(str(shared / "c.json")).addresses == ("127.0.0.1:23457",)
+
+
+def test_a_pipeline_whose_micro_batch_the_gradient_refuses_is_refused() -> None:
+    """Campaign 34o c (g3): ``--pipeline --microbatches 4`` at batch 16 (micro-batches of 4)
+    of a model whose gradient needs 8 or more exited 0 with a plan that could not train: the
+    micro-batch's graph was derived from the traces at 16 and 8. It is traced for real."""
+    import keras
+    import tensorflow as tf
+
+    import partitioner
+    from partitioner.core.errors import PartitionError
+
+    class GradAtLeast8(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            @tf.custom_gradient
+            def f(t: Any) -> Any:
+                def grad(dy: Any) -> Any:
+                    if dy.shape[0] is not None and dy.shape[0] < 8:
+                        raise ValueError(
+                            f"the gradient needs a batch of 8 or more, got {dy.shape[0]}"
+                        )
+                    return dy * 2.0
+
+                return t * 2.0, grad
+
+            return f(x)
+
+    inputs = keras.Input((16,))
+    hidden = GradAtLeast8(name="g")(keras.layers.Dense(16, name="d1")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(4, name="d2")(hidden))
+    with pytest.raises(PartitionError, match="the gradient needs a batch of 8 or more, got 4"):
+        partitioner.partition(
+            model, gpus=2, device_type="cpu", batch_size=16, pipeline=True, num_microbatches=4
+        )

@@ -468,3 +468,26 @@ def test_a_change_no_key_sees_is_caught_by_the_forward_signature(tmp_path: Path)
     counts.write_text("1")
     third = TraceCache(tmp_path / "cache")
     assert third.trace(model, 8, None).graph == few and third.hits == 1
+
+
+def test_a_model_with_a_custom_gradient_is_never_served(tmp_path: Path) -> None:
+    """Campaign 34o b (TC1): a custom gradient repeating a matmul as often as a file read
+    through ``tf.io.gfile`` said changed only the backward pass, which the forward signature
+    cannot see: the stale trace was served. A model with a custom gradient is not cached."""
+    import keras
+    import tensorflow as tf
+
+    class Scaled(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            @tf.custom_gradient
+            def f(t: Any) -> Any:
+                return t * 2.0, lambda dy: dy * 2.0
+
+            return f(x)
+
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(Scaled()(keras.layers.Dense(6)(inputs))))
+    assert forward_signature(model, batch_size=8) is None
+    cache = TraceCache(tmp_path)
+    cache.trace(model, 8, None)
+    assert not cache.pending
