@@ -634,3 +634,35 @@ def test_a_pipeline_whose_micro_batch_the_gradient_refuses_is_refused() -> None:
         partitioner.partition(
             model, gpus=2, device_type="cpu", batch_size=16, pipeline=True, num_microbatches=4
         )
+
+
+def test_an_error_ctrl_c_caused_in_c_code_is_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI of 3a14bdf (the random-kill test): a Ctrl-C pending while TensorFlow's C code called
+    ``__import__`` became a ``SystemError ... returned a result with an exception set``, printed
+    as an unraisable traceback above the run's one ``interrupted`` line. Once an interrupt has
+    arrived, an unraisable error it caused is not printed; any other still is."""
+    import importlib
+    import types
+
+    main = importlib.import_module("partitioner.cli.main")
+    monkeypatch.setattr(main._INTERRUPTS, "arrived", True)
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise SystemError("returned a result with an exception set") from interrupt
+    except SystemError as caused:
+        error = caused
+
+    def unraisable(exc: BaseException) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            exc_type=type(exc), exc_value=exc, exc_traceback=None, err_msg=None, object=None
+        )
+
+    printed: list[Any] = []
+    monkeypatch.setattr(sys, "__unraisablehook__", printed.append)
+    main._unraisable_but_interrupts(unraisable(error))
+    assert printed == []
+    other = unraisable(ValueError("not the interrupt's"))
+    main._unraisable_but_interrupts(other)
+    assert printed == [other]

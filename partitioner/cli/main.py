@@ -987,10 +987,24 @@ def _unraisable_but_interrupts(unraisable: Any) -> None:
     """``sys.unraisablehook`` of a ``partition`` process: a Ctrl-C raised where Python cannot
     raise it (a weakref callback of the import machinery) is not printed as "Exception ignored"
     with its traceback; :meth:`_Interrupts.honour` ends the run with it at the next phase. Any
-    other is Python's to print."""
-    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _INTERRUPTS.arrived:
+    other is Python's to print. Nor is an error Ctrl-C caused there: a C function returning with
+    the interrupt pending (TensorFlow's ``Flatten`` calling ``__import__``) is a ``SystemError``
+    whose cause is the ``KeyboardInterrupt``."""
+    if _INTERRUPTS.arrived and _caused_by_interrupt(unraisable.exc_value):
         return
     sys.__unraisablehook__(unraisable)
+
+
+def _caused_by_interrupt(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a ``KeyboardInterrupt`` or was raised while one was (its causes and
+    contexts, a few deep)."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
