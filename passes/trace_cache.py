@@ -57,7 +57,6 @@ import os
 import re
 import stat
 import sys
-import sysconfig
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +67,13 @@ import keras
 import tensorflow as tf
 
 from partitioner.core.errors import PartitionError
-from partitioner.core.files import check_links_followed, read_regular_text, write_atomic
+from partitioner.core.files import (
+    check_links_followed,
+    open_regular,
+    read_regular_text,
+    system_dirs,
+    write_atomic,
+)
 from partitioner.core.ir import Edge, Graph, LayerInfo, Op, Phase, SparseGradient
 from partitioner.core.jsonfiles import loads_bounded
 from passes import blocks, trace, weightless
@@ -127,11 +132,12 @@ def _file_digest(path: str, seen: dict[str, str]) -> str:
 
 
 def _digest_of(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        fd = open_regular(path)  # a FIFO or a device is refused, never blocked on
+    except PartitionError as exc:
+        raise OSError(str(exc)) from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path} is not a regular file")
         if st.st_size > MAX_HASHED_BYTES:
             return f"{st.st_size} {st.st_mtime_ns} {st.st_dev} {st.st_ino}"
         digest = hashlib.sha256()
@@ -149,20 +155,12 @@ def _archive_of(path: str) -> str:
     return path
 
 
-def _installation_dirs() -> tuple[str, ...]:
-    """The Python installation's directories: the standard library and the site-packages."""
-    paths = sysconfig.get_paths()
-    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    dirs.update((sys.prefix, sys.base_prefix, sys.exec_prefix))
-    return tuple(sorted(os.path.realpath(d) + os.sep for d in dirs))
-
-
 def _local_sources() -> list[str]:
     """The source files of the modules loaded from outside the Python installation (the model's
     file and its own imports), but for this project's own packages (their tracing code is
     :data:`_TRACING_CODE`; which of the rest a run imported depends on its flags) and
     AutoGraph's generated modules (new each run)."""
-    skipped = (*_installation_dirs(), *_project_dirs())
+    skipped = tuple(f"{d}{os.sep}" for d in system_dirs())
     files = []
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)  # a .py, a .pyc without source, a zip member
@@ -171,13 +169,6 @@ def _local_sources() -> list[str]:
             if not real.startswith(skipped):
                 files.append(real)
     return sorted(set(files))
-
-
-def _project_dirs() -> tuple[str, ...]:
-    """The directories of this project's packages (``partitioner``, ``cost_models``,
-    ``passes``)."""
-    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # they are siblings
-    return tuple(os.path.join(root, p) + os.sep for p in ("partitioner", "cost_models", "passes"))
 
 
 def _class_sources(objects: Iterable[Any]) -> list[str]:

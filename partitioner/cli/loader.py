@@ -17,10 +17,8 @@ import inspect
 import keyword
 import logging
 import os
-import site
 import stat
 import sys
-import sysconfig
 import tempfile
 import threading
 import traceback
@@ -30,7 +28,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from partitioner.core.errors import ModelLoadError, PartitionError, error_line, keras_call, quoting
-from partitioner.core.files import MODEL_MODULE_FLAG, check_links_followed, file_kind
+from partitioner.core.files import MODEL_MODULE_FLAG, check_links_followed, file_kind, system_dirs
 from partitioner.core.units import format_bytes
 
 __all__ = [
@@ -46,9 +44,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BUILDER_NAMES = ("build_model", "create_model", "get_model", "make_model")
-
-OWN_PACKAGES = ("partitioner", "cost_models", "passes")
-"""This project's packages: their modules are never the user's."""
 
 
 def split_spec(spec: str) -> tuple[Path, str | None]:
@@ -304,20 +299,6 @@ def is_user_file(filename: str, system: Collection[Path] | None = None) -> bool:
     real = Path(os.path.realpath(filename))
     return not any(real.is_relative_to(d) for d in (system_dirs() if system is None else system))
 
-
-
-def system_dirs() -> list[Path]:
-    """The directories whose modules are not the user's (:func:`is_user_file`): the standard library, every
-    site-packages, this project's packages (resolved)."""
-    dirs = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs.update(site.getsitepackages())
-    if site.ENABLE_USER_SITE:
-        dirs.add(site.getusersitepackages())
-    for package in OWN_PACKAGES:
-        spec = importlib.util.find_spec(package)
-        if spec is not None:
-            dirs.update(spec.submodule_search_locations or ())
-    return [Path(os.path.realpath(d)) for d in dirs if d]
 
 
 def _import_file(path: Path) -> ModuleType:

@@ -784,7 +784,8 @@ def _quiet_native_stderr(enabled: bool, shown: TextIO) -> Iterator[None]:
     if not enabled:
         yield
         return
-    from partitioner.cli.loader import is_user_file, system_dirs
+    from partitioner.cli.loader import is_user_file
+    from partitioner.core.files import system_dirs
 
     system = system_dirs()  # once: TensorFlow's import warns while it runs
     sys.stderr.flush()

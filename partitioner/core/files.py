@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import codecs
 import errno
+import importlib.util
 import os
 import re
 import secrets
 import shutil
+import site
 import stat
+import sysconfig
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,14 +35,17 @@ from partitioner.core.errors import OutputError, PartitionError
 __all__ = [
     "MAX_LINKS_FOLLOWED",
     "MODEL_MODULE_FLAG",
+    "OWN_PACKAGES",
     "UnreadableInput",
     "check_links_followed",
     "check_output_path",
     "check_replaceable",
     "file_kind",
+    "open_regular",
     "read_input_text",
     "read_regular_text",
     "same_file",
+    "system_dirs",
     "write_all_atomic",
     "write_atomic",
 ]
@@ -367,7 +373,7 @@ class UnreadableInput(PartitionError):
         """``missing``, ``type`` (not a regular file), ``size``, ``encoding`` or ``os``."""
 
 
-def _open_regular(path: str | os.PathLike[str], follow_symlinks: bool = True) -> int:
+def open_regular(path: str | os.PathLike[str], follow_symlinks: bool = True) -> int:
     """A descriptor of the regular file ``path``, opened without blocking (``O_NONBLOCK``: a
     FIFO swapped in after the check does not hang the open) and checked again through it;
     without ``follow_symlinks`` a symbolic link is refused (``O_NOFOLLOW``, race-free)."""
@@ -411,7 +417,7 @@ def read_regular_text(
     read, never blocked on, and the size limit holds for a file that grows while it is read.
     ``follow_symlinks=False`` refuses a symbolic link too (a cache entry: a link there is not
     the product's file)."""
-    fd = _open_regular(path, follow_symlinks)
+    fd = open_regular(path, follow_symlinks)
     too_big = UnreadableInput(
         path, f"it is larger than {_size(max_bytes)}, the most read", kind="size"
     )
@@ -463,3 +469,21 @@ def read_input_text(
         raise error(
             f"cannot read {what} {path}: {exc.reason}; check it is the right file and readable"
         ) from None
+
+
+OWN_PACKAGES = ("partitioner", "cost_models", "passes")
+"""This project's packages: their modules are never the user's."""
+
+
+def system_dirs() -> list[Path]:
+    """The directories whose modules are not the user's: the standard library, every
+    site-packages, this project's packages (resolved)."""
+    dirs = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.update(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    for package in OWN_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is not None:
+            dirs.update(spec.submodule_search_locations or ())
+    return [Path(os.path.realpath(d)) for d in dirs if d]
