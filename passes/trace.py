@@ -221,20 +221,25 @@ def _call_symbolically(model: keras.Model, specs: Sequence[tf.TensorSpec]) -> li
 
 
 def forward_signature(
-    model: keras.Model, *, batch_size: int, input_shape: ShapeArg | None = None
+    model: keras.Model, *, batch_size: int | None, input_shape: ShapeArg | None = None
 ) -> str | None:
     """The SHA-256 of the ops the model's forward pass (``training=True``) makes at
     ``batch_size`` on symbolic inputs (each op's type and output shapes, in creation order; a
-    fifth of a trace's time), None where that call fails. A trace cache entry is checked
+    fifth of a trace's time), None where that call fails. ``batch_size=None``: at a batch left
+    unknown, one call that stands for every batch (a model that fixes its batch fails it).
+    A trace cache entry is checked
     against it: a model whose structure changed through something its key cannot see (a file
     read through TensorFlow's own file layer, a subprocess, a directory listing) is traced
     again. None too for a model with a custom gradient (``tf.custom_gradient``): its backward
     ops are not in the forward pass, so such a model is never served from the cache."""
     with KERAS_CALL_LOCK:
         try:
-            ops = _call_symbolically(model, input_specs(model, batch_size, input_shape))
+            specs = input_specs(model, batch_size or 1, input_shape)
+            if batch_size is None:
+                specs = [tf.TensorSpec((None, *s.shape[1:]), s.dtype, s.name) for s in specs]
+            ops = _call_symbolically(model, specs)
         except Exception as exc:  # the trace says what and where
-            logger.debug("%s does not run symbolically at %d: %s", model.name, batch_size, exc)
+            logger.debug("%s does not run symbolically at %s: %s", model.name, batch_size, exc)
             return None
     if any("_gradient_op_type" in op.node_def.attr for op in ops):
         return None  # a custom gradient: its ops are not in the forward pass to compare

@@ -27,6 +27,8 @@ SQLite, a directory listing) is caught by the entry's **forward signature**: the
 model's forward pass makes at the batch on symbolic inputs (:func:`passes.trace.forward_signature`,
 a fifth of a trace's time), recorded when it was traced and compared before it is served. A
 model whose structure changed is traced again; one that cannot be called so is never cached.
+The signature is taken at a batch left unknown, so one symbolic call a run checks the entries
+of every batch it reads (a model that fixes its batch: at each batch).
 
 The entries
 -----------
@@ -86,12 +88,13 @@ __all__ = [
     "TraceCache",
     "decode_graph",
     "encode_graph",
+    "static_signature",
     "trace_key",
 ]
 
 logger = logging.getLogger(__name__)
 
-TRACE_CACHE_SCHEMA = 2
+TRACE_CACHE_SCHEMA = 3
 """The version of an entry's layout; an entry of another is a miss."""
 
 MAX_TRACE_ENTRY_BYTES = 64 << 20
@@ -202,12 +205,32 @@ def _environment() -> list[tuple[str, str]]:
     return sorted((k, v) for k, v in os.environ.items() if k not in _VOLATILE_ENVIRONMENT)
 
 
-def trace_key(model: Any, batch_size: int, input_shape: Any, files: Iterable[str] = ()) -> str:
+def trace_key(
+    model: Any,
+    batch_size: int,
+    input_shape: Any,
+    files: Iterable[str] = (),
+    static: Callable[[], str] | None = None,
+) -> str:
     """The key of ``model``'s step traced at ``batch_size`` (with ``input_shape``): see the
     module docstring for what it covers; ``files``: data files the model's code read (their
-    content joins the key)."""
+    content joins the key). ``static``: what gives :func:`static_signature` of the built model
+    (a run's cache computes it once for every batch it reads)."""
     specs = trace.input_specs(model, batch_size, input_shape)
-    trace.build_sublayers(model, specs, given=input_shape)  # as the trace does: a built model's units
+    trace.build_sublayers(model, specs, given=input_shape)  # as a trace builds it
+    signature = {
+        "static": static() if static is not None else static_signature(model, files),
+        "specs": [[s.name, s.shape.as_list(), s.dtype.name] for s in specs],
+        "batch_size": batch_size,
+    }
+    text = json.dumps(signature, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def static_signature(model: Any, files: Iterable[str] = ()) -> str:
+    """The part of :func:`trace_key` no batch changes, as JSON text: the built ``model``'s and
+    its units' classes and configurations, its weights, the settings, versions, environment and
+    sources the module docstring lists."""
     units = trace.placement_units(model)
     seen: dict[str, str] = {}
     sources = [*_local_sources(), *_class_sources([model, *(u.operation for u in units)])]
@@ -219,8 +242,6 @@ def trace_key(model: Any, batch_size: int, input_shape: Any, files: Iterable[str
         "units": [[u.name, list(u.path), type(u.operation).__qualname__, _config(u.operation)]
                   for u in units],
         "weights": [[v.path, list(v.shape), str(v.dtype), bool(v.trainable)] for v in model.weights],
-        "specs": [[s.name, s.shape.as_list(), s.dtype.name] for s in specs],
-        "batch_size": batch_size,
         "weightless": weightless.is_weightless(model),
         "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled()),
         "keras": [keras.__version__, keras.config.floatx(), keras.config.dtype_policy().name],
@@ -228,8 +249,7 @@ def trace_key(model: Any, batch_size: int, input_shape: Any, files: Iterable[str
         "environment": _environment(),
         "sources": {path: _file_digest(path, seen) for path in sorted(set(sources))},
     }  # fmt: skip
-    text = json.dumps(signature, sort_keys=True, default=repr, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return json.dumps(signature, sort_keys=True, default=repr, separators=(",", ":"))
 
 
 def encode_graph(graph: Graph) -> dict[str, Any]:
@@ -331,6 +351,12 @@ class TraceCache:
     pending: dict[str, tuple[trace.TraceResult, str]] = field(default_factory=dict)
     """The traces this run made, each with its forward signature, for :meth:`flush`."""
     hits: int = 0
+    _static: dict[int, tuple[Any, str]] = field(default_factory=dict, repr=False)
+    """Per model (held, so its id stays its own): :func:`static_signature`, once a run."""
+    _forwards: dict[tuple[int, int | None], tuple[Any, str | None]] = field(
+        default_factory=dict, repr=False
+    )
+    """Per model and batch (None: any): its forward signature, once a run."""
 
     @property
     def entries(self) -> Path:
@@ -340,9 +366,11 @@ class TraceCache:
         """The step of ``model`` at ``batch_size`` from the cache, else traced
         (:func:`passes.trace.trace_model`) and kept for :meth:`flush`."""
         with trace.KERAS_CALL_LOCK:  # the key reads the model as a trace does
-            key = trace_key(model, batch_size, input_shape, self.files)
+            key = trace_key(
+                model, batch_size, input_shape, self.files, lambda: self._static_of(model)
+            )
             t0 = time.perf_counter()
-            graph = self._read(key, lambda: _forward(model, batch_size, input_shape))
+            graph = self._read(key, lambda: self.forward_signature(model, batch_size, input_shape))
             if graph is not None and [x.name for x in graph.layers] == [
                 u.name for u in trace.placement_units(model)
             ]:
@@ -350,10 +378,35 @@ class TraceCache:
                 return _cached_result(model, graph, time.perf_counter() - t0)
         traced = trace.trace_model(model, batch_size=batch_size, input_shape=input_shape)
         if traced.trace_time_s + traced.flops_time_s >= MIN_CACHED_TRACE_S:
-            forward = _forward(model, batch_size, input_shape)
+            forward = self.forward_signature(model, batch_size, input_shape)
             if forward is not None:  # a model that cannot be checked so is never served
                 self.pending[key] = (traced, forward)
         return traced
+
+    def _static_of(self, model: Any) -> str:
+        held = self._static.get(id(model))
+        if held is None or held[0] is not model:
+            held = self._static[id(model)] = (model, static_signature(model, self.files))
+        return held[1]
+
+    def forward_signature(self, model: Any, batch_size: int, input_shape: Any) -> str | None:
+        """The forward signature an entry of ``model`` at ``batch_size`` is checked against:
+        the one at any batch (``any <sha>``: one symbolic call serves every batch a run reads),
+        else, for a model that fixes its batch, the one at ``batch_size`` (``at <b> <sha>``)."""
+        whole = self._forward_at(model, None, input_shape)
+        if whole is not None:
+            return f"any {whole}"
+        at = self._forward_at(model, batch_size, input_shape)
+        return None if at is None else f"at {batch_size} {at}"
+
+    def _forward_at(self, model: Any, batch_size: int | None, input_shape: Any) -> str | None:
+        held = self._forwards.get((id(model), batch_size))
+        if held is None or held[0] is not model:
+            signature = trace.forward_signature(
+                model, batch_size=batch_size, input_shape=input_shape
+            )
+            held = self._forwards[(id(model), batch_size)] = (model, signature)
+        return held[1]
 
     def _read(self, key: str, signature: Callable[[], str | None]) -> Graph | None:
         """The entry of ``key``, if the model's forward pass now makes the ops it made when it
@@ -452,10 +505,6 @@ def _check_own(path: Path) -> None:
 MIN_CACHED_TRACE_S = 1.0
 """The shortest trace stored (1 s): reading an entry and checking the model's forward pass
 takes a good part of a second, more than a cheap trace (a decoder traced two blocks deep)."""
-
-
-def _forward(model: Any, batch_size: int, input_shape: Any) -> str | None:
-    return trace.forward_signature(model, batch_size=batch_size, input_shape=input_shape)
 
 
 def _reason(exc: BaseException) -> str:

@@ -159,8 +159,12 @@ def data_depth(data: Any) -> int:
         deepest = max(deepest, depth + 1)
         if depth + 1 > MAX_DEPTH:
             return depth + 1
-        stack.extend((child, depth + 1) for child in children)
+        # only containers nest deeper: a scalar child never raises ``deepest`` past depth + 1
+        stack.extend((child, depth + 1) for child in children if isinstance(child, _NESTING))
     return deepest
+
+
+_NESTING = (Mapping, list, tuple)
 
 
 def _has_big_number(data: Any) -> bool:
@@ -181,17 +185,20 @@ def _has_big_number(data: Any) -> bool:
 def check_data_bounds(data: Any, origin: str, error: type[Exception]) -> Any:
     """``data`` (parsed JSON or TOML) when it nests at most :data:`MAX_DEPTH` deep and holds no
     integer of more than :data:`MAX_NUMBER_CHARS` digits; ``error`` in one line otherwise."""
-    depth = data_depth(data)
-    if depth > MAX_DEPTH:
-        raise error(
-            f"{origin} nests lists/objects more than {MAX_DEPTH} deep; is it the right file?"
-        )
+    _check_depth(data, origin, error)
     if _has_big_number(data):
         raise error(
             f"{origin} holds a number of more than {MAX_NUMBER_CHARS} digits; is it the right "
             "file?"
         )
     return data
+
+
+def _check_depth(data: Any, origin: str, error: type[Exception]) -> None:
+    if data_depth(data) > MAX_DEPTH:
+        raise error(
+            f"{origin} nests lists/objects more than {MAX_DEPTH} deep; is it the right file?"
+        )
 
 
 class _Duplicate(ValueError):
@@ -243,6 +250,7 @@ def loads_bounded(text: str, origin: str, error: type[Exception], hint: str) -> 
         detail = f"lists/objects nested more than {MAX_DEPTH} deep"
     except ValueError as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    else:
-        return check_data_bounds(data, origin, error)
+    else:  # its numbers were bounded as they were read (bounded_int, bounded_float)
+        _check_depth(data, origin, error)
+        return data
     raise error(f"{origin} is not valid JSON ({detail}); {hint}")
