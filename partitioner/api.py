@@ -94,6 +94,7 @@ from partitioner.solvers import Solver, fast_solver_names, get_solver, solve
 from partitioner.solvers.stages import acyclic_on_devices
 
 if TYPE_CHECKING:
+    from cost_models.measure.profiled import ProfileWrites
     from passes.trace import TraceResult
     from passes.trace_cache import TraceCache
 
@@ -356,20 +357,26 @@ def partition_prepared(
     *,
     progress: Progress | None = None,
     trace_cache: TraceCache | None = None,
+    profile_writes: ProfileWrites | None = None,
 ) -> Plan:
     """Plan ``model`` with options already checked by :func:`prepare` (the CLI checks them
     before it imports TensorFlow; :func:`partition` is the two in one). ``trace_cache``: the
     caller's (:class:`passes.trace_cache.TraceCache`), which it flushes once its own outputs
-    are written; without one, ``trace_cache=True`` makes one, flushed when the plan is made."""
+    are written; without one, ``trace_cache=True`` makes one, flushed when the plan is made.
+    ``profile_writes`` likewise holds the profile cache's new entries
+    (:class:`cost_models.measure.profiled.ProfileWrites`)."""
     if not isinstance(prepared, Prepared):
         raise UsageError(f"prepared={prepared!r} must be what prepare(...) returns")
     _check_progress(progress)
     prepared = _cache_checked(prepared)
     own = trace_cache is None
     cache = _trace_cache(prepared.measure) if own else trace_cache
-    plan = _partition_prepared(model, prepared, progress or _no_progress, cache)
+    writes = _profile_writes() if profile_writes is None else profile_writes
+    plan = _partition_prepared(model, prepared, progress or _no_progress, cache, writes)
     if own and cache is not None:
         cache.flush()  # only now: a failed run leaves no new file
+    if profile_writes is None:
+        writes.flush()
     return plan
 
 
@@ -393,6 +400,12 @@ def _trace_cache(measure: MeasureOptions) -> TraceCache | None:
     return TraceCache(Path(os.path.realpath(given)))
 
 
+def _profile_writes() -> ProfileWrites:
+    from cost_models.measure.profiled import ProfileWrites
+
+    return ProfileWrites()
+
+
 def _traces_cached(measure: MeasureOptions) -> bool:
     """Whether a run measured so may read traces from a cache: not one that profiles (a profile
     runs the traced step itself, which a cached trace does not have)."""
@@ -400,14 +413,18 @@ def _traces_cached(measure: MeasureOptions) -> bool:
 
 
 def _partition_prepared(
-    model: Any, prepared: Prepared, say: Progress, cache: TraceCache | None
+    model: Any,
+    prepared: Prepared,
+    say: Progress,
+    cache: TraceCache | None,
+    writes: ProfileWrites,
 ) -> Plan:
     phases: list[tuple[str, float]] = []
     inexact = _check_model(model)
     _check_splittable(model, prepared)
     traced = _trace(model, prepared.target, say, phases, cache)
-    costed, cost_notes = _cost(model, traced, prepared, say, phases)
-    costed_at = _CostedAt(model, prepared, costed, traced, cache)
+    costed, cost_notes = _cost(model, traced, prepared, say, phases, writes)
+    costed_at = _CostedAt(model, prepared, costed, traced, cache, writes)
     pipelined = _pipelined_costs(costed_at, prepared, say, phases)
     say(f"solving with {prepared.solver.name}")
     with _timed(phases, "solve"), _memory_limit_named(prepared):
@@ -469,6 +486,9 @@ def _check_model(model: Any) -> _Inexact:
     """Refuse, in one line and before the slow work, what is no Keras model, and a Keras model
     no plan could be applied to (its own training step, layers that cannot be rebuilt: :func:`passes.checks.check_model`);
     the layers, nested ones too, that are not exact under a split batch."""
+    from passes.backend import check_keras_backend
+
+    check_keras_backend()
     import keras
 
     from passes.checks import check_model, inexact_layers
@@ -555,13 +575,14 @@ def _split_plan(
     pipeline = solved.pipeline
     strategy = solved.strategy
     refused = compared.refused if compared is not None else ()
-    advice = _advice(costed, solved.evaluation, common["baselines"], pipeline, refused)
+    rows = compared.rows if compared is not None else ()
+    scored = tuple(r.family for r in rows)
+    advice = _advice(costed, solved.evaluation, common["baselines"], pipeline, refused, scored)
     idle = solved.idle_advice
     if idle and Family.DATA_PARALLEL in refused:  # no replicas to recommend
-        idle = idle.replace(_USE_THEM_ALL, "")
+        idle = idle.replace(_use_them_all(pipeline is not None), "")
     if idle:
         advice = (idle, *advice)
-    rows = compared.rows if compared is not None else ()
     if rows:
         advice = (strategy_advice(rows, strategy.family), *advice)
     return plan_from_solution(
@@ -661,8 +682,10 @@ class _CostedAt:
         costed: CostedGraph,
         traced: TraceResult,
         cache: TraceCache | None = None,
+        writes: ProfileWrites | None = None,
     ):
         self.model, self._prepared, self._cache = model, prepared, cache
+        self._writes = writes
         self.graphs = {prepared.target.batch_size: costed}
         self._traced = {prepared.target.batch_size: traced}
         measure = prepared.measure
@@ -704,7 +727,7 @@ class _CostedAt:
         if batch not in self.graphs:
             at = replace(self._prepared, target=replace(self._prepared.target, batch_size=batch))
             traced = self._traced_at(batch)
-            self.graphs[batch], _ = _cost(self.model, traced, at, _no_progress, [])
+            self.graphs[batch], _ = _cost(self.model, traced, at, _no_progress, [], self._writes)
         return self.graphs[batch]
 
 
@@ -797,9 +820,11 @@ def _cost(
     prepared: Prepared,
     say: Progress,
     phases: list[tuple[str, float]],
+    writes: ProfileWrites | None = None,
 ) -> tuple[CostedGraph, tuple[str, ...]]:
     """The costed graph and notes on where its times come from: estimated, then replaced by
-    measured layer times (``profile``) and op times (``profile_ops``) when asked."""
+    measured layer times (``profile``; new cache entries wait in ``writes``) and op times
+    (``profile_ops``) when asked."""
     say("costing")
     given = prepared.target.precision
     policy = (
@@ -820,7 +845,9 @@ def _cost(
         # profiler (profile_ops), and a time taken while another thread works is not this
         # model's: one measurement (or trace) at a time in a process.
         with KERAS_CALL_LOCK:
-            costed, notes = _measured(model, traced, costed, prepared, say, phases, notes)
+            costed, notes = _measured(
+                model, traced, costed, prepared, (say, phases, writes), notes
+            )
     origin = "the model's dtype policy" if given is None else f"precision={given!r}"
     links = links_note(prepared.topology)
     return costed, (*notes, f"priced at precision {policy.value} ({origin})", links)
@@ -851,15 +878,16 @@ def _measured(
     traced: TraceResult,
     costed: CostedGraph,
     prepared: Prepared,
-    say: Progress,
-    phases: list[tuple[str, float]],
+    run: tuple[Progress, list[tuple[str, float]], ProfileWrites | None],
     notes: tuple[str, ...],
 ) -> tuple[CostedGraph, tuple[str, ...]]:
-    """``costed`` with measured layer times (``profile``) and op times (``profile_ops``)."""
+    """``costed`` with measured layer times (``profile``) and op times (``profile_ops``);
+    ``run``: the progress, the phases and where new profile cache entries wait."""
+    say, phases, writes = run
     measure = prepared.measure
     if measure.profile:
         with _timed(phases, "profile"):
-            costed, notes = _profile(model, costed, prepared, say=say)
+            costed, notes = _profile(model, costed, prepared, say=say, writes=writes)
     if measure.profile_ops:
         with _timed(phases, "profile ops"):
             costed, op_notes = _profile_ops(
@@ -933,11 +961,12 @@ def _on_devices(costed: CostedGraph, devices: tuple[int, ...]) -> CostedGraph:
     )
 
 
-_USE_THEM_ALL = (
-    " (strategy='auto' or strategy='data_parallel' can use them all for data-parallel replicas)"
-)
-"""What a placement that leaves devices idle recommends (not when the model's own code refuses
-a replica's share of the batch: :attr:`_Compared.refused`)."""
+def _use_them_all(pipelined: bool) -> str:
+    """What a placement that leaves devices idle recommends (not when the model's own code
+    refuses a replica's share of the batch: :attr:`_Compared.refused`): replicas, which a
+    pipeline asked for (``pipeline=True``) excludes."""
+    without = ", without pipeline=True," if pipelined else ""
+    return f" (strategy='data_parallel'{without} can use them all, as data-parallel replicas)"
 
 
 def _lifted(
@@ -956,7 +985,7 @@ def _lifted(
     line = (
         f"A placement puts each layer on one device and the model has "
         f"{costed.problem().num_layers} layers: this {solver} plan uses {len(used)} of the {n} "
-        f"devices, {devices_text(idle)} idle{_USE_THEM_ALL}"
+        f"devices, {devices_text(idle)} idle{_use_them_all(solved.pipeline is not None)}"
     )
     result = replace(solved.result, assignment=assignment, notes=(*solved.result.notes, line))
     solved = replace(solved, result=result, idle_advice=line + ".")
@@ -1158,8 +1187,10 @@ def _profile(
     prepared: Prepared,
     *,
     say: Progress,
+    writes: ProfileWrites | None = None,
 ) -> tuple[CostedGraph, tuple[str, ...]]:
-    """Measure the layers on the devices present and merge the times into ``costed``."""
+    """Measure the layers on the devices present and merge the times into ``costed`` (new
+    cache entries wait in ``writes`` for the run to succeed)."""
     target, measure = prepared.target, prepared.measure
     from cost_models.measure.profiled import apply_profile, profile_model
 
@@ -1183,6 +1214,7 @@ def _profile(
         input_shape=target.input_shape,
         cache_dir=measure.cache_dir,
         write_cache=prepared.write_cache,
+        writes=writes,
         progress=lambda done, total, _label: say("profiling layers", done, total),
     )
     profiled = apply_profile(costed, result, device_rows=rows)
@@ -1402,9 +1434,11 @@ def _advice(
     baselines: Sequence[BaselineResult],
     pipeline: PipelineInfo | None = None,
     refused: tuple[Family, ...] = (),
+    scored: tuple[Family, ...] = (),
 ) -> tuple[str, ...]:
     """Honest advice: say when a plain split cannot beat one device, and what would (not the
-    families ``refused``: the model's own code fails at the shares of the batch they run)."""
+    families ``refused``: the model's own code fails at the shares of the batch they run; nor
+    as a thing to try, the families ``scored`` beside the plan)."""
     n = costed.topology.num_devices
     total = peak_bytes(costed.layer_memory)
     limit = max(d.memory_bytes for d in costed.topology.devices)
@@ -1412,7 +1446,7 @@ def _advice(
     single_s = single.step_time_s if single is not None else None
     advice: list[str] = []
     if n > 1 and pipeline is not None:
-        fits_one = total <= limit and Family.DATA_PARALLEL not in refused
+        fits_one = total <= limit and Family.DATA_PARALLEL not in (*refused, *scored)
         advice += _pipeline_advice(evaluation, single_s, pipeline, fits_one=fits_one)
     elif n > 1 and total <= limit:
         fits = (

@@ -70,7 +70,7 @@ import tensorflow as tf
 
 from partitioner.core.errors import PartitionError
 from partitioner.core.files import (
-    check_links_followed,
+    check_own_entry,
     open_regular,
     read_regular_text,
     system_dirs,
@@ -419,7 +419,7 @@ class TraceCache:
         if forward is None:
             return None
         try:
-            _check_own(path)
+            check_own_entry(path)
             text = read_regular_text(path, MAX_TRACE_ENTRY_BYTES, follow_symlinks=False)
             raw = loads_bounded(text, f"entry {path}", PartitionError, "it is traced again")
             if raw.get("schema") != TRACE_CACHE_SCHEMA or raw.get("key") != key:
@@ -490,16 +490,6 @@ class TraceCache:
                 break
             path.unlink(missing_ok=True)
             total -= size
-
-
-def _check_own(path: Path) -> None:
-    """An entry is read only through no other user's link (:func:`check_links_followed`: a
-    ``traces`` directory planted in a shared cache directory) and only if this user (or root)
-    wrote it: another user's entry in a cache anyone may write is not this run's trace."""
-    check_links_followed(path.parent, "the trace cache directory")
-    owner = os.lstat(path).st_uid
-    if owner not in (os.geteuid(), 0):
-        raise PartitionError(f"it belongs to another user (uid {owner})")
 
 
 MIN_CACHED_TRACE_S = 1.0

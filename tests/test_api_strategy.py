@@ -227,8 +227,8 @@ def test_a_named_solver_places_on_as_many_devices_as_layers_and_says_so() -> Non
     assert sorted(set(plan.device_of_layer)) == [0, 1, 2] and plan.idle_devices == (3,)
     line = (
         "A placement puts each layer on one device and the model has 3 layers: this ilp plan uses "
-        "3 of the 4 devices, device 3 idle (strategy='auto' or strategy='data_parallel' can use them "
-        "all for data-parallel replicas)."
+        "3 of the 4 devices, device 3 idle (strategy='data_parallel' can use them all, as "
+        "data-parallel replicas)."
     )
     assert line in plan.advice
     assert plan.per_device[3].layers == () and plan.per_device[3].compute_s == 0

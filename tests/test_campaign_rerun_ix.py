@@ -425,8 +425,9 @@ def test_an_output_the_model_made_while_it_ran_is_not_replaced(tmp_path: Path) -
     )  # fmt: skip
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip() == (
-        "partition: error: --out vocab.txt did not exist when the run started, and the model's "
-        "code made it; refusing to overwrite it: give another path"
+        "partition: error: --out vocab.txt did not exist when the run started, and something "
+        "made it while the run went on (the model's code, or another process); refusing to "
+        "overwrite it: give another path"
     )
     assert (tmp_path / "vocab.txt").read_text() == "a\nb\n"
 

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("path", [None, 5, b"plan.json", ["plan.json"]])
 def test_load_plan_of_no_path_is_one_usage_error(path: Any) -> None:
-    with pytest.raises(UsageError, match=r"^load_plan needs the plan file's path") as info:
+    needs = r"^load_plan needs a path \(a str or os.PathLike\), got"
+    with pytest.raises(UsageError, match=needs) as info:
         load_plan(path)
     assert "\n" not in str(info.value) and type(path).__name__ in str(info.value)
 

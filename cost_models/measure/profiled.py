@@ -58,6 +58,7 @@ from typing import Any
 from cost_models.devices.catalog import DeviceKind
 from cost_models.devices.datafiles import check_schema, parse_json, read_text
 from partitioner.core.errors import OutputError, PartitionError, TraceError
+from partitioner.core.files import check_own_entry
 from partitioner.core.ir import CostedGraph, Phase
 from partitioner.core.options import InputShape
 
@@ -66,6 +67,7 @@ __all__ = [
     "LayerTiming",
     "ProfileResult",
     "ProfileSettings",
+    "ProfileWrites",
     "ProgressCallback",
     "Statistic",
     "apply_profile",
@@ -313,6 +315,11 @@ def _read_entry(cache_dir: Path, key: str) -> tuple[float, float, int] | None:
     if not os.path.lexists(path):
         return None
     origin = f"profile cache entry {str(path)!r}"
+    try:
+        check_own_entry(path)  # another user's entry in a shared cache is not this run's
+    except OutputError as exc:
+        logger.warning("ignoring %s: %s", origin, exc)
+        return None
     try:
         text = read_text(
             path, origin, PartitionError, max_bytes=MAX_CACHE_ENTRY_BYTES, follow_symlinks=False
@@ -712,6 +719,30 @@ class _Run:
     seed: int
     tf_version: str
     write_cache: bool = True
+    writes: ProfileWrites | None = None
+    """Where new entries wait for the run to succeed; None: written as measured."""
+
+
+@dataclass
+class ProfileWrites:
+    """The profile cache entries a planning run measured, written by :meth:`flush` once the
+    run succeeded (its outputs written): a run that fails or is interrupted leaves no new
+    cache file, as the trace cache's runs leave none."""
+
+    entries: list[tuple[Path, str, dict[str, Any], float, float, int]] = field(
+        default_factory=list
+    )
+
+    def flush(self) -> None:
+        """Write the entries; a cache that cannot take them costs one warning."""
+        try:
+            for cache, key, signature, fwd, bwd, reps in self.entries:
+                _write_entry(cache, key, signature, fwd, bwd, reps)
+        except (OSError, PartitionError) as exc:
+            logger.warning(
+                "profile cache not written (%s); this run's measurements are not cached", exc
+            )
+        self.entries.clear()
 
 
 @dataclass
@@ -781,7 +812,9 @@ def _measure_and_store(
     tally.measured_count += 1
     tally.memo[key] = (fwd, bwd, reps)
     tally.timings.append(LayerTiming(unit.name, dev, fwd, bwd, reps, cached=False))
-    if run.use_cache and run.write_cache and not tally.cache_unwritable:
+    if run.use_cache and run.write_cache and run.writes is not None:
+        run.writes.entries.append((run.cache, key, signature, fwd, bwd, reps))
+    elif run.use_cache and run.write_cache and not tally.cache_unwritable:
         try:
             _write_entry(run.cache, key, signature, fwd, bwd, reps)
         except (OSError, PartitionError) as exc:
@@ -847,6 +880,7 @@ def profile_model(
     progress: ProgressCallback | None = None,
     seed: int = 0,
     write_cache: bool = True,
+    writes: ProfileWrites | None = None,
 ) -> ProfileResult:
     """Measure every placement unit's forward and backward time on each of ``devices``.
 
@@ -854,7 +888,9 @@ def profile_model(
     of :func:`passes.trace.placement_units`, so the names match the traced graph's layers.
     Results come from the cache when an entry with the same key exists (``use_cache``); new
     measurements are written to it unless ``write_cache`` is False (a caller that found the
-    cache unwritable, :func:`cache_write_problem`). ``progress(done, total, label)`` is called before each
+    cache unwritable, :func:`cache_write_problem`), and wait in ``writes``
+    (:class:`ProfileWrites`) for the caller's run to succeed when given.
+    ``progress(done, total, label)`` is called before each
     measurement and once at the end with ``done == total``.
     """
     import tensorflow as tf
@@ -869,7 +905,7 @@ def profile_model(
     cache = Path(os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir()))
     run = _Run(
         model.name, batch_size, ProfileSettings() if settings is None else settings, cache,
-        use_cache, seed, tf.__version__, write_cache,
+        use_cache, seed, tf.__version__, write_cache, writes,
     )  # fmt: skip
     start = time.perf_counter()
     units = placement_units(model)

@@ -469,6 +469,9 @@ def load_model(spec: str, *, weightless: bool = False) -> Any:
     the memory this machine has free (a warning names the layer), and refused in one line with
     the bytes it needs when they do not.
     """
+    from passes.backend import check_keras_backend
+
+    check_keras_backend()  # before the model's own `import keras` fails on another backend
     if not weightless:
         return _load(spec)
     from passes.trace import build_sublayers

@@ -38,6 +38,7 @@ from partitioner.cli.exits import hard_exits_refused, run_exit_handlers
 from partitioner.cli.loader import exit_call
 from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import kept_copy
+from partitioner.cli.stdlib import standard_library_kept
 from partitioner.core.errors import (
     CatalogError,
     ModelLoadError,
@@ -50,6 +51,7 @@ from partitioner.core.files import (
     check_links_followed,
     check_output_path,
     check_replaceable,
+    directory_name,
     read_input_text,
     same_file,
     write_all_atomic,
@@ -515,10 +517,9 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
     topology_file = _topology_file(args.topology)
     named = (("--out", args.out), ("--report", args.report), ("--emit", args.emit))
     for option, given in named:
-        if given is not None and given.endswith(("/", os.sep)):
-            raise OutputError(
-                f"{option} {given} ends with a slash, which names a directory; give a file path"
-            )
+        spelled = directory_name(given) if given is not None else None
+        if spelled is not None:
+            raise OutputError(f"{option} {given} {spelled}; give a file path")
     cache_dir = None
     if args.profile:
         from cost_models.measure.profiled import default_cache_dir
@@ -619,6 +620,7 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
     for out in paths.outputs:
         shown = paths.shown(out.given, out.path)
         _check_out(out.path, out.option, shown)
+        _check_outside_caches(paths, out, shown)
         for earlier in seen:
             if same_file(out.path, earlier.path):
                 raise UsageError(
@@ -631,10 +633,30 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
                 )
         if not out.existed and os.path.lexists(out.path):
             raise UsageError(
-                f"{out.option} {shown} did not exist when the run started, and the model's code "
-                "made it; refusing to overwrite it: give another path"
+                f"{out.option} {shown} did not exist when the run started, and something made it "
+                "while the run went on (the model's code, or another process); refusing to "
+                "overwrite it: give another path"
             )
         seen.append(out)
+
+
+def _check_outside_caches(paths: _Paths, out: _Output, shown: str) -> None:
+    """``out`` is not in a directory of cache entries (the trace cache's ``traces/``, the
+    profile cache's ``layers/``), whose files a run replaces after its outputs are written."""
+    entries = [
+        (os.path.join(d, sub), what)
+        for d, sub, what in (
+            (paths.trace_cache_dir, "traces", "the trace cache"),
+            (paths.cache_dir, "layers", "the profile cache"),
+        )
+        if d is not None
+    ]
+    for directory, what in entries:
+        if os.path.dirname(out.path) == os.path.realpath(directory):
+            raise UsageError(
+                f"{out.option} {shown} is in {what} ({directory}), whose files a run replaces "
+                "and removes; give a path outside it"
+            )
 
 
 def _is_input(path: str, source: Path | tuple[int, int]) -> bool:
@@ -662,6 +684,9 @@ class _UserCode:
     traces: list[Any] = field(default_factory=list)
     """The run's trace cache (:class:`passes.trace_cache.TraceCache`), if it has one, flushed
     once the outputs are written."""
+    profiles: list[Any] = field(default_factory=list)
+    """The profile cache entries the run measured
+    (:class:`cost_models.measure.profiled.ProfileWrites`), written once the outputs are."""
 
 
 def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[int, int]]]:
@@ -901,7 +926,7 @@ def _show(argv: Sequence[str], out: Console) -> int:
     args = _show_parser().parse_args(argv)
     try:
         with out.capture() as tables:
-            render_plan(load_plan(args.plan), out, verbose=args.verbose)
+            render_plan(load_plan(args.plan), out, verbose=args.verbose, spell=cli_message)
         return print_out(tables.get(), "the plan's tables", ())
     except PartitionError as exc:
         return _error(exc)
@@ -1619,11 +1644,11 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     # Drawn before anything is written, so a report that cannot be drawn fails the run whole.
     with out.capture() as report:
-        render_plan(plan, out, verbose=args.verbose)
+        render_plan(plan, out, verbose=args.verbose, spell=cli_message)
     # Layers may import more of the user's modules while traced: checked again, then written.
     _check_outputs(paths, [*inputs, *_imported(paths, code)])
     _write_outputs(args, paths, model, plan)
-    for cache in code.traces:  # only now: a failed run leaves no new file
+    for cache in [*code.traces, *code.profiles]:  # only now: a failed run leaves no new file
         cache.flush()
     # The files first, then stdout: a stdout that fails (a closed pipe, a full disk) loses none.
     what = plan.strategy.describe() if plan.strategy is not None else "the placement"
@@ -1657,6 +1682,7 @@ def _plan(
         _quiet_native_stderr(not args.verbose, cast(TextIO, err.file)),
         _stdout_kept_from_children(),
         _keeping_umask(),
+        standard_library_kept(),
     ):
         progress("importing TensorFlow")
         import tensorflow  # noqa: F401  (import cost shown as its own phase)
@@ -1664,6 +1690,7 @@ def _plan(
         _INTERRUPTS.honour()  # one that landed in the import machinery was swallowed there
 
         t0 = time.perf_counter()
+        from cost_models.measure.profiled import ProfileWrites
         from partitioner.api import partition_prepared
         from partitioner.cli.loader import load_model
 
@@ -1687,7 +1714,10 @@ def _plan(
 
         with _watching_the_model(paths, code), _sigint_kept():  # layers may load more
             cache = code.traces[0] if code.traces else None
-            plan = partition_prepared(model, prepared, progress=phase, trace_cache=cache)
+            code.profiles.append(ProfileWrites())
+            plan = partition_prepared(
+                model, prepared, progress=phase, trace_cache=cache, profile_writes=code.profiles[0]
+            )
         _rearm_interrupt(own_sigint)
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), code
 

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from partitioner.core.errors import OutputError, PartitionError
+from partitioner.core.errors import OutputError, PartitionError, UsageError
 
 __all__ = [
     "MAX_LINKS_FOLLOWED",
@@ -39,9 +39,12 @@ __all__ = [
     "UnreadableInput",
     "check_links_followed",
     "check_output_path",
+    "check_own_entry",
     "check_replaceable",
+    "directory_name",
     "file_kind",
     "open_regular",
+    "path_argument",
     "read_input_text",
     "read_regular_text",
     "same_file",
@@ -87,10 +90,9 @@ def check_output_path(
     Raises :class:`OutputError` (``"<what> <path>: it is a named pipe (FIFO), ..."``) unless
     that is a regular file (or a link, not followed), or does not exist yet in an existing
     directory."""
-    if os.fspath(path).endswith(("/", os.sep)):
-        raise OutputError(
-            f"{what} {path}: it ends with a slash, which names a directory; give a file path"
-        )
+    named = directory_name(path)
+    if named is not None:
+        raise OutputError(f"{what} {path}: it {named}; give a file path")
     if follow_symlinks:
         check_links_followed(path, what)
     target = Path(os.path.realpath(path) if follow_symlinks else os.path.abspath(path))
@@ -112,6 +114,43 @@ def check_output_path(
     if mode is not None and stat.S_ISREG(mode):
         _check_file_owner(target, f"{what} {path}")
     return target
+
+
+def check_own_entry(path: Path) -> None:
+    """A cache entry (the trace cache's, the profile cache's) is read only through no other
+    user's link (:func:`check_links_followed`: a ``traces`` or ``layers`` directory planted in a
+    shared cache directory) and only if this user (or root) wrote it: another user's entry in
+    a cache anyone may write is not this run's measurement. OutputError otherwise."""
+    check_links_followed(path.parent, "the cache directory")
+    owner = os.lstat(path).st_uid
+    if owner not in (os.geteuid(), 0):
+        raise OutputError(f"it belongs to another user (uid {owner})")
+
+
+def path_argument(value: object, what: str, example: str) -> str:
+    """``value`` (a library argument naming a file or directory) as a string path: UsageError
+    naming ``what`` and showing ``example`` unless it is a ``str`` or ``os.PathLike`` of one,
+    non-empty and without a NUL character (which no path can hold)."""
+    text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(text, str) or not text:
+        shown = type(value).__name__ if not isinstance(value, str) else "an empty string"
+        raise UsageError(f"{what} needs a path (a str or os.PathLike), got {shown}; {example}")
+    if "\0" in text:
+        raise UsageError(
+            f"{what}={text[:60]!r} holds a NUL character, which no path can; {example}"
+        )
+    return text
+
+
+def directory_name(path: str | os.PathLike[str]) -> str | None:
+    """How ``path`` names a directory by its spelling alone (``out/``, ``plan.json/.``,
+    ``..``), or None: ``"ends with a slash, which names a directory"``."""
+    text = os.fspath(path)
+    if text.endswith(("/", os.sep)):
+        return "ends with a slash, which names a directory"
+    if os.path.basename(text) in (".", ".."):
+        return f"ends with {os.path.basename(text)!r}, which names a directory"
+    return None
 
 
 def _check_file_owner(target: Path, head: str) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from partitioner.core.errors import UsageError
+from partitioner.core.files import path_argument
 from partitioner.core.ir import Schedule
 from partitioner.core.strategy import Family
 from partitioner.core.units import MAX_SIZE_BYTES, parse_bytes
@@ -551,4 +552,7 @@ class MeasureOptions:
         _flag("profile_ops", self.profile_ops)
         _flag("trace_cache", self.trace_cache)
         if self.cache_dir is not None:
-            object.__setattr__(self, "cache_dir", _text("cache_dir", self.cache_dir))
+            given = path_argument(
+                self.cache_dir, "cache_dir", "give a directory, e.g. cache_dir='cache'"
+            )
+            object.__setattr__(self, "cache_dir", given)

@@ -23,10 +23,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from partitioner.core.errors import PartitionError, PlanError, UsageError
+from partitioner.core.errors import PartitionError, PlanError
 from partitioner.core.files import (
     check_output_path,
     check_replaceable,
+    path_argument,
     read_input_text,
     write_atomic,
 )
@@ -452,7 +453,8 @@ class Plan:
         """Write the plan as JSON, atomically: the file is whole or untouched. An existing file
         that holds binary data (the user's, never a plan) is not replaced: OutputError, as the
         CLI's ``--out`` (:func:`~partitioner.core.files.check_replaceable`)."""
-        check_replaceable(check_output_path(path), f"Plan.save path={os.fspath(path)!r}")
+        path = path_argument(path, "Plan.save", "give the file name, e.g. plan.save('plan.json')")
+        check_replaceable(check_output_path(path), f"Plan.save path={path!r}")
         return write_atomic(path, self.to_json())
 
 
@@ -1236,12 +1238,7 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     Read as a file from elsewhere: a regular file (checked before it is opened, so a FIFO or
     ``/dev/zero`` is refused, never read) of at most :data:`MAX_PLAN_BYTES`, its JSON nesting and
     numbers within :func:`~partitioner.core.jsonfiles.loads_bounded`'s bounds."""
-    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
-        raise UsageError(
-            f"load_plan needs the plan file's path (a str or os.PathLike), got "
-            f"{type(path).__name__}; give the file name, e.g. load_plan('plan.json')"
-        )
-    p = Path(path)
+    p = Path(path_argument(path, "load_plan", "give the file name, e.g. load_plan('plan.json')"))
     text = read_input_text(p, "plan file", PlanError, MAX_PLAN_BYTES)
     data = loads_bounded(
         text, f"{p} (plan file)", PlanError, "it may be truncated: make the plan again"

@@ -177,17 +177,14 @@ def advice(rows: tuple[FamilyRow, ...], applied: Family | None = None) -> str:
 
 
 def _how_to_run(chosen: Family, applied: Family) -> str:
-    """What to run when the fastest family is not the one the plan applies."""
+    """What to run when the fastest family is not the one the plan applies, in the library's
+    arguments (the command line spells them as its flags)."""
     if chosen is Family.SINGLE:
         return "Splitting does not pay here: train on one device."
-    if chosen is Family.DATA_PARALLEL:
-        return (
-            f"This plan applies a {applied.label}; for data parallelism train under "
-            "tf.distribute.MirroredStrategy (passes.rewrite.replicate.replicate_model builds it)."
-        )
+    without = " (without pipeline=True)" if applied is Family.PIPELINE else ""
     return (
-        f"This plan applies a {applied.label}; passes.rewrite.replicate.realise_strategy runs "
-        f"the {chosen.label} strategy."
+        f"This plan applies a {applied.label}, as asked; strategy={chosen.value!r}{without} "
+        f"plans the {chosen.label} strategy."
     )
 
 

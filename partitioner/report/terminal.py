@@ -25,6 +25,7 @@ its control characters escaped (``\x1b``, ``\u202e``: a name cannot drive the te
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
@@ -118,21 +119,24 @@ def _print_tables(plan: Plan, console: Console) -> None:
     console.print(_rich_table(time_table(plan)))
 
 
-def _print_messages(plan: Plan, console: Console, *, verbose: bool) -> None:
-    """The solver's and the cost model's notes, the advice, the warnings (and the phases)."""
+def _print_messages(
+    plan: Plan, console: Console, *, verbose: bool, spell: Callable[[str], str]
+) -> None:
+    """The solver's and the cost model's notes, the advice, the warnings (and the phases),
+    each through ``spell`` (the command line spells the library's arguments as its flags)."""
     if plan.solver.notes:
         label = (
             "Candidates (pipelined time per batch: the slowest device with its transfers)"
             if plan.solver.name == "auto"
             else f"Solver {escape(plan.solver.name)}"
         )
-        console.print(f"{label}: " + "; ".join(escape(n) for n in plan.solver.notes))
+        console.print(f"{label}: " + "; ".join(escape(spell(n)) for n in plan.solver.notes))
     if plan.cost_notes:
-        console.print("Costs: " + "; ".join(escape(n) for n in plan.cost_notes))
+        console.print("Costs: " + "; ".join(escape(spell(n)) for n in plan.cost_notes))
     for line in plan.advice:
-        console.print(f"[yellow]Advice:[/yellow] {escape(line)}")
+        console.print(f"[yellow]Advice:[/yellow] {escape(spell(line))}")
     for line in plan.warnings:
-        console.print(f"[bold red]WARNING: {escape(line)}[/bold red]")
+        console.print(f"[bold red]WARNING: {escape(spell(line))}[/bold red]")
     if verbose and plan.phase_times_s:
         console.print(
             "Phases: "
@@ -140,10 +144,14 @@ def _print_messages(plan: Plan, console: Console, *, verbose: bool) -> None:
         )
 
 
-def render_plan(plan: Plan, console: Console, *, verbose: bool = False) -> None:
-    """Print the plan's tables to ``console`` (a function of ``plan`` alone, see the module)."""
+def render_plan(
+    plan: Plan, console: Console, *, verbose: bool = False, spell: Callable[[str], str] = str
+) -> None:
+    """Print the plan's tables to ``console`` (a function of ``plan`` alone, see the module);
+    its notes, advice and warnings through ``spell`` (the command line's
+    :func:`~partitioner.cli.main.cli_message`: ``strategy='auto'`` -> ``--strategy auto``)."""
     _print_tables(plan, console)
-    _print_messages(plan, console, verbose=verbose)
+    _print_messages(plan, console, verbose=verbose, spell=spell)
 
 
 class PhaseProgress:

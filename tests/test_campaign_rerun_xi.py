@@ -1,0 +1,188 @@
+"""Hostile input III (issue 34), campaign 34p (round 16): the defects found, each at its
+mechanism."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import keras
+import pytest
+
+import partitioner
+from partitioner.core.errors import UsageError
+from partitioner.plan.model import load_plan
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST = REPO / "examples" / "mnist_mlp.py"
+
+
+def _partition(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    """``partition ARGS`` as a user runs it, in ``tmp_path``, with a cache of its own."""
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PARTITIONER_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "partitioner", *args],
+        capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=600, check=False,
+    )  # fmt: skip
+
+
+def _mlp() -> keras.Model:
+    inputs = keras.Input((16,), name="x")
+    hidden = keras.layers.Dense(32, name="a")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(4, name="b")(hidden), name="mlp")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_another_users_profile_entry_is_not_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Campaign 34p a (D1): a profile cache entry another user wrote in a shared cache (times a
+    thousand times too long) was read, and root's plan predicted 4.965 s for a 6.651 ms step,
+    exit 0. It is ignored with a warning, as the trace cache's entries are (row 153)."""
+    from cost_models.measure import profiled
+
+    key = "b" * 64
+    entry = tmp_path / "layers" / f"{key}.json"
+    entry.parent.mkdir()
+    body = {"schema": profiled.CACHE_SCHEMA, "key": key, "repeats": 3}
+    entry.write_text(json.dumps({**body, "forward_time_s": 0.2, "backward_time_s": 0.1}))
+    assert profiled._read_entry(tmp_path, key) == (0.2, 0.1, 3)
+    os.chown(entry, 65534, 65534)
+    with caplog.at_level(logging.WARNING, logger="cost_models.measure.profiled"):
+        assert profiled._read_entry(tmp_path, key) is None
+    assert "it belongs to another user (uid 65534)" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_failed_profile_run_leaves_no_cache_entry(tmp_path: Path) -> None:
+    """Campaign 34p a (D2): a ``--profile`` run that failed after measuring (no placement fits
+    ``--memory-limit 100KiB``) left the profile cache directory and its new entries. They wait
+    for the outputs (:class:`~cost_models.measure.profiled.ProfileWrites`), as trace entries do;
+    a run that succeeds writes them."""
+    base = [str(MNIST), "--gpus", "2", "--device-type", "cpu", "--profile", "--batch-size", "8"]
+    failed = _partition(tmp_path, *base, "--memory-limit", "100KiB", "--out", "p.json")
+    assert failed.returncode == 2 and "no candidate placement fits" in failed.stderr
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "p.json").exists()
+    done = _partition(tmp_path, *base, "--out", "p.json")
+    assert done.returncode == 0, done.stderr
+    assert len(list((tmp_path / "cache" / "layers").glob("*.json"))) > 0
+
+
+def test_an_output_among_the_cache_entries_is_refused(tmp_path: Path) -> None:
+    """Campaign 34p a (D3): ``--out`` naming the trace entry the run stores was written, "Plan
+    written to ..." printed, then replaced by the entry (exit 0, the plan lost). An output in
+    the cache's entry directories is refused before anything runs."""
+    entries = tmp_path / "cache" / "traces"
+    entries.mkdir(parents=True)
+    done = _partition(
+        tmp_path, str(MNIST), "--gpus", "2", "--out", str(entries / f"{'c' * 64}.json")
+    )
+    assert done.returncode == 2
+    assert "is in the trace cache" in done.stderr and "give a path outside it" in done.stderr
+    assert list(entries.iterdir()) == []
+
+
+@pytest.mark.parametrize("given", ["base.json/.", "base.json/..", "."])
+def test_an_output_spelled_as_a_directory_is_refused_at_once(tmp_path: Path, given: str) -> None:
+    """Campaign 34p a (D6): ``--out base.json/.`` (``base.json`` a file) ran the whole plan, then
+    blamed the model's code for making the file. A path whose last part is ``.`` or ``..``
+    names a directory, as a trailing slash does (row 111): refused before anything runs."""
+    (tmp_path / "base.json").write_text("{}\n")
+    done = _partition(tmp_path, str(MNIST), "--gpus", "2", "--out", given)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("which names a directory; give a file path")
+    assert "importing" not in done.stderr and (tmp_path / "base.json").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("path", [b"plan.json", 3, None, "a\0b"])
+def test_plan_save_and_cache_dir_of_no_path_are_one_usage_error(
+    tmp_path: Path, path: object
+) -> None:
+    """Campaign 34p a (D4, D5): ``plan.save(b'x.json')`` (``3``, ``None``) raised a raw
+    ``TypeError``, and ``cache_dir='a\\0b'`` a raw ``ValueError: embedded null byte``."""
+    from partitioner.core.options import MeasureOptions
+
+    plan = partitioner.partition(_mlp(), gpus=2, batch_size=8, compare_strategies=False)
+    with pytest.raises(UsageError, match=r"^Plan\.save( needs a path|=)") as info:
+        plan.save(path)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value) and "plan.save('plan.json')" in str(info.value)
+    if path is not None:  # no cache_dir is the default one
+        with pytest.raises(UsageError, match=r"^cache_dir"):
+            MeasureOptions(cache_dir=path)  # type: ignore[arg-type]
+
+
+def test_pipeline_advice_names_what_to_run_in_the_users_terms() -> None:
+    """Campaign 34p b (D1, D2): a ``--pipeline`` plan said "passes.rewrite.replicate.
+    realise_strategy runs the plain split strategy" (a module path, and not what the plan
+    runs) and that data parallelism "is worth comparing" under the table that compared it;
+    on the command line its idle devices were advised ``strategy='auto'``, the library's
+    spelling of what the run already did. The advice names the argument to change, and the
+    command line spells it as its flags."""
+    from partitioner.cli.main import cli_message
+
+    model = _mlp()
+    plan = partitioner.partition(model, gpus=4, batch_size=8, pipeline=True, schedule="gpipe")
+    text = " ".join(plan.advice)
+    assert "passes." not in text and "worth comparing" not in text
+    assert "(without pipeline=True)" in text or "without pipeline=True," in text
+    spelled = " ".join(cli_message(line) for line in plan.advice)
+    assert "pipeline=True" not in spelled and "--pipeline" in spelled
+    assert "strategy='" not in spelled and "--strategy " in spelled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["env", "file"])
+def test_another_keras_backend_is_one_line(tmp_path: Path, setting: str) -> None:
+    """Campaign 34p c (D1): ``KERAS_BACKEND=jax`` (or ``keras.json`` saying ``"backend": "jax"``)
+    without JAX installed gave ``internal error: ModuleNotFoundError: No module named 'jax'``,
+    exit 1. It names the setting and what to set instead."""
+    env = {"KERAS_BACKEND": "jax"} if setting == "env" else {"KERAS_HOME": str(tmp_path / "kh")}
+    (tmp_path / "kh").mkdir()
+    (tmp_path / "kh" / "keras.json").write_text('{"backend": "jax"}')
+    clean = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "KERAS_HOME")}
+    environment = {**clean, "PYTHONPATH": str(REPO), **env}
+    done = subprocess.run(
+        [sys.executable, "-m", "partitioner", str(MNIST), "--gpus", "2", "--out", "p.json"],
+        capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("partition: error: partitioner traces through Keras's TensorFlow")
+    named = "KERAS_BACKEND='jax' selects another" if setting == "env" else "keras.json selects"
+    assert named in line and "KERAS_BACKEND=tensorflow" in line
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.slow
+def test_a_model_replacing_json_or_os_replace_still_gets_its_plan(tmp_path: Path) -> None:
+    """Campaign 34p c (D2, D3): a model file replacing ``json.dumps`` (``"{not json"``) or
+    ``os.replace`` (doing nothing) made the command write a plan that was no JSON, or none, and
+    say "Plan written to plan.json", exit 0. The standard library functions the run writes
+    with are put back once the model's code is done, with a warning naming them."""
+    (tmp_path / "patchy.py").write_text(
+        "import json, os, keras\n"
+        "json.dumps = lambda *a, **k: '{not json'\n"
+        "json.dump = lambda obj, fp, *a, **k: fp.write('{not json')\n"
+        "os.replace = lambda a, b, **k: None\n"
+        "os.rename = lambda a, b, **k: None\n"
+        "def build_model():\n"
+        "    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(4, name='d')])\n"
+    )
+    done = _partition(tmp_path, "patchy.py", "--gpus", "2", "--out", "plan.json")
+    assert done.returncode == 0, done.stderr
+    assert "the model's code replaced json.dump, json.dumps, os.rename, os.replace" in done.stderr
+    assert load_plan(tmp_path / "plan.json").model_name == "sequential"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "cache") == [
+        "patchy.py",
+        "plan.json",
+    ]
