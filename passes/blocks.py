@@ -41,17 +41,23 @@ from partitioner.core.ir import Edge, Graph, Op, Phase
 
 __all__ = [
     "MIN_BLOCKS",
+    "MIN_SKIPPED_SHARE",
     "Repeat",
     "expand_repeat",
     "find_repeat",
     "reduced_call",
     "skipped_variables",
+    "worth_reducing",
 ]
 
 logger = logging.getLogger(__name__)
 
 MIN_BLOCKS = 4
 """The fewest repeated blocks worth tracing two of (two are traced either way)."""
+
+MIN_SKIPPED_SHARE = 1 / 3
+"""The share of the model's layers (each unit with its sublayers) the blocks a reduced trace
+skips must hold for it to be tried (:func:`worth_reducing`)."""
 
 Region = Literal["before", "block0", "block1", "after", "mixed"]
 
@@ -168,6 +174,17 @@ def find_repeat(model: Any, unit_names: Sequence[str]) -> Repeat | None:
         return None
     start, period, count = found
     return Repeat(start, period, count, tuple(unit_names))
+
+
+def worth_reducing(repeat: Repeat, layers_per_unit: Sequence[int]) -> bool:
+    """Whether tracing ``repeat`` two blocks deep may pay: the blocks it skips hold at least
+    :data:`MIN_SKIPPED_SHARE` of the model's layers (``layers_per_unit``: each unit counted with
+    its sublayers, a unit's ops being roughly its layers'). Below that the reduced trace saves
+    little, and where its blocks' ops differ (ResNet-50's identity blocks: their
+    BatchNormalization gradients come out otherwise in block 1) the whole model is traced
+    after it, so the run pays for both (a third more on ResNet-50's trace)."""
+    first, end = repeat.start + 2 * repeat.period, repeat.start + repeat.period * repeat.count
+    return sum(layers_per_unit[first:end]) >= MIN_SKIPPED_SHARE * sum(layers_per_unit)
 
 
 def _layers(model: Any) -> list[Any]:

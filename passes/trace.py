@@ -266,15 +266,36 @@ def _build_sequential(
             model.build((None, *tuple(specs[0].shape)[1:]))
     except TraceError:
         raise
-    except Exception as exc:  # a layer refuses the shape: Keras's message names it
+    except Exception as exc:  # a layer refuses the shape
         said = error_line(exc)
+        layer = _failing_layer(exc, model)
+        who = f"model {model.name!r}"
+        if layer is not None:
+            who = f"layer {layer.name!r} ({type(layer).__name__}) of {who}"
         raise quoting(
             TraceError(
-                f"model {model.name!r} raised {type(unwrapped(exc)).__name__} while built: "
+                f"{who} raised {type(unwrapped(exc)).__name__} while built: "
                 f"{said}; {_traced_at(model, specs, given)}"
             ),
             said,
         ) from None
+
+
+def _failing_layer(exc: BaseException, model: keras.Model) -> Any:
+    """The innermost of ``model``'s own layers whose method (``build``, ``call``) the traceback
+    of ``exc`` (or of what it wraps) ran through, or None."""
+    layers = {id(layer): layer for layer in model._flatten_layers(include_self=False)}
+    found = None
+    for error in (exc, exc.__cause__, exc.__context__):
+        tb = error.__traceback__ if error is not None else None
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            if id(owner) in layers:
+                found = layers[id(owner)]
+            tb = tb.tb_next
+        if found is not None:
+            return found
+    return None
 
 
 def placement_units(model: keras.Model) -> tuple[Unit, ...]:
@@ -1335,7 +1356,7 @@ def _weightless_graph(
     written from the second; where that is not exact, the whole model is traced. ``given``: the
     ``input_shape`` the specs were made with."""
     repeat = blocks.find_repeat(model, [u.name for u in units])
-    if repeat is not None:
+    if repeat is not None and blocks.worth_reducing(repeat, [_layer_count(u) for u in units]):
         recorder = _CallRecorder(units)
         concrete, end, owners = _weightless_step(model, specs, recorder, given, repeat)
         reduced, flops_s = _graph_of(model, batch_size, concrete, end, (recorder, units, owners))
@@ -1347,6 +1368,13 @@ def _weightless_graph(
     recorder = _CallRecorder(units)
     concrete, end, owners = _weightless_step(model, specs, recorder, given)
     return _graph_of(model, batch_size, concrete, end, (recorder, units, owners))
+
+
+def _layer_count(unit: Unit) -> int:
+    """How many Keras layers ``unit`` is, its sublayers included (an op of the functional API:
+    one)."""
+    flatten = getattr(unit.operation, "_flatten_layers", None)
+    return max(1, len(list(flatten()))) if callable(flatten) else 1
 
 
 def trace_model(

@@ -124,3 +124,17 @@ def test_a_stack_read_in_the_middle_is_not_a_run() -> None:
 
     model = build_without_weights(skip)
     assert blocks.find_repeat(model, [u.name for u in placement_units(model)]) is None
+
+
+def test_a_run_holding_little_of_the_model_is_traced_whole() -> None:
+    """ResNet-50's one run (five identity blocks of stage 4, ten layers each) holds 30 of its
+    176 layers: the reduced trace would save a sixth of the trace, and its blocks' ops differ
+    (BatchNormalization's gradients), so the whole model was traced after it, at twice the
+    time of tracing it whole at once. A run is traced two blocks deep only where the blocks
+    it skips hold a third of the model's layers (each unit with its sublayers)."""
+    names = tuple(f"u{k}" for k in range(12))
+    four = blocks.Repeat(start=2, period=2, count=4, unit_names=names)  # skips units 6..9
+    assert blocks.worth_reducing(four, [1] * 12)  # 4 of 12 layers skipped: a third
+    assert not blocks.worth_reducing(four, [3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3])  # 4 of 20
+    assert blocks.worth_reducing(four, [1, 1, 1, 1, 1, 1, 5, 5, 5, 5, 1, 1])  # 20 of 28
+    assert not blocks.worth_reducing(four, [10] * 6 + [1] * 4 + [10] * 2)  # 4 of 84
