@@ -72,7 +72,10 @@ def model_fingerprint(model: Any, input_shape: InputShape | None = None) -> Mode
     wiring = _layer_inputs(
         model, {**_input_layers(model), **{id(u.operation): u.name for u in units}}
     )
-    return ModelFingerprint(inputs=inputs, layer_weights=weights, layer_inputs=wiring)
+    classes = tuple((unit.name, type(unit.operation).__qualname__) for unit in units)
+    return ModelFingerprint(
+        inputs=inputs, layer_weights=weights, layer_inputs=wiring, layer_classes=classes
+    )
 
 
 def _input_layers(model: Any) -> dict[int, str]:
@@ -140,6 +143,10 @@ def _first_difference(made_for: ModelFingerprint, here: ModelFingerprint) -> str
                 f"input {found.name!r} is {_signature(found)} here, but the plan was made for "
                 f"{_signature(expected)}"
             )
+    changed = _first_changed(made_for.layer_classes, here.classes_of)
+    if changed is not None:
+        name, found, planned = changed
+        return f"layer {name!r} is a {found} here, but the plan was made for a {planned}"
     changed = _first_changed(made_for.layer_weights, here.weights_of)
     if changed is not None:
         name, found, planned = changed

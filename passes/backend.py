@@ -12,10 +12,23 @@ imports Keras only inside that function, so it can report an import that fails.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from partitioner.core.errors import UsageError
 
-__all__ = ["check_keras_backend"]
+__all__ = ["check_keras_backend", "keras_config_file"]
+
+
+def keras_config_file() -> Path:
+    """The ``keras.json`` Keras reads when it is imported (whether it exists or not): in
+    ``$KERAS_HOME``, else in ``~/.keras`` (``/tmp/.keras`` where the home directory cannot be
+    written, as Keras chooses)."""
+    if "KERAS_HOME" in os.environ:
+        base = os.environ["KERAS_HOME"]
+    else:
+        home = os.path.expanduser("~")
+        base = os.path.join(home if os.access(home, os.W_OK) else "/tmp", ".keras")
+    return Path(os.path.expanduser(base), "keras.json")
 
 
 def check_keras_backend() -> None:
@@ -36,8 +49,7 @@ def _message(detail: str) -> str:
         source = f"KERAS_BACKEND={given[:40]!r} selects another"
         fix = "unset KERAS_BACKEND or set KERAS_BACKEND=tensorflow"
     else:
-        home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-        source = f"the \"backend\" of {os.path.join(home, 'keras.json')} selects another"
+        source = f"the \"backend\" of {keras_config_file()} selects another"
         fix = "set KERAS_BACKEND=tensorflow, or make that file's backend \"tensorflow\""
     return (
         f"partitioner traces through Keras's TensorFlow backend, and {source} ({detail[:120]}); "

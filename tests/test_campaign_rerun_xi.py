@@ -15,7 +15,7 @@ import keras
 import pytest
 
 import partitioner
-from partitioner.core.errors import UsageError
+from partitioner.core.errors import PlanError, UsageError
 from partitioner.plan.model import load_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,3 +186,130 @@ def test_a_model_replacing_json_or_os_replace_still_gets_its_plan(tmp_path: Path
         "patchy.py",
         "plan.json",
     ]
+
+
+def test_an_output_the_run_reads_before_the_model_runs_is_refused(tmp_path: Path) -> None:
+    """Campaign 34q a (D1, D2): ``--report ~/.keras/keras.json`` (Keras reads it when the run
+    imports Keras, before the model's code, where no hook watches) and ``--out`` naming the
+    packaged device catalog were replaced by the plan, exit 0: Keras then ran on its defaults,
+    and every later ``partition`` failed. Both are refused before anything runs."""
+    settings = '{"floatx": "float64", "backend": "tensorflow"}'
+    (tmp_path / "kh").mkdir()
+    (tmp_path / "kh" / "keras.json").write_text(settings)
+    env = {"KERAS_HOME": str(tmp_path / "kh")}
+    done = _partition(tmp_path, str(MNIST), "--gpus", "2", "--report", "kh/keras.json", env=env)
+    assert done.returncode == 2
+    assert "is Keras's configuration file, which this run reads" in done.stderr
+    assert (tmp_path / "kh" / "keras.json").read_text() == settings
+    inside = REPO / "cost_models" / "data" / "not_a_catalog.json"
+    try:
+        done = _partition(tmp_path, str(MNIST), "--gpus", "2", "--out", str(inside))
+        assert done.returncode == 2 and "is in partitioner's own installation" in done.stderr
+        assert not inside.exists()
+    finally:
+        inside.unlink(missing_ok=True)
+
+
+def test_a_broken_packaged_catalog_is_one_line(tmp_path: Path) -> None:
+    """Campaign 34q a (D3): a packaged device catalog that no longer parses (replaced by a
+    plan, a damaged install) made every command, ``--help`` too, end in a traceback from the
+    parser's construction. One line, naming the file and saying to reinstall."""
+    import shutil
+
+    for package in ("partitioner", "cost_models", "passes"):
+        shutil.copytree(REPO / package, tmp_path / "copy" / package)
+    (tmp_path / "copy" / "cost_models" / "data" / "devices.json").write_text("{}\n")
+    env = {"PYTHONPATH": str(tmp_path / "copy")}
+    for args in (["devices"], [str(MNIST), "--gpus", "2"]):
+        done = _partition(tmp_path, *args, env=env)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            "partition: error: device catalog data/devices.json: (top level): is missing key "
+            "'devices'; reinstall the package"
+        ]
+
+
+def test_a_plan_refuses_a_layer_of_another_class_under_its_name() -> None:
+    """Campaign 34q b (D1): a plan made with layer ``mix`` an ``Activation`` applied, without a
+    word, to the same model with ``mix`` a weightless custom layer of fifty matmuls (16.6x the
+    step the plan predicted): the fingerprint recorded weights and wiring, not classes. Each
+    layer's class is recorded and compared, and survives the plan file."""
+
+    class Heavy(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            for _ in range(3):
+                x = keras.ops.matmul(x, keras.ops.ones((32, 32)))
+            return x
+
+    def model(heavy: bool) -> keras.Model:
+        inputs = keras.Input((16,), name="x")
+        h = keras.layers.Dense(32, name="a")(inputs)
+        h = (Heavy(name="mix") if heavy else keras.layers.Activation("linear", name="mix"))(h)
+        return keras.Model(inputs, keras.layers.Dense(4, name="b")(h), name="m")
+
+    plan = partitioner.partition(model(False), gpus=2, batch_size=8, compare_strategies=False)
+    assert plan.fingerprint is not None and dict(plan.fingerprint.layer_classes)["mix"] == (
+        "Activation"
+    )
+    again = type(plan).from_json_dict(json.loads(plan.to_json()))
+    for made in (plan, again):
+        with pytest.raises(
+            PlanError, match=r"layer 'mix' is a .*Heavy here, but the plan was made"
+        ):
+            made.apply(model(True), devices=["/device:CPU:0", "/device:CPU:1"])
+
+
+def test_a_layer_refusing_its_build_is_named(tmp_path: Path) -> None:
+    """Campaign 34q c (D1): an unbuilt Sequential whose custom layer's ``build`` refuses the
+    shape was reported as the model's error (``model 'br' raised ValueError while built``),
+    the failing layer named nowhere. The layer whose method raised is named."""
+    (tmp_path / "br.py").write_text(
+        "import keras\n"
+        "class B(keras.layers.Layer):\n"
+        "    def build(self, shape):\n"
+        "        raise ValueError(f'build says no for shape {shape}')\n"
+        "    def call(self, x):\n"
+        "        return x\n"
+        "def build_model():\n"
+        "    return keras.Sequential([keras.layers.Dense(4, name='d0'), B(name='bad')], name='br')\n"
+    )
+    done = _partition(tmp_path, "br.py", "--gpus", "2", "--input-shape", "8", "--out", "p.json")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "partition: error: layer 'bad' (B) of model 'br' raised ValueError while built: build "
+        "says no for shape (None, 4); it was traced at --batch-size 32 with --input-shape 8"
+    ]
+
+
+@pytest.mark.slow
+def test_a_model_removing_a_module_from_sys_modules_still_gets_its_plan(tmp_path: Path) -> None:
+    """Campaign 34q c (D2): ``sys.modules["hashlib"] = None`` in the model file made the run's
+    next import of ``hashlib`` fail: ``internal error: ModuleNotFoundError``, exit 1. What the
+    model's code set to None or removed there is put back once it is done, with a warning."""
+    (tmp_path / "hm.py").write_text(
+        "import sys, keras\n"
+        "sys.modules['hashlib'] = None\n"
+        "def build_model():\n"
+        "    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name='d')])\n"
+    )
+    done = _partition(tmp_path, "hm.py", "--gpus", "2", "--out", "plan.json")
+    assert done.returncode == 0, done.stderr
+    assert "the model's code removed hashlib from sys.modules; the run put them back" in (
+        done.stderr
+    )
+    assert load_plan(tmp_path / "plan.json").layer_order == ("d",)
+
+
+@pytest.mark.parametrize("cluster", ["", "  ", b'{"worker": ["localhost:1"]}'])
+def test_a_cluster_argument_of_nothing_says_what_to_give(cluster: object) -> None:
+    """Campaign 34q c (D3, D4): ``plan.apply(model, cluster="")`` said ``cannot read cluster
+    file '.': it is a directory``; a cluster of the wrong type was told to pass ``None for
+    TF_CONFIG``, which ``Plan.apply`` takes as no cluster (the plan then applied to local
+    devices). The empty value is named, and the advice works for every caller."""
+    from passes.cluster.runtime import load_cluster
+
+    with pytest.raises(UsageError) as info:
+        load_cluster(cluster)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "None" not in message and "os.environ['TF_CONFIG']" in message
+    assert "'.'" not in message and "directory" not in message

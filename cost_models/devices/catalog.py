@@ -317,7 +317,10 @@ def catalog() -> Catalog:
         raise CatalogError(
             f"cannot read the packaged device catalog data/{_PACKAGED_NAME}: {exc}; reinstall the package"
         ) from None
-    return _parse(text, f"data/{_PACKAGED_NAME}")
+    try:
+        return _parse(text, f"data/{_PACKAGED_NAME}")
+    except CatalogError as exc:  # the package's own file, changed since it was installed
+        raise CatalogError(f"{exc}; reinstall the package") from None
 
 
 def load_catalog() -> Mapping[str, DeviceType]:

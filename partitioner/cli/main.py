@@ -38,7 +38,7 @@ from partitioner.cli.exits import hard_exits_refused, run_exit_handlers
 from partitioner.cli.loader import exit_call
 from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import kept_copy
-from partitioner.cli.stdlib import standard_library_kept
+from partitioner.cli.stdlib import modules_kept, standard_library_kept
 from partitioner.core.errors import (
     CatalogError,
     ModelLoadError,
@@ -72,6 +72,7 @@ from partitioner.core.options import (
     parse_memory_limit,
 )
 from partitioner.core.strategy import Family
+from passes.backend import keras_config_file
 
 if TYPE_CHECKING:
     from partitioner.api import Prepared
@@ -620,7 +621,7 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
     for out in paths.outputs:
         shown = paths.shown(out.given, out.path)
         _check_out(out.path, out.option, shown)
-        _check_outside_caches(paths, out, shown)
+        _check_outside_own_files(paths, out, shown)
         for earlier in seen:
             if same_file(out.path, earlier.path):
                 raise UsageError(
@@ -640,9 +641,19 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
         seen.append(out)
 
 
-def _check_outside_caches(paths: _Paths, out: _Output, shown: str) -> None:
-    """``out`` is not in a directory of cache entries (the trace cache's ``traces/``, the
-    profile cache's ``layers/``), whose files a run replaces after its outputs are written."""
+def _check_outside_own_files(paths: _Paths, out: _Output, shown: str) -> None:
+    """``out`` is not in this project's own installation (its package data: the device
+    catalog the run reads) nor in a directory of cache entries (the trace cache's ``traces/``,
+    the profile cache's ``layers/``), whose files a run replaces after its outputs are
+    written."""
+    from partitioner.core.files import OWN_PACKAGES, system_dirs
+
+    own = [d for d in system_dirs() if d.name in OWN_PACKAGES]
+    if any(Path(out.path).is_relative_to(d) for d in own):
+        raise UsageError(
+            f"{out.option} {shown} is in partitioner's own installation, whose files (the "
+            "device catalog, the calibrations) this run reads; give a path outside it"
+        )
     entries = [
         (os.path.join(d, sub), what)
         for d, sub, what in (
@@ -1081,7 +1092,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str], *, process: bool) -> int:
-    """:func:`main` for ``argv``: a subcommand, or a plan."""
+    """:func:`main` for ``argv``: a subcommand, or a plan; an error none of them turned into
+    its line (the packaged device catalog, which every parser reads, broken) as one line."""
+    try:
+        return _dispatch(argv, process=process)
+    except PartitionError as exc:
+        return _error(exc)
+
+
+def _dispatch(argv: list[str], *, process: bool) -> int:
     _plain_streams()
     if argv and argv[0] == "show":
         return _show(argv[1:], _stdout_console())
@@ -1635,6 +1654,8 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     # checked as given (its messages name it so); nothing has run yet: it is the same file
     model_file = Path(paths.start, check_model_path(args.model))
     inputs = [("the model file, an input of this run", model_file)]
+    if keras_config_file().exists():  # read when Keras is imported, before the model's code
+        inputs.append(("Keras's configuration file, which this run reads", keras_config_file()))
     if paths.topology_file is not None:
         inputs.append(("the topology file, an input of this run", paths.topology_file))
     _check_outputs(paths, inputs)
@@ -1699,7 +1720,7 @@ def _plan(
         own_sigint = signal.getsignal(signal.SIGINT)  # the model's code may install its own
         # Planning needs shapes, not weight values: the model is built without its weights
         # unless its layers are timed on this machine's devices.
-        with _watching_the_model(paths, code), _sigint_kept():
+        with _watching_the_model(paths, code), _sigint_kept(), modules_kept():
             model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         _rearm_interrupt(own_sigint)
         load_s = time.perf_counter() - t0
@@ -1712,7 +1733,7 @@ def _plan(
             _rearm_interrupt(own_sigint)
             progress(message, completed, total)
 
-        with _watching_the_model(paths, code), _sigint_kept():  # layers may load more
+        with _watching_the_model(paths, code), _sigint_kept(), modules_kept():  # may load more
             cache = code.traces[0] if code.traces else None
             code.profiles.append(ProfileWrites())
             plan = partition_prepared(

@@ -6,6 +6,9 @@ wrote a plan that was no JSON, or none at all, and still said "Plan written to p
 :func:`standard_library_kept` notes the functions of the modules the run writes, encodes and
 reads files with before the model's code runs, and puts back any the code replaced once it is
 done, with a warning naming them: the files are written by Python's own functions.
+:func:`modules_kept` does the same for ``sys.modules``: a module the code set to None there
+(``sys.modules["hashlib"] = None``, campaign 34q) or removed made the run's next import of it
+fail as an "internal error".
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import os
 import os.path
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-__all__ = ["standard_library_kept"]
+__all__ = ["modules_kept", "standard_library_kept"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,4 +67,22 @@ def standard_library_kept() -> Iterator[None]:
                 "the model's code replaced %s; the run put Python's own back before writing "
                 "its files",
                 ", ".join(sorted(restored)[:8]) + (" ..." if len(restored) > 8 else ""),
+            )
+
+
+@contextlib.contextmanager
+def modules_kept() -> Iterator[None]:
+    """On leaving, every module of ``sys.modules`` that the code inside set to None or removed
+    (and did not import again) is put back, and a warning names them."""
+    before = dict(sys.modules)
+    try:
+        yield
+    finally:
+        gone = sorted(name for name, module in before.items() if sys.modules.get(name) is None)
+        for name in gone:
+            sys.modules[name] = before[name]
+        if gone:
+            logger.warning(
+                "the model's code removed %s from sys.modules; the run put them back",
+                ", ".join(gone[:8]) + (" ..." if len(gone) > 8 else ""),
             )

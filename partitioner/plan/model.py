@@ -146,6 +146,15 @@ class ModelFingerprint:
     (functional or Sequential) in its Keras graph, a model input named ``<input K>``
     (:data:`INPUT_PREFIX`); empty for a subclassed model and in plans of earlier releases (then
     the wiring is not compared)."""
+    layer_classes: tuple[tuple[str, str], ...] = ()
+    """``(layer, its class's qualified name)`` for each layer: a layer of another class under
+    the same name (a weightless custom layer of fifty matmuls for an ``Activation``) is another
+    model; empty in plans of earlier releases (then the classes are not compared)."""
+
+    @property
+    def classes_of(self) -> Mapping[str, str]:
+        """Layer name -> its class."""
+        return dict(self.layer_classes)
 
     @property
     def weights_of(self) -> Mapping[str, tuple[tuple[int, ...], ...]]:
@@ -999,6 +1008,7 @@ def _fingerprint_json(fingerprint: ModelFingerprint | None) -> dict[str, Any] | 
             name: [list(shape) for shape in shapes] for name, shapes in fingerprint.layer_weights
         },
         "layer_inputs": {name: list(fed_by) for name, fed_by in fingerprint.layer_inputs},
+        "layer_classes": dict(fingerprint.layer_classes),
     }
 
 
@@ -1011,8 +1021,10 @@ def _fingerprint(
         return None
     known = set(order)
     wiring: Mapping[str, Sequence[str]] = data.get("layer_inputs") or {}
+    classes: Mapping[str, str] = data.get("layer_classes") or {}
     for key, names in (
         ("layer_weights", list(data["layer_weights"])),
+        ("layer_classes", list(classes)),
         (
             "layer_inputs",
             [
@@ -1044,6 +1056,7 @@ def _fingerprint(
             for name, shapes in data["layer_weights"].items()
         ),
         layer_inputs=tuple((name, tuple(fed_by)) for name, fed_by in wiring.items()),
+        layer_classes=tuple(classes.items()),
     )
 
 

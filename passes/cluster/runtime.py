@@ -162,6 +162,11 @@ def _read_cluster_data(
     """The parsed cluster description and where it came from (for messages)."""
     if isinstance(cluster, Mapping):
         return dict(cluster), "cluster"
+    if isinstance(cluster, str) and not cluster.strip():
+        raise UsageError(
+            f"cluster={short_repr(cluster, 20)} is empty; give a cluster file, a mapping like "
+            f"{_CLUSTER_EXAMPLE}, or a TF_CONFIG JSON string (os.environ['TF_CONFIG'])"
+        )
     if isinstance(cluster, str) and cluster.lstrip().startswith("{"):
         text = check_text_size(cluster, "the cluster= string", UsageError, MAX_CLUSTER_BYTES)
         source = "the cluster= string (TF_CONFIG form)"
@@ -186,8 +191,8 @@ def _read_cluster_data(
     else:
         raise UsageError(
             f"cluster={short_repr(cluster, 60)} ({type(cluster).__name__}) is no cluster; give a "
-            f"cluster file, a mapping like {_CLUSTER_EXAMPLE}, a TF_CONFIG JSON string, or None "
-            "for TF_CONFIG"
+            f"cluster file, a mapping like {_CLUSTER_EXAMPLE}, or a TF_CONFIG JSON string "
+            "(os.environ['TF_CONFIG'])"
         )
     example = TF_CONFIG_EXAMPLE if source == TF_CONFIG_VARIABLE else _CLUSTER_EXAMPLE
     return parse_json(text, source, UsageError, hint=f"it should look like {example}"), source
