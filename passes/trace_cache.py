@@ -441,7 +441,7 @@ class TraceCache:
             return
         try:
             self._check_directory()
-            self.entries.mkdir(parents=True, exist_ok=True)
+            self.entries.mkdir(mode=0o700, parents=True, exist_ok=True)
             for key, (traced, forward) in self.pending.items():
                 self._write(key, traced.graph, forward)
             self._evict()
@@ -470,7 +470,7 @@ class TraceCache:
         if len(text) > MAX_TRACE_ENTRY_BYTES:
             logger.debug("trace of %s not cached: %d bytes", graph.name, len(text))
             return
-        write_atomic(self.entries / f"{key}.json", text, follow_symlinks=False)
+        write_atomic(self.entries / f"{key}.json", text, follow_symlinks=False, private=True)
 
     def _evict(self) -> None:
         """Remove the least recently used entries past :data:`MAX_TRACE_CACHE_BYTES`, and the

@@ -313,3 +313,111 @@ def test_a_cluster_argument_of_nothing_says_what_to_give(cluster: object) -> Non
     message = str(info.value)
     assert "None" not in message and "os.environ['TF_CONFIG']" in message
     assert "'.'" not in message and "directory" not in message
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_a_sticky_directory_a_group_may_write_is_shared_too(tmp_path: Path) -> None:
+    """Campaign 34r a (D1): in a sticky directory only its group may write (mode 1770, a team's
+    directory), another user's link was followed (root's own file outside it overwritten) and
+    their file replaced, kept writable by them: only world-writable sticky directories counted
+    as shared. Group-writable ones do too, as Linux's ``protected_regular=2`` has it."""
+    from partitioner.core.errors import OutputError
+    from partitioner.core.files import check_links_followed, check_output_path
+
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chown(team, 0, 65534)
+    team.chmod(0o1770)
+    own = tmp_path / "rootfile.txt"
+    own.write_text("root's\n")
+    (team / "link.json").symlink_to(own)
+    os.chown(team / "link.json", 65534, 65534, follow_symlinks=False)
+    (team / "p.json").write_text("theirs\n")
+    os.chown(team / "p.json", 65534, 65534)
+    with pytest.raises(OutputError, match="a sticky directory its group may write to"):
+        check_links_followed(team / "link.json", "--out")
+    with pytest.raises(OutputError, match="a sticky directory its group may write to"):
+        check_output_path(team / "p.json", "--out")
+    assert own.read_text() == "root's\n" and (team / "p.json").read_text() == "theirs\n"
+
+
+def test_cache_entries_are_private_and_one_others_may_write_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Campaign 34r a (D2): under ``umask 000`` the trace cache's entries were made 0666 and its
+    directory 0777: another user edited root's entry in place (owner unchanged) and the next
+    run served it (25.4 s for an 8.8 ms step), exit 0. Entries are written 0600 whatever the
+    umask, and an entry other users may write is ignored with a warning."""
+    from passes.trace import trace_model
+    from passes.trace_cache import TraceCache, trace_key
+
+    model = _mlp()
+    traced = trace_model(model, batch_size=8)
+    cache = TraceCache(tmp_path)
+    cache.pending[trace_key(model, 8, None)] = (traced, cache.forward_signature(model, 8, None))
+    old = os.umask(0)
+    try:
+        cache.flush()
+    finally:
+        os.umask(old)
+    (entry,) = (tmp_path / "traces").iterdir()
+    assert entry.stat().st_mode & 0o777 == 0o600
+    assert TraceCache(tmp_path).trace(model, 8, None).graph == traced.graph
+    entry.chmod(0o666)
+    reader = TraceCache(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="passes.trace_cache"):
+        reader.trace(model, 8, None)
+    assert reader.hits == 0 and "other users may write it (mode 0666)" in caplog.text
+
+
+def test_the_strategy_refinement_ends_by_its_moves_not_the_clock() -> None:
+    """Campaign 34r b (D1): the same ``--strategy hybrid`` command planned three different
+    strategies on a busy machine (7.310 / 7.808 / 8.017 ms): the refinement ran for the time
+    left after scoring. It ends by its move budget (the same plan on any machine); the time
+    limit only caps it, and a plan it cut says so."""
+    from partitioner.core.ir import Schedule
+    from partitioner.core.strategy import Strategy
+    from partitioner.planner.refine import refine
+    from partitioner.simulation.strategy import simulate_strategy
+    from tests.planner.strategy_graphs import FAST_LINK, chain_at, uniform_topology
+
+    costed = chain_at(
+        16, full_batch=16, topology=uniform_topology(2, FAST_LINK), fwd_s=(1.0,) * 8,
+        weight_bytes=(1,) * 8, act_bytes=8,
+    )  # fmt: skip
+    start = simulate_strategy(costed, Strategy(((0, 1),), (0,) * 7 + (1,), 8, Schedule.ONE_F_ONE_B))
+    runs = [refine(costed, start, seed=3, time_limit_s=60.0) for _ in range(2)]
+    assert runs[0] == runs[1] and not runs[0].cut_by_time and runs[0].moves > 0
+    cut = refine(costed, start, seed=3, time_limit_s=0.0)
+    assert cut.cut_by_time and cut.moves == 0 and cut.best == start
+
+
+def test_a_copy_starts_with_the_originals_state_and_output_names() -> None:
+    """Campaign 34r c (D1, D2): building the copy ``plan.apply`` returns ran one forward pass on
+    its variables, so a layer counting its calls started one ahead of the original; and a
+    two-output copy lost its outputs' names (``fit`` reported ``mse_loss``, ``mae``, ``mae_1``
+    for ``o1_loss``, ``o1_mae``, ``o2_loss``, ``o2_mae``). Placed, data-parallel and pipelined
+    copies keep both."""
+    import numpy as np
+
+    class Counter(keras.layers.Layer):
+        def build(self, shape: Any) -> None:
+            self.count = self.add_weight(shape=(), dtype="int32", initializer="zeros",
+                                         trainable=False, name="count")  # fmt: skip
+
+        def call(self, x: Any) -> Any:
+            self.count.assign_add(1)
+            return x
+
+    inputs = keras.Input((16,), name="x")
+    h = Counter(name="cnt")(keras.layers.Dense(8, name="a")(inputs))
+    outputs = [keras.layers.Dense(2, name="o1")(h), keras.layers.Dense(3, name="o2")(h)]
+    model = keras.Model(inputs, outputs, name="two")
+    x, y = np.ones((8, 16), "float32"), [np.zeros((8, 2)), np.ones((8, 3))]
+    for strategy in ("placed", "data_parallel", "pipeline"):
+        plan = partitioner.partition(model, gpus=2, batch_size=8, strategy=strategy)
+        copy = plan.apply(model, devices=["/device:CPU:0", "/device:CPU:1"])
+        assert [int(w) for w in copy.get_weights() if w.dtype.kind == "i"] == [0], strategy
+        copy.compile(optimizer="sgd", loss=["mse", "mse"], metrics=[["mae"], ["mae"]])
+        history = copy.fit(x, y, epochs=1, verbose=0, batch_size=8).history
+        assert sorted(history) == ["loss", "o1_loss", "o1_mae", "o2_loss", "o2_mae"], strategy

@@ -360,7 +360,7 @@ def _write_entry(
             f"its directory {path.parent} is a symbolic link (to "
             f"{os.path.realpath(path.parent)}), which a cache entry is never written through"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     body = {
         "schema": CACHE_SCHEMA,
         "key": key,
@@ -373,7 +373,7 @@ def _write_entry(
     # The entry itself is replaced (a symbolic link there too), never a link's target: a link
     # in the cache, by mistake or by another user of a shared cache, points at somebody's file.
     text = json.dumps(body, indent=1, sort_keys=True, default=str) + "\n"
-    write_atomic(path, text, follow_symlinks=False)
+    write_atomic(path, text, follow_symlinks=False, private=True)  # no other user edits it
 
 
 def cache_write_problem(cache_dir: str | os.PathLike[str] | None) -> str | None:
@@ -888,9 +888,8 @@ def profile_model(
     of :func:`passes.trace.placement_units`, so the names match the traced graph's layers.
     Results come from the cache when an entry with the same key exists (``use_cache``); new
     measurements are written to it unless ``write_cache`` is False (a caller that found the
-    cache unwritable, :func:`cache_write_problem`), and wait in ``writes``
-    (:class:`ProfileWrites`) for the caller's run to succeed when given.
-    ``progress(done, total, label)`` is called before each
+    cache unwritable, :func:`cache_write_problem`), in ``writes`` (:class:`ProfileWrites`)
+    until the caller's run succeeds when given. ``progress(done, total, label)`` is called before each
     measurement and once at the end with ``done == total``.
     """
     import tensorflow as tf

@@ -56,7 +56,10 @@ def _stderr_fd() -> int:
 
 
 def is_console_script() -> bool:
-    """Whether this process is the ``partition`` console script (not a program importing the
-    library, whose Ctrl-C stays its own)."""
+    """Whether this process is the ``partition`` command: its console script, or ``python -m
+    partitioner`` (whose ``__main__`` imports this package, and with it the CLI's slow imports,
+    before it could install the handler itself), not a program importing the library, whose
+    Ctrl-C stays its own."""
     path = getattr(sys.modules.get("__main__"), "__file__", None) or ""
-    return os.path.basename(path) == "partition"
+    command = os.path.join("partitioner", "__main__.py")
+    return os.path.basename(path) == "partition" or path.endswith(os.sep + command)

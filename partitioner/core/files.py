@@ -122,9 +122,11 @@ def check_own_entry(path: Path) -> None:
     shared cache directory) and only if this user (or root) wrote it: another user's entry in
     a cache anyone may write is not this run's measurement. OutputError otherwise."""
     check_links_followed(path.parent, "the cache directory")
-    owner = os.lstat(path).st_uid
-    if owner not in (os.geteuid(), 0):
-        raise OutputError(f"it belongs to another user (uid {owner})")
+    st = os.lstat(path)
+    if st.st_uid not in (os.geteuid(), 0):
+        raise OutputError(f"it belongs to another user (uid {st.st_uid})")
+    if st.st_mode & 0o022:  # written under a loose umask: another user may have edited it
+        raise OutputError(f"other users may write it (mode {st.st_mode & 0o777:04o})")
 
 
 def path_argument(value: object, what: str, example: str) -> str:
@@ -163,13 +165,26 @@ def _check_file_owner(target: Path, head: str) -> None:
         st, parent = os.lstat(target), os.stat(target.parent)
     except OSError:
         return
-    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+    shared = _shared_sticky(parent.st_mode)
     if shared and st.st_uid not in (os.geteuid(), parent.st_uid):
         raise OutputError(
             f"{head}: it is a file of another user (uid {st.st_uid}) in {target.parent}, a "
-            "sticky directory anyone may write to; refusing to replace it (as the kernel's "
-            "protected_regular would): give a path of your own"
+            f"{shared}; refusing to replace it (as the kernel's protected_regular would): give "
+            "a path of your own"
         )
+
+
+def _shared_sticky(mode: int) -> str | None:
+    """How a directory of ``mode`` is shared with other users, in words, when it is sticky and
+    others may write to it (anyone, or its group: Linux's ``protected_regular=2`` covers both),
+    else None."""
+    if not mode & stat.S_ISVTX:
+        return None
+    if mode & stat.S_IWOTH:
+        return "sticky directory anyone may write to"
+    if mode & stat.S_IWGRP:
+        return "sticky directory its group may write to"
+    return None
 
 
 MAX_LINKS_FOLLOWED = 40
@@ -230,12 +245,12 @@ def check_links_followed(
 def _check_link_owner(link_path: str, link: os.stat_result, directory: str, head: str) -> None:
     """The symbolic link ``link_path`` (``link``: its lstat) in ``directory`` may be followed."""
     parent = os.stat(directory)
-    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+    shared = _shared_sticky(parent.st_mode)
     if shared and link.st_uid not in (os.geteuid(), parent.st_uid):
         raise OutputError(
             f"{head}: {link_path} is a symbolic link of another user (uid {link.st_uid}) in "
-            f"{directory}, a sticky directory anyone may write to; refusing to follow it (as "
-            "the kernel's protected_symlinks would): give a path of your own"
+            f"{directory}, a {shared}; refusing to follow it (as the kernel's "
+            "protected_symlinks would): give a path of your own"
         )
 
 
@@ -311,15 +326,16 @@ def _new_mode(target: Path) -> int:
     return st.st_mode & 0o777 if stat.S_ISREG(st.st_mode) else 0o666 & ~_umask()
 
 
-def _stage(target: Path, text: str) -> str:
+def _stage(target: Path, text: str, private: bool = False) -> str:
     """A temporary file beside ``target`` holding ``text`` (synced), with the mode a plain
-    ``open()`` would give (or the mode of the file it replaces); its path."""
+    ``open()`` would give (or the mode of the file it replaces; 0600 when ``private``); its
+    path."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
     try:
-        mode = _new_mode(target)
+        mode = 0o600 if private else _new_mode(target)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             os.fchmod(fh.fileno(), mode)
             fh.write(text)
@@ -334,11 +350,14 @@ def _stage(target: Path, text: str) -> str:
     return tmp
 
 
-def write_atomic(path: str | os.PathLike[str], text: str, *, follow_symlinks: bool = True) -> Path:
+def write_atomic(
+    path: str | os.PathLike[str], text: str, *, follow_symlinks: bool = True, private: bool = False
+) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename (only over a regular
     file; a symbolic link's target is replaced, the link kept: :func:`check_output_path`; with
-    ``follow_symlinks=False`` the link itself is replaced and its target left as it was)."""
-    write_all_atomic([(path, text)], follow_symlinks=follow_symlinks)
+    ``follow_symlinks=False`` the link itself is replaced and its target left as it was).
+    ``private``: mode 0600 whatever the umask (a cache entry no other user may edit)."""
+    write_all_atomic([(path, text)], follow_symlinks=follow_symlinks, private=private)
     return Path(path)
 
 
@@ -372,17 +391,20 @@ def _undo(done: Sequence[tuple[Path, str | None]]) -> None:
 
 
 def write_all_atomic(
-    files: Sequence[tuple[str | os.PathLike[str], str]], *, follow_symlinks: bool = True
+    files: Sequence[tuple[str | os.PathLike[str], str]],
+    *,
+    follow_symlinks: bool = True,
+    private: bool = False,
 ) -> None:
     """Write each ``(path, text)``: every file whole, or, on any failure, none of them (files
     already replaced get their old content back; new ones are removed). ``follow_symlinks``:
-    as :func:`check_output_path`."""
+    as :func:`check_output_path`; ``private``: as :func:`write_atomic`."""
     follow = follow_symlinks
     targets = [check_output_path(path, follow_symlinks=follow) for path, _ in files]
     staged: list[str] = []
     done: list[tuple[Path, str | None]] = []
     try:
-        staged = [_stage(target, text) for target, (_, text) in zip(targets, files)]
+        staged = [_stage(target, text, private) for target, (_, text) in zip(targets, files)]
         for target, tmp in zip(targets, staged):
             check_output_path(target, follow_symlinks=follow)
             backup = _backup(target) if len(files) > 1 else None

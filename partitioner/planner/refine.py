@@ -15,9 +15,11 @@ stage) to that neighbour's stage, unless that empties a stage. Metropolis-Hastin
 is taken; one that lengthens it by ``delta`` is taken with probability
 ``exp(-beta * delta / step)``. A move that breaks the pipeline (a cycle between stages) or the
 memory limits is rejected. The chain starts from the given strategy, keeps the best it saw,
-and stops after ``time_limit_s``, after ``max_moves`` moves, or after ``patience`` moves in a
-row that did not improve on the best; the random moves come from a
-``random.Random(seed)``, so a run is reproducible for a given number of moves.
+and stops after ``max_moves`` moves, or after ``patience`` moves in a row that did not improve
+on the best; the random moves come from a ``random.Random(seed)``, so a run is reproducible:
+the same start and seed give the same strategy on any machine. ``time_limit_s`` is a safety
+cap only; a chain it cuts (:attr:`Refinement.cut_by_time`) depends on the machine's speed, and
+the planner says so.
 
 Pure Python, no TensorFlow.
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from partitioner.core.errors import PartitionError
 from partitioner.core.ir import CostedGraph
@@ -35,7 +37,7 @@ from partitioner.core.strategy import Strategy
 from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
 
-__all__ = ["boundary_moves", "refine_strategy"]
+__all__ = ["Refinement", "boundary_moves", "refine", "refine_strategy"]
 
 BETA = 20.0
 """Metropolis inverse temperature: a move 5% slower is taken with probability e^-1."""
@@ -69,6 +71,16 @@ def _try(
     return sim if sim.fits else None
 
 
+@dataclass(frozen=True)
+class Refinement:
+    """What :func:`refine` found: the best strategy, the moves tried, and whether the safety
+    time limit (not the move budget) stopped the chain."""
+
+    best: StrategySimulation
+    moves: int
+    cut_by_time: bool
+
+
 def refine_strategy(
     costed: CostedGraph,
     start: StrategySimulation,
@@ -79,18 +91,35 @@ def refine_strategy(
     patience: int = 200,
 ) -> StrategySimulation:
     """The best strategy the chain visits from ``start`` (see the module docstring)."""
+    return refine(
+        costed, start, seed=seed, time_limit_s=time_limit_s, max_moves=max_moves, patience=patience
+    ).best
+
+
+def refine(
+    costed: CostedGraph,
+    start: StrategySimulation,
+    *,
+    seed: int = 0,
+    time_limit_s: float = 1.0,
+    max_moves: int = 2000,
+    patience: int = 200,
+) -> Refinement:
+    """The chain from ``start`` (see the module docstring), with how it ended."""
     rng = random.Random(seed)
     deadline = time.monotonic() + time_limit_s
     current = best = start
     since_best = 0
     bounds = costed_lower_bounds(costed)
-    for _ in range(max_moves):
-        if time.monotonic() > deadline or since_best >= patience:
-            break
+    for move in range(max_moves):
+        if since_best >= patience:
+            return Refinement(best, move, cut_by_time=False)
+        if time.monotonic() > deadline:
+            return Refinement(best, move, cut_by_time=True)
         since_best += 1
         moves = boundary_moves(current.strategy.stage_of_layer)
         if not moves:
-            break
+            return Refinement(best, move, cut_by_time=False)
         candidate = _try(costed, current.strategy, rng.choice(moves), bounds)
         if candidate is None:
             continue
@@ -100,4 +129,4 @@ def refine_strategy(
             current = candidate
             if current.step_time_s < best.step_time_s:
                 best, since_best = current, 0
-    return best
+    return Refinement(best, max_moves, cut_by_time=False)

@@ -37,7 +37,7 @@ not scored at all: :attr:`StrategySearch.notes` names those shapes and the least
 them could reach, against the choice. When the choice leaves devices idle and no candidate on
 all of them was simulated, data parallelism over every device is (so the plan can say what using
 them all costs: :func:`~partitioner.planner.explain.idle_advice`). The best pipeline or split is
-then refined by :func:`~partitioner.planner.refine.refine_strategy`, scored the same way. The planner never
+then refined by :func:`~partitioner.planner.refine.refine`, scored the same way. The planner never
 returns a strategy slower than a candidate it evaluated, ``single`` included.
 
 Bad input gets one line, never a silent skip: families forced by ``options.families`` (the API's
@@ -73,7 +73,7 @@ from partitioner.core.ir import CostedGraph, PartitionProblem, Schedule, Topolog
 from partitioner.core.options import DEFAULT_SCHEDULE
 from partitioner.core.strategy import Family, Strategy
 from partitioner.core.units import format_bytes, format_seconds
-from partitioner.planner.refine import refine_strategy
+from partitioner.planner.refine import refine
 from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.strategy import (
     StrategySimulation,
@@ -846,24 +846,37 @@ def _shapes_of(items: list[_Item]) -> list[str]:
 def _refined(
     scorer: _Scorer, best: StrategyCandidate, options: StrategyOptions
 ) -> tuple[StrategyCandidate, tuple[str, ...]]:
-    """``best`` improved by :func:`refine_strategy` in the time left, when it has stages."""
+    """``best`` improved by :func:`~partitioner.planner.refine.refine`, when it has stages. The
+    chain's move budget, not the time left, ends it, so a run gives the same plan on a busy
+    machine as on a quiet one; ``time_limit_s`` caps it only for safety, and a plan it cut says
+    so."""
     if not options.refine or best.strategy.stages == 1:
         return best, ()
-    refined = refine_strategy(
+    run = refine(
         scorer.priced(best.strategy.replicas, best.strategy.num_microbatches)[0],
         best.simulation,
         seed=options.seed,
-        time_limit_s=max(0.0, scorer.deadline - time.monotonic()),
+        time_limit_s=options.time_limit_s,
     )
+    cut = (
+        (
+            f"the refinement by the simulated step stopped at time_limit_s={options.time_limit_s:g}"
+            f" after {run.moves} moves: a run on a busier machine may stop elsewhere and plan "
+            "otherwise; raise time_limit_s for the same plan every run",
+        )
+        if run.cut_by_time
+        else ()
+    )
+    refined = run.best
     if refined.step_time_s >= best.step_time_s or refined.fits < best.simulation.fits:
-        return best, ()
+        return best, cut
     note = (
         f"refined by the simulated step from {best.step_time_s:.6g} s to "
         f"{refined.step_time_s:.6g} s"
     )
     best = replace(best, simulation=refined, placement=f"{best.placement}+refine")
     scorer.candidates.append(best)
-    return best, (note,)
+    return best, (note, *cut)
 
 
 def _forced_family_message(

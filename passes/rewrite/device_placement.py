@@ -41,8 +41,10 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "PlacedModel",
     "apply_in_place",
+    "build_keeping_state",
     "default_device_strings",
     "finish_copy",
+    "keep_output_names",
     "place_model",
     "sample_batch",
 ]
@@ -348,6 +350,26 @@ def sample_batch(sample_inputs: Sequence[Any], model: keras.Model | None = None)
     return sample_inputs[0] if len(sample_inputs) == 1 else list(sample_inputs)
 
 
+def build_keeping_state(copy: keras.Model, batch: Any) -> None:
+    """Call ``copy`` on ``batch`` (which builds it), then give its state (non-trainable
+    variables) back the values it had: a layer whose ``call`` updates its own variable (a step
+    counter) would otherwise start one call ahead of the original (campaign 34r)."""
+    state = [(v, v.numpy()) for v in copy.non_trainable_weights if not is_deferred(v)]
+    copy(batch)
+    for variable, value in state:
+        variable.assign(value)
+
+
+def keep_output_names(copy: keras.Model, model: keras.Model) -> None:
+    """Give ``copy`` ``model``'s output names (a functional model's: its output layers'),
+    which Keras's ``compile`` names each output's loss and metrics by (``o1_loss``, ``o2_mae``):
+    without them a copy of a two-output model reported one output's loss under the loss
+    function's name and the other's not at all (campaign 34r)."""
+    names = getattr(model, "output_names", None)
+    if names:
+        copy.output_names = list(names)
+
+
 def finish_copy(
     copy: keras.Model,
     model: keras.Model,
@@ -355,8 +377,11 @@ def finish_copy(
     log: logging.Logger = logger,
 ) -> None:
     """Build the rewritten ``copy`` of ``model`` on ``sample_inputs`` and compile it as ``model``
-    is compiled (settings that cannot be copied are a warning on ``log``: call compile())."""
-    copy(sample_batch(sample_inputs, model))
+    is compiled (settings that cannot be copied are a warning on ``log``: call compile()). The
+    copy's state is the original's again after that call: a layer whose ``call`` updates its
+    own variable (a step counter) would otherwise start one call ahead (campaign 34r)."""
+    build_keeping_state(copy, sample_batch(sample_inputs, model))
+    keep_output_names(copy, model)
     if model.compiled:
         try:
             copy.compile_from_config(model.get_compile_config())

@@ -90,7 +90,14 @@ import tensorflow as tf
 
 from partitioner.core.errors import RewriteError, UsageError
 from partitioner.core.ir import Schedule
-from passes.rewrite.device_placement import PlacedModel, finish_copy, place_model, sample_batch
+from passes.rewrite.device_placement import (
+    PlacedModel,
+    build_keeping_state,
+    finish_copy,
+    keep_output_names,
+    place_model,
+    sample_batch,
+)
 from passes.rewrite.pipeline import (
     PipelinedModel,
     PipelineGradients,
@@ -413,7 +420,8 @@ def replicate_model(
     with strategy.scope():
         inner = _copy_in_scope(model, sample_inputs)
         replicated = ReplicatedModel(inner, name=f"{model.name}_replicated")
-        replicated(sample_batch(sample_inputs, model))
+        build_keeping_state(replicated, sample_batch(sample_inputs, model))
+        keep_output_names(replicated, model)
         if model.compiled:
             try:
                 config = model.get_compile_config()
@@ -765,7 +773,10 @@ def replicate_pipeline(
     ]
     suffix = "replicated" if stages == 1 else "replicated_pipeline"
     hybrid = ReplicatedPipeline(replicas, name=f"{model.name}_{suffix}")
-    hybrid(sample_batch([np.concatenate([s] * len(plans)) for s in sample_inputs], model))
+    build_keeping_state(
+        hybrid, sample_batch([np.concatenate([s] * len(plans)) for s in sample_inputs], model)
+    )
+    keep_output_names(hybrid, model)
     if model.compiled:
         try:
             hybrid.compile_from_config(model.get_compile_config())
