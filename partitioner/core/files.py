@@ -125,7 +125,7 @@ def check_own_entry(path: Path) -> None:
     st = os.lstat(path)
     if st.st_uid not in (os.geteuid(), 0):
         raise OutputError(f"it belongs to another user (uid {st.st_uid})")
-    if st.st_mode & 0o022:  # written under a loose umask: another user may have edited it
+    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o022:  # a loose umask: others may edit it
         raise OutputError(f"other users may write it (mode {st.st_mode & 0o777:04o})")
 
 
