@@ -37,7 +37,7 @@ from partitioner.core.strategy import Strategy
 from partitioner.simulation.bounds import LowerBounds, costed_lower_bounds
 from partitioner.simulation.strategy import StrategySimulation, simulate_strategy
 
-__all__ = ["Refinement", "boundary_moves", "refine", "refine_strategy"]
+__all__ = ["Refinement", "boundary_moves", "refine"]
 
 BETA = 20.0
 """Metropolis inverse temperature: a move 5% slower is taken with probability e^-1."""
@@ -79,21 +79,6 @@ class Refinement:
     best: StrategySimulation
     moves: int
     cut_by_time: bool
-
-
-def refine_strategy(
-    costed: CostedGraph,
-    start: StrategySimulation,
-    *,
-    seed: int = 0,
-    time_limit_s: float = 1.0,
-    max_moves: int = 2000,
-    patience: int = 200,
-) -> StrategySimulation:
-    """The best strategy the chain visits from ``start`` (see the module docstring)."""
-    return refine(
-        costed, start, seed=seed, time_limit_s=time_limit_s, max_moves=max_moves, patience=patience
-    ).best
 
 
 def refine(

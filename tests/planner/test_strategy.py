@@ -11,7 +11,7 @@ from cost_models.estimate.collectives import all_reduce_s, concurrent_all_reduce
 from partitioner.core.errors import InvalidGraphError, PlanError
 from partitioner.core.ir import CostedGraph, Schedule
 from partitioner.core.strategy import Family, Strategy
-from partitioner.planner.refine import boundary_moves, refine_strategy
+from partitioner.planner.refine import boundary_moves, refine
 from partitioner.planner.search import (
     StrategyOptions,
     device_layouts,
@@ -185,7 +185,7 @@ def test_refinement_improves_an_uneven_split_and_never_worsens() -> None:
     topo = uniform_topology(2, FAST_LINK)
     costed = chain_at(16, full_batch=16, topology=topo, fwd_s=(1.0,) * 8, weight_bytes=(1,) * 8, act_bytes=8)
     start = simulate_strategy(costed, Strategy(((0, 1),), (0,) * 7 + (1,), 8, Schedule.ONE_F_ONE_B))
-    best = refine_strategy(costed, start, seed=0, time_limit_s=5.0, max_moves=300)
+    best = refine(costed, start, seed=0, time_limit_s=5.0, max_moves=300).best
     assert best.step_time_s < 0.8 * start.step_time_s
     assert best.strategy.stage_of_layer.count(1) >= 3
 
