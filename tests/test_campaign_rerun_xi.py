@@ -421,3 +421,45 @@ def test_a_copy_starts_with_the_originals_state_and_output_names() -> None:
         copy.compile(optimizer="sgd", loss=["mse", "mse"], metrics=[["mae"], ["mae"]])
         history = copy.fit(x, y, epochs=1, verbose=0, batch_size=8).history
         assert sorted(history) == ["loss", "o1_loss", "o1_mae", "o2_loss", "o2_mae"], strategy
+
+
+def test_plan_save_refuses_a_programs_own_source(tmp_path: Path) -> None:
+    """Campaign 34s a (D1): ``plan.save(os.path.abspath("tiny.py"))`` (a module the program
+    imported) and ``plan.save("lib.py")`` from the running script replaced their source with
+    the plan, exit 0; the command line refuses such outputs (rows 10, 61), the library did not."""
+    from partitioner.core.errors import OutputError
+
+    source = tmp_path / "own_module_34s.py"
+    source.write_text("VALUE = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        __import__("own_module_34s")
+        plan = partitioner.partition(_mlp(), gpus=2, batch_size=8, compare_strategies=False)
+        with pytest.raises(OutputError, match="is the source of module 'own_module_34s'"):
+            plan.save(source)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("own_module_34s", None)
+    assert source.read_text() == "VALUE = 1\n"
+
+
+def test_a_long_legal_output_name_is_written(tmp_path: Path) -> None:
+    """Campaign 34s a (D2): a 250-character name (legal: ``touch`` takes it) failed as "File name
+    too long" after the whole run: the temporary file beside it was named ``.NAME.XXXXXXXX.tmp``.
+    The temporary (and backup) names cut the name to 200 bytes."""
+    from partitioner.core.files import write_all_atomic
+
+    name = "p" * 245 + ".json"
+    write_all_atomic([(tmp_path / name, "new\n"), (tmp_path / "other.json", "two\n")])
+    write_all_atomic([(tmp_path / name, "again\n"), (tmp_path / "other.json", "three\n")])
+    assert (tmp_path / name).read_text() == "again\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "other.json"])
+
+
+def test_the_cache_directories_themselves_are_refused_as_outputs(tmp_path: Path) -> None:
+    """Campaign 34s a (unclear Q3): ``--out $PARTITIONER_CACHE_DIR/traces`` (not made yet)
+    became a file of that name, and every later run's cache failed ("File exists")."""
+    (tmp_path / "cache").mkdir()
+    done = _partition(tmp_path, str(MNIST), "--gpus", "2", "--out", "cache/traces")
+    assert done.returncode == 2 and "is in the trace cache" in done.stderr
+    assert not (tmp_path / "cache" / "traces").exists()

@@ -663,7 +663,7 @@ def _check_outside_own_files(paths: _Paths, out: _Output, shown: str) -> None:
         if d is not None
     ]
     for directory, what in entries:
-        if os.path.dirname(out.path) == os.path.realpath(directory):
+        if os.path.realpath(directory) in (os.path.dirname(out.path), out.path):
             raise UsageError(
                 f"{out.option} {shown} is in {what} ({directory}), whose files a run replaces "
                 "and removes; give a path outside it"

@@ -25,6 +25,7 @@ import secrets
 import shutil
 import site
 import stat
+import sys
 import sysconfig
 import tempfile
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "check_replaceable",
     "directory_name",
     "file_kind",
+    "module_file_of",
     "open_regular",
     "path_argument",
     "read_input_text",
@@ -331,7 +333,8 @@ def _stage(target: Path, text: str, private: bool = False) -> str:
     ``open()`` would give (or the mode of the file it replaces; 0600 when ``private``); its
     path."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        prefix = f".{_short_name(target.name)}."
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
     try:
@@ -361,12 +364,40 @@ def write_atomic(
     return Path(path)
 
 
+def _short_name(name: str, limit: int = 200) -> str:
+    """``name``, cut to ``limit`` bytes for the name of a file written beside it: a temporary
+    file ``.NAME.XXXXXXXX.tmp`` of a legal 250-character name would pass the file system's 255
+    (campaign 34s: "File name too long" for a name ``touch`` takes)."""
+    raw = os.fsencode(name)
+    return name if len(raw) <= limit else raw[:limit].decode("utf-8", "ignore")
+
+
+def module_file_of(path: str | os.PathLike[str]) -> str | None:
+    """The name of the module this process imported from the file ``path`` (the running
+    script's ``__main__`` too), or None: a program's own source is never an output."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str):
+            continue
+        try:
+            other = os.stat(file)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            return name
+    return None
+
+
 def _backup(target: Path) -> str | None:
     """A hard link to ``target``'s current file (None when there is none), so a failed
     multi-file write can put it back."""
     if not os.path.lexists(target):
         return None
-    backup = str(target.parent / f".{target.name}.{secrets.token_hex(8)}.old")
+    backup = str(target.parent / f".{_short_name(target.name)}.{secrets.token_hex(8)}.old")
     try:
         os.link(target, backup, follow_symlinks=False)
     except OSError:

@@ -23,10 +23,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from partitioner.core.errors import PartitionError, PlanError
+from partitioner.core.errors import OutputError, PartitionError, PlanError
 from partitioner.core.files import (
     check_output_path,
     check_replaceable,
+    module_file_of,
     path_argument,
     read_input_text,
     write_atomic,
@@ -464,6 +465,12 @@ class Plan:
         CLI's ``--out`` (:func:`~partitioner.core.files.check_replaceable`)."""
         path = path_argument(path, "Plan.save", "give the file name, e.g. plan.save('plan.json')")
         check_replaceable(check_output_path(path), f"Plan.save path={path!r}")
+        module = module_file_of(path)
+        if module is not None:
+            raise OutputError(
+                f"Plan.save path={path!r} is the source of module {module!r}, which this "
+                "program imported; refusing to overwrite it: give another path"
+            )
         return write_atomic(path, self.to_json())
 
 
