@@ -45,6 +45,7 @@ from partitioner.core.errors import (
 )
 from partitioner.core.ir import (
     CostedGraph,
+    Graph,
     PartitionProblem,
     Schedule,
     SolverResult,
@@ -850,7 +851,26 @@ def _cost(
             )
     origin = "the model's dtype policy" if given is None else f"precision={given!r}"
     links = links_note(prepared.topology)
+    notes = (*notes, *_loop_notes(traced.graph))
     return costed, (*notes, f"priced at precision {policy.value} ({origin})", links)
+
+
+_LOOPS = frozenset({"While", "StatelessWhile"})
+"""TensorFlow's loop ops (``tf.while_loop``, ``keras.ops.fori_loop``, ``tf.map_fn``)."""
+
+
+def _loop_notes(graph: Graph) -> tuple[str, ...]:
+    """A note naming the layers that run a loop of their own: the trace prices a loop's body
+    once, whatever the trip count, which it cannot know (campaign 34s: a body run 200 times was
+    predicted as one pass, 186x under its unrolled twin)."""
+    layers = sorted({op.layer for op in graph.ops if op.op_type in _LOOPS and op.layer})
+    if not layers:
+        return ()
+    shown = ", ".join(repr(name) for name in layers[:5]) + (" ..." if len(layers) > 5 else "")
+    return (
+        f"layers {shown} run a loop (tf.while_loop): its body is priced once per step, not once "
+        "per iteration (the trace cannot know how many); profile=True measures them",
+    )
 
 
 def _cache_checked(prepared: Prepared) -> Prepared:

@@ -244,9 +244,9 @@ def forward_signature(
     if any("_gradient_op_type" in op.node_def.attr for op in ops):
         return None  # a custom gradient: its ops are not in the forward pass to compare
     digest = hashlib.sha256()
-    for op in ops:
-        shapes = [str(t.shape) for t in op.outputs]
-        digest.update(f"{op.type}{shapes};".encode())
+    for op in ops:  # a layer computing in another dtype at the same shapes is another model
+        outputs = [f"{t.shape}:{t.dtype.name}" for t in op.outputs]
+        digest.update(f"{op.type}{outputs};".encode())
     return digest.hexdigest()
 
 

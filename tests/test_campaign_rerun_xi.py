@@ -463,3 +463,84 @@ def test_the_cache_directories_themselves_are_refused_as_outputs(tmp_path: Path)
     done = _partition(tmp_path, str(MNIST), "--gpus", "2", "--out", "cache/traces")
     assert done.returncode == 2 and "is in the trace cache" in done.stderr
     assert not (tmp_path / "cache" / "traces").exists()
+
+
+class _Cast(keras.layers.Layer):
+    """Computes in ``self.compute_in`` (not in its config: a file read through TensorFlow's
+    file layer stands behind it in the campaign's case)."""
+
+    compute_in = "float16"
+
+    def call(self, x: Any) -> Any:
+        return keras.ops.cast(keras.ops.cast(x, self.compute_in) * 2, "float32")
+
+
+def test_the_forward_signature_sees_a_layer_computing_in_another_dtype() -> None:
+    """Campaign 34s b (D1): a layer casting to a dtype read through ``tf.io.gfile`` (float16,
+    then float64) was served its float16 trace: the forward signature hashed each op's type and
+    shapes, not its dtypes. It hashes the dtypes too."""
+    from passes.trace import forward_signature
+
+    inputs = keras.Input((16,), name="x")
+    layer = _Cast(name="cast")
+    model = keras.Model(inputs, keras.layers.Dense(4, name="b")(layer(inputs)), name="c")
+    before = forward_signature(model, batch_size=None)
+    layer.compute_in = "float64"
+    assert forward_signature(model, batch_size=None) != before
+
+
+def test_a_plan_whose_keys_were_sorted_still_loads() -> None:
+    """Campaign 34s b (D3): ``jq -S .`` (or ``json.dump(sort_keys=True)``) of a correct plan was
+    refused (``field 'assignment' puts layer 'dense_out' on device 1, but field 'strategy' ...``):
+    the layer order was the order of ``assignment``'s keys. Plans carry ``layer_order``."""
+    inputs = keras.Input((16,), name="x")
+    hidden = keras.layers.Dense(32, name="z_first")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(4, name="a_last")(hidden), name="zm")
+    plan = partitioner.partition(model, gpus=2, batch_size=8, compare_strategies=False)
+    data = json.loads(json.dumps(json.loads(plan.to_json()), sort_keys=True))
+    assert list(data["assignment"]) == sorted(plan.layer_order) != list(plan.layer_order)
+    again = type(plan).from_json_dict(data)
+    assert again.layer_order == plan.layer_order and again.assignment == plan.assignment
+
+
+def test_a_layer_running_a_loop_is_named_in_the_cost_notes() -> None:
+    """Campaign 34s b (D2): a ``tf.while_loop`` run 200 times was predicted as 2 (one pass of its
+    body; 186x under the same work unrolled), without a word. The trace cannot know a loop's
+    trip count; the plan names the layers that run one."""
+
+    class Loop(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            import tensorflow as tf
+
+            _, h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, h * 2.0), (0, x))
+            return h
+
+    inputs = keras.Input((16,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(4, name="b")(Loop(name="loop")(inputs)))
+    plan = partitioner.partition(model, gpus=2, batch_size=8, compare_strategies=False)
+    assert any("layers 'loop' run a loop (tf.while_loop)" in n for n in plan.cost_notes)
+    plain = partitioner.partition(_mlp(), gpus=2, batch_size=8, compare_strategies=False)
+    assert not any("run a loop" in n for n in plain.cost_notes)
+
+
+@pytest.mark.slow
+def test_a_model_replacing_open_still_gets_its_plan(tmp_path: Path) -> None:
+    """Campaign 34s c (D1): a model file replacing ``builtins.open`` / ``io.open`` (writes into a
+    ``StringIO``) ended the run in ``internal error: UnsupportedOperation: fileno``, exit 1: the
+    run's own watch of the next block of model code opened its channel through them. What the
+    model's code replaced is put back after each block of it (its loading, its trace)."""
+    (tmp_path / "op.py").write_text(
+        "import io, builtins, keras\n"
+        "_open = builtins.open\n"
+        "def fake(f, mode='r', *a, **k):\n"
+        "    if 'w' in mode:\n"
+        "        return io.BytesIO() if 'b' in mode else io.StringIO()\n"
+        "    return _open(f, mode, *a, **k)\n"
+        "builtins.open = io.open = fake\n"
+        "def build_model():\n"
+        "    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name='d')])\n"
+    )
+    done = _partition(tmp_path, "op.py", "--gpus", "2", "--out", "plan.json")
+    assert done.returncode == 0, done.stderr
+    assert "the model's code replaced builtins.open, io.open" in done.stderr
+    assert load_plan(tmp_path / "plan.json").layer_order == ("d",)

@@ -1703,7 +1703,6 @@ def _plan(
         _quiet_native_stderr(not args.verbose, cast(TextIO, err.file)),
         _stdout_kept_from_children(),
         _keeping_umask(),
-        standard_library_kept(),
     ):
         progress("importing TensorFlow")
         import tensorflow  # noqa: F401  (import cost shown as its own phase)
@@ -1720,7 +1719,7 @@ def _plan(
         own_sigint = signal.getsignal(signal.SIGINT)  # the model's code may install its own
         # Planning needs shapes, not weight values: the model is built without its weights
         # unless its layers are timed on this machine's devices.
-        with _watching_the_model(paths, code), _sigint_kept(), modules_kept():
+        with _model_code(paths, code):
             model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         _rearm_interrupt(own_sigint)
         load_s = time.perf_counter() - t0
@@ -1733,7 +1732,7 @@ def _plan(
             _rearm_interrupt(own_sigint)
             progress(message, completed, total)
 
-        with _watching_the_model(paths, code), _sigint_kept(), modules_kept():  # may load more
+        with _model_code(paths, code):  # layers may load more
             cache = code.traces[0] if code.traces else None
             code.profiles.append(ProfileWrites())
             plan = partition_prepared(
@@ -1771,6 +1770,22 @@ def _trace_cache_of(paths: _Paths, prepared: Prepared, code: _UserCode) -> list[
 
     files = tuple(str(f) for f in user_files_read(code.read))
     return [TraceCache(Path(paths.trace_cache_dir), files=files)]
+
+
+@contextlib.contextmanager
+def _model_code(paths: _Paths, code: _UserCode) -> Iterator[None]:
+    """Around the model's code (its loading, then its layers traced): watched
+    (:func:`_watching_the_model`), its SIGINT handler kept out, and what it replaced of the
+    standard library and ``sys.modules`` put back when it is done, before the run's own code
+    opens or writes anything with them (a model replacing ``builtins.open`` made the next
+    watch fail as an internal error, campaign 34s)."""
+    with (
+        standard_library_kept(),
+        modules_kept(),
+        _watching_the_model(paths, code),
+        _sigint_kept(),
+    ):
+        yield
 
 
 @contextlib.contextmanager

@@ -352,6 +352,7 @@ class Plan:
             "link": self.link,
             "devices": [asdict(d) for d in self.devices],
             "assignment": dict(zip(self.layer_order, self.device_of_layer)),
+            "layer_order": list(self.layer_order),
             "predicted": {
                 "step_time_s": self.step_time_s,
                 "lower_bound_s": self.lower_bound_s,
@@ -416,8 +417,7 @@ class Plan:
         """
         validate_plan_data(data, origin)
         devices = tuple(_device(d, i, origin) for i, d in enumerate(data["devices"]))
-        order = tuple(data["assignment"])
-        device_of = tuple(data["assignment"].values())
+        order, device_of = _layer_order(data, origin)
         _check_assignment(order, device_of, len(devices), origin)
         predicted = data["predicted"]
         _check_lower_bound(predicted, origin)
@@ -472,6 +472,24 @@ class Plan:
                 "program imported; refusing to overwrite it: give another path"
             )
         return write_atomic(path, self.to_json())
+
+
+def _layer_order(
+    data: Mapping[str, Any], origin: str
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The layers in the model's order and each one's device: ``layer_order`` where the plan
+    gives it (a tool that sorts an object's keys, ``jq -S``, keeps a list's order), else the
+    order of ``assignment``'s keys (plans of earlier releases)."""
+    assignment: Mapping[str, int] = data["assignment"]
+    given = data.get("layer_order")
+    if given is None:
+        return tuple(assignment), tuple(assignment.values())
+    if sorted(given) != sorted(assignment):
+        raise PlanError(
+            f"{origin}: field 'layer_order' names other layers than 'assignment' places "
+            f"({len(given)} and {len(assignment)}); make the plan again"
+        )
+    return tuple(given), tuple(assignment[name] for name in given)
 
 
 def plan_digest(data: Mapping[str, Any]) -> str:
