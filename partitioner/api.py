@@ -638,8 +638,9 @@ def _strategy_plan(
 
 
 STRATEGY_SEARCH_LIMIT_S = 2.0
-"""The most seconds the strategy comparison searches and refines (its costing comes first and is
-not counted): a plan's main search keeps the solver's time limit."""
+"""The most seconds the strategy comparison searches (its costing comes first and is not
+counted): a plan's main search keeps the solver's time limit, and so does the refinement of the
+best strategy, which its move budget ends (the same plan on a busy machine)."""
 
 STRATEGY_SOLVERS = tuple(name for name in fast_solver_names() if name != "single")
 """The solvers that place a strategy's stages: every solver of the registry that does not search
@@ -769,6 +770,7 @@ def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Comp
         + ((solver,) if solver not in (*STRATEGY_SOLVERS, "auto") else ()),
         seed=prepared.search.seed,
         time_limit_s=min(prepared.search.time_limit_s, STRATEGY_SEARCH_LIMIT_S),
+        refine_limit_s=prepared.search.time_limit_s,  # the user's: its note says to raise it
         also_score=((solved.strategy, solved.result.solver),),
     )
     t0 = time.perf_counter()

@@ -73,8 +73,17 @@ def model_fingerprint(model: Any, input_shape: InputShape | None = None) -> Mode
         model, {**_input_layers(model), **{id(u.operation): u.name for u in units}}
     )
     classes = tuple((unit.name, type(unit.operation).__qualname__) for unit in units)
+    trainable = tuple(
+        (unit.name, len(getattr(unit.operation, "trainable_weights", None) or []))
+        for unit in units
+        if getattr(unit.operation, "built", True)
+    )
     return ModelFingerprint(
-        inputs=inputs, layer_weights=weights, layer_inputs=wiring, layer_classes=classes
+        inputs=inputs,
+        layer_weights=weights,
+        layer_inputs=wiring,
+        layer_classes=classes,
+        layer_trainable=trainable,
     )
 
 
@@ -147,6 +156,13 @@ def _first_difference(made_for: ModelFingerprint, here: ModelFingerprint) -> str
     if changed is not None:
         name, found, planned = changed
         return f"layer {name!r} is a {found} here, but the plan was made for a {planned}"
+    changed = _first_changed(made_for.layer_trainable, here.trainable_of)
+    if changed is not None:
+        name, found, planned = changed
+        return (
+            f"layer {name!r} trains {found} of its weights here, but the plan was made for "
+            f"{planned} (frozen or unfrozen since: its gradients and optimizer state differ)"
+        )
     changed = _first_changed(made_for.layer_weights, here.weights_of)
     if changed is not None:
         name, found, planned = changed

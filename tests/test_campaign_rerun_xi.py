@@ -544,3 +544,46 @@ def test_a_model_replacing_open_still_gets_its_plan(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "the model's code replaced builtins.open, io.open" in done.stderr
     assert load_plan(tmp_path / "plan.json").layer_order == ("d",)
+
+
+def test_the_refinement_is_capped_by_the_users_time_limit_not_the_searchs() -> None:
+    """Campaign 34t b (D1): the refinement was capped by the strategy comparison's own 2 s, so
+    on a busy machine a 72-layer model's chain stopped after 166-237 moves, every run elsewhere,
+    and its note's advice (raise time_limit_s) changed nothing. Its cap is the user's limit."""
+    from partitioner.core.strategy import Family
+    from partitioner.planner.search import StrategyOptions, search_strategies
+    from tests.planner.strategy_graphs import SLOW_LINK, chain_costs, uniform_topology
+
+    costs = chain_costs(
+        32, topology=uniform_topology(4, SLOW_LINK), fwd_s=(1.0, 2.0, 3.0, 1.0),
+        weight_bytes=(100_000,) * 4, act_bytes=8,
+    )  # fmt: skip
+    families = (Family.PIPELINE,)
+
+    def notes(**limits: float) -> str:
+        options = StrategyOptions(families=families, **limits)  # type: ignore[arg-type]
+        return " ".join(search_strategies(costs, 32, options).notes)
+
+    assert "stopped at" not in notes(time_limit_s=1e-9, refine_limit_s=60.0)
+    assert "stopped at time_limit_s=1e-09" in notes(time_limit_s=60.0, refine_limit_s=1e-9)
+
+
+def test_a_plan_refuses_a_layer_frozen_or_unfrozen_since() -> None:
+    """Campaign 34t b (D2): a plan made with layer ``b`` frozen applied, without a word, to the
+    model with ``b`` trainable (its gradients and Adam's slots: four times the memory the plan
+    predicted on that device). The fingerprint records how many of each layer's weights
+    train."""
+
+    def model(frozen: bool) -> keras.Model:
+        made = _mlp()
+        made.get_layer("a").trainable = not frozen
+        return made
+
+    plan = partitioner.partition(model(True), gpus=2, batch_size=8, compare_strategies=False)
+    again = type(plan).from_json_dict(json.loads(plan.to_json()))
+    for made in (plan, again):
+        with pytest.raises(
+            PlanError, match=r"layer 'a' trains 2 of its weights here, but the plan"
+        ):
+            made.apply(model(False), devices=["/device:CPU:0", "/device:CPU:1"])
+    assert plan.apply(model(True), devices=["/device:CPU:0", "/device:CPU:1"]) is not None

@@ -152,6 +152,16 @@ class ModelFingerprint:
     the same name (a weightless custom layer of fifty matmuls for an ``Activation``) is another
     model; empty in plans of earlier releases (then the classes are not compared)."""
 
+    layer_trainable: tuple[tuple[str, int], ...] = ()
+    """``(layer, how many of its weights train)``: a layer frozen (or unfrozen) since the plan has
+    other gradients and optimizer state (four times the memory on a device, campaign 34t); empty
+    in plans of earlier releases (then not compared)."""
+
+    @property
+    def trainable_of(self) -> Mapping[str, int]:
+        """Layer name -> how many of its weights train."""
+        return dict(self.layer_trainable)
+
     @property
     def classes_of(self) -> Mapping[str, str]:
         """Layer name -> its class."""
@@ -1034,6 +1044,7 @@ def _fingerprint_json(fingerprint: ModelFingerprint | None) -> dict[str, Any] | 
         },
         "layer_inputs": {name: list(fed_by) for name, fed_by in fingerprint.layer_inputs},
         "layer_classes": dict(fingerprint.layer_classes),
+        "layer_trainable": dict(fingerprint.layer_trainable),
     }
 
 
@@ -1047,9 +1058,11 @@ def _fingerprint(
     known = set(order)
     wiring: Mapping[str, Sequence[str]] = data.get("layer_inputs") or {}
     classes: Mapping[str, str] = data.get("layer_classes") or {}
+    trainable: Mapping[str, int] = data.get("layer_trainable") or {}
     for key, names in (
         ("layer_weights", list(data["layer_weights"])),
         ("layer_classes", list(classes)),
+        ("layer_trainable", list(trainable)),
         (
             "layer_inputs",
             [
@@ -1082,6 +1095,7 @@ def _fingerprint(
         ),
         layer_inputs=tuple((name, tuple(fed_by)) for name, fed_by in wiring.items()),
         layer_classes=tuple(classes.items()),
+        layer_trainable=tuple(trainable.items()),
     )
 
 

@@ -121,6 +121,9 @@ class StrategyOptions:
     refine: bool = True
     seed: int = 0
     time_limit_s: float = 5.0
+    refine_limit_s: float | None = None
+    """The refinement's safety cap (None: ``time_limit_s``); its move budget ends it first on
+    any model the cap leaves time for (:func:`~partitioner.planner.refine.refine`)."""
     also_score: tuple[tuple[Strategy, str], ...] = ()
     """Strategies placed elsewhere (a plan's own solver's split), each with the name of what placed
     it, scored beside the search's own when their family is asked for."""
@@ -852,15 +855,16 @@ def _refined(
     so."""
     if not options.refine or best.strategy.stages == 1:
         return best, ()
+    cap = options.refine_limit_s or options.time_limit_s
     run = refine(
         scorer.priced(best.strategy.replicas, best.strategy.num_microbatches)[0],
         best.simulation,
         seed=options.seed,
-        time_limit_s=options.time_limit_s,
+        time_limit_s=cap,
     )
     cut = (
         (
-            f"the refinement by the simulated step stopped at time_limit_s={options.time_limit_s:g}"
+            f"the refinement by the simulated step stopped at time_limit_s={cap:g}"
             f" after {run.moves} moves: a run on a busier machine may stop elsewhere and plan "
             "otherwise; raise time_limit_s for the same plan every run",
         )
