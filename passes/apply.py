@@ -15,7 +15,7 @@ silently)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -152,32 +152,54 @@ def _first_difference(made_for: ModelFingerprint, here: ModelFingerprint) -> str
                 f"input {found.name!r} is {_signature(found)} here, but the plan was made for "
                 f"{_signature(expected)}"
             )
-    changed = _first_changed(made_for.layer_classes, here.classes_of)
-    if changed is not None:
-        name, found, planned = changed
-        return f"layer {name!r} is a {found} here, but the plan was made for a {planned}"
-    changed = _first_changed(made_for.layer_trainable, here.trainable_of)
-    if changed is not None:
-        name, found, planned = changed
-        return (
+    for planned, found_here, say in _LAYER_CHECKS:
+        changed = _first_changed(planned(made_for), found_here(here))
+        if changed is not None:
+            return say(*changed)
+    return _unrecorded_wiring(made_for, here)
+
+
+_LAYER_CHECKS: tuple[
+    tuple[
+        Callable[[ModelFingerprint], Sequence[tuple[str, Any]]],
+        Callable[[ModelFingerprint], Mapping[str, Any]],
+        Callable[[str, Any, Any], str],
+    ],
+    ...,
+] = (
+    (
+        lambda f: f.layer_classes,
+        lambda f: f.classes_of,
+        lambda name, found, planned: (
+            f"layer {name!r} is a {found} here, but the plan was made for a {planned}"
+        ),
+    ),
+    (
+        lambda f: f.layer_trainable,
+        lambda f: f.trainable_of,
+        lambda name, found, planned: (
             f"layer {name!r} trains {found} of its weights here, but the plan was made for "
             f"{planned} (frozen or unfrozen since: its gradients and optimizer state differ)"
-        )
-    changed = _first_changed(made_for.layer_weights, here.weights_of)
-    if changed is not None:
-        name, found, planned = changed
-        return (
-            f"layer {name!r} has weights of shapes {list(found)} here, but the plan was made for "
-            f"{list(planned)}"
-        )
-    changed = _first_changed(made_for.layer_inputs, here.inputs_of)
-    if changed is not None:
-        name, found, planned = changed
-        return (
+        ),
+    ),
+    (
+        lambda f: f.layer_weights,
+        lambda f: f.weights_of,
+        lambda name, found, planned: (
+            f"layer {name!r} has weights of shapes {list(found)} here, but the plan was made "
+            f"for {list(planned)}"
+        ),
+    ),
+    (
+        lambda f: f.layer_inputs,
+        lambda f: f.inputs_of,
+        lambda name, found, planned: (
             f"layer {name!r} is fed by {list(found)} here, but in the plan's model by "
             f"{list(planned)} (the layers are wired otherwise)"
-        )
-    return _unrecorded_wiring(made_for, here)
+        ),
+    ),
+)
+"""Each layer's recorded facts, compared in this order: the plan's, the model's, the words."""
 
 
 def _unrecorded_wiring(made_for: ModelFingerprint, here: ModelFingerprint) -> str | None:
