@@ -1026,8 +1026,11 @@ def _unraisable_but_interrupts(unraisable: Any) -> None:
     with its traceback; :meth:`_Interrupts.honour` ends the run with it at the next phase. Any
     other is Python's to print. Nor is an error Ctrl-C caused there: a C function returning with
     the interrupt pending (TensorFlow's ``Flatten`` calling ``__import__``) is a ``SystemError``
-    whose cause is the ``KeyboardInterrupt``."""
-    if _INTERRUPTS.arrived and _caused_by_interrupt(unraisable.exc_value):
+    whose cause is the ``KeyboardInterrupt``, or, where the C code reports it itself
+    (``PyErr_WriteUnraisable``), a bare ``SystemError``: CPython's mark of C code that returned
+    while an exception was pending, which after an interrupt is the interrupt's."""
+    exc = unraisable.exc_value
+    if _INTERRUPTS.arrived and (_caused_by_interrupt(exc) or isinstance(exc, SystemError)):
         return
     sys.__unraisablehook__(unraisable)
 
