@@ -78,12 +78,18 @@ def model_fingerprint(model: Any, input_shape: InputShape | None = None) -> Mode
         for unit in units
         if getattr(unit.operation, "built", True)
     )
+    dtypes = tuple(
+        (unit.name, str(policy.name))
+        for unit in units
+        if (policy := getattr(unit.operation, "dtype_policy", None)) is not None
+    )
     return ModelFingerprint(
         inputs=inputs,
         layer_weights=weights,
         layer_inputs=wiring,
         layer_classes=classes,
         layer_trainable=trainable,
+        layer_dtypes=dtypes,
     )
 
 
@@ -180,6 +186,14 @@ _LAYER_CHECKS: tuple[
         lambda name, found, planned: (
             f"layer {name!r} trains {found} of its weights here, but the plan was made for "
             f"{planned} (frozen or unfrozen since: its gradients and optimizer state differ)"
+        ),
+    ),
+    (
+        lambda f: f.layer_dtypes,
+        lambda f: f.dtypes_of,
+        lambda name, found, planned: (
+            f"layer {name!r} runs in {found} here, but the plan was made for {planned} (its "
+            "step times and memory were priced in that precision); make the plan for this model"
         ),
     ),
     (

@@ -35,6 +35,7 @@ __all__ = [
     "address_host",
     "address_key",
     "check_addresses",
+    "check_job_name",
     "parse_cluster_jobs",
     "parse_tf_config",
     "tf_config_text",
@@ -244,6 +245,16 @@ def check_addresses(
 _JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 """A job name TensorFlow takes in a device name (``/job:<name>``); another aborts its server."""
 
+def check_job_name(job: str, origin: str, error: type[PartitionError]) -> None:
+    """``job`` is a name TensorFlow takes in a device name (a cluster's jobs, a topology's
+    ``job``), else ``error`` naming it."""
+    if not _JOB_NAME.fullmatch(job):
+        raise error(
+            f"{origin}: job {short_repr(job, 60)} is not a TensorFlow job name (a letter, then "
+            "letters, digits or '_'); rename it"
+        )
+
+
 SINGLE_TASK_JOBS = ("chief", "evaluator")
 """Jobs TensorFlow allows one task of ("There must be at most one 'chief' job")."""
 
@@ -253,11 +264,7 @@ def _check_jobs(config: TfConfig, origin: str, error: type[PartitionError]) -> N
     at most :data:`~partitioner.core.options.MAX_DEVICES` tasks in all (the bound a topology's
     devices have: a cluster of 20,001 tasks made one error line of 349 KB)."""
     for job, addresses in config.jobs:
-        if not _JOB_NAME.fullmatch(job):
-            raise error(
-                f"{origin}: job {job!r} is not a TensorFlow job name (a letter, then letters, "
-                "digits or '_'); rename it"
-            )
+        check_job_name(job, origin, error)
         if job in SINGLE_TASK_JOBS and len(addresses) > 1:
             raise error(
                 f"{origin}: job {job!r} lists {len(addresses)} tasks; TensorFlow allows one "

@@ -94,6 +94,7 @@ from cost_models.devices.tf_config import (
     TfConfig,
     address_host,
     check_addresses,
+    check_job_name,
     parse_tf_config,
     tf_config_text,
 )
@@ -552,6 +553,8 @@ def parse_topology(
     check_schema(data, "cost_models", _SCHEMA, origin, CatalogError)
     top = cast(Mapping[str, Any], data)  # the schema says so
     job = top["job"].strip() if "job" in top else None
+    if job is not None:
+        check_job_name(job, origin, CatalogError)
     default_link: _LinkSpec = (
         _link_spec(where, "link", top["link"], allow_alias=True) if "link" in top else "pcie"
     )

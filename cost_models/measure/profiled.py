@@ -58,7 +58,7 @@ from typing import Any
 from cost_models.devices.catalog import DeviceKind
 from cost_models.devices.datafiles import check_schema, parse_json, read_text
 from partitioner.core.errors import OutputError, PartitionError, TraceError
-from partitioner.core.files import check_own_entry
+from partitioner.core.files import check_own_entry, default_cache_dir
 from partitioner.core.ir import CostedGraph, Phase
 from partitioner.core.options import InputShape
 
@@ -278,17 +278,6 @@ def _scaled_row(
 # The cache
 
 
-def default_cache_dir() -> Path:
-    """``$PARTITIONER_CACHE_DIR``, else ``$XDG_CACHE_HOME/partitioner``, else ``~/.cache/partitioner``."""
-    explicit = os.environ.get("PARTITIONER_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "partitioner"
-    return Path.home() / ".cache" / "partitioner"
-
-
 def _entry_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / "layers" / f"{key}.json"
 
@@ -384,7 +373,10 @@ def cache_write_problem(cache_dir: str | os.PathLike[str] | None) -> str | None:
     none."""
     from partitioner.core.files import check_links_followed
 
-    given = cache_dir if cache_dir is not None else default_cache_dir()
+    try:
+        given = cache_dir if cache_dir is not None else default_cache_dir()
+    except RuntimeError as exc:  # no home directory to hold the default
+        return f"{exc}; set PARTITIONER_CACHE_DIR to cache"
     try:
         check_links_followed(given, "its path")
     except OutputError as exc:
@@ -868,6 +860,16 @@ def _profile_units(
     return tally
 
 
+def _resolved_cache(cache_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The cache directory, resolved now: entries go where the cache was when the run started
+    (see :func:`_write_entry`); None without a home directory to hold the default (measured,
+    not cached)."""
+    try:
+        return Path(os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir()))
+    except RuntimeError:
+        return None
+
+
 def profile_model(
     model: Any,
     *,
@@ -900,11 +902,11 @@ def profile_model(
         raise PartitionError(f"batch_size={batch_size!r} must be an integer >= 1")
     devs = tuple(devices) if devices else default_profile_devices()
     kinds = _device_kinds(devs)
-    # resolved now: entries go where the cache was when the run started (see _write_entry)
-    cache = Path(os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir()))
+    cache = _resolved_cache(cache_dir)
+    use_cache = use_cache and cache is not None
     run = _Run(
-        model.name, batch_size, ProfileSettings() if settings is None else settings, cache,
-        use_cache, seed, tf.__version__, write_cache, writes,
+        model.name, batch_size, ProfileSettings() if settings is None else settings,
+        cache or Path(os.devnull), use_cache, seed, tf.__version__, write_cache, writes,
     )  # fmt: skip
     start = time.perf_counter()
     units = placement_units(model)

@@ -24,7 +24,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TextIO, cast
@@ -485,6 +485,9 @@ class _Paths:
     trace_cache_dir: str | None = None
     """The cache directory (absolute) the trace cache uses, None without one
     (``--no-trace-cache``, or a path through another user's link: a warning says so)."""
+    no_cache: str | None = None
+    """With ``--profile``, why there is no profile cache (no home directory), decided before
+    Keras is imported: its import makes ``~/.keras``, and the home with it."""
 
     def shown(self, given: str, path: str) -> str:
         """How a message names a file: as given while the working directory is the one the
@@ -521,16 +524,18 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
         spelled = directory_name(given) if given is not None else None
         if spelled is not None:
             raise OutputError(f"{option} {given} {spelled}; give a file path")
-    cache_dir = None
+    cache_dir = no_cache = None
     if args.profile:
         from cost_models.measure.profiled import default_cache_dir
 
-        with contextlib.suppress(RuntimeError):  # no home directory: the profiler says so
+        try:
             given_cache = os.path.join(start, default_cache_dir())
             check_links_followed(
                 given_cache, "the profile cache directory (PARTITIONER_CACHE_DIR)", given_cache
             )
             cache_dir = os.path.realpath(given_cache)
+        except RuntimeError as exc:  # no home directory
+            no_cache = f"{exc}; set PARTITIONER_CACHE_DIR to cache"
     traced = args.trace_cache and not (args.profile or args.profile_ops)
     trace_cache_dir = _trace_cache_dir(start) if traced else None
     # Outputs are resolved now, through every symbolic link, and written there: a link the
@@ -551,6 +556,7 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
         outputs=tuple(outputs),
         cache_dir=cache_dir,
         trace_cache_dir=trace_cache_dir,
+        no_cache=no_cache,
     )
 
 
@@ -646,7 +652,7 @@ def _check_outside_own_files(paths: _Paths, out: _Output, shown: str) -> None:
     catalog the run reads) nor in a directory of cache entries (the trace cache's ``traces/``,
     the profile cache's ``layers/``), whose files a run replaces after its outputs are
     written."""
-    from partitioner.core.files import OWN_PACKAGES, system_dirs
+    from partitioner.core.files import OWN_PACKAGES, check_outside_cache, system_dirs
 
     own = [d for d in system_dirs() if d.name in OWN_PACKAGES]
     if any(Path(out.path).is_relative_to(d) for d in own):
@@ -654,20 +660,10 @@ def _check_outside_own_files(paths: _Paths, out: _Output, shown: str) -> None:
             f"{out.option} {shown} is in partitioner's own installation, whose files (the "
             "device catalog, the calibrations) this run reads; give a path outside it"
         )
-    entries = [
-        (os.path.join(d, sub), what)
-        for d, sub, what in (
-            (paths.trace_cache_dir, "traces", "the trace cache"),
-            (paths.cache_dir, "layers", "the profile cache"),
-        )
-        if d is not None
-    ]
-    for directory, what in entries:
-        if os.path.realpath(directory) in (os.path.dirname(out.path), out.path):
-            raise UsageError(
-                f"{out.option} {shown} is in {what} ({directory}), whose files a run replaces "
-                "and removes; give a path outside it"
-            )
+    caches = ((paths.trace_cache_dir, "traces"), (paths.cache_dir, "layers"))
+    check_outside_cache(
+        out.path, f"{out.option} {shown}", [(d, f) for d, f in caches if d is not None]
+    )
 
 
 def _is_input(path: str, source: Path | tuple[int, int]) -> bool:
@@ -866,12 +862,16 @@ def _stdout_kept_from_children() -> Iterator[None]:
     _flush_or_drop(sys.stdout)
     try:
         saved = kept_copy(1)  # not inheritable
+        # The model's prints go through a copy of their own: one that fails (a full disk) is
+        # pointed at /dev/null by _flush_or_drop, which on ``saved`` itself made the report
+        # go to /dev/null too, with status 0 and no word (campaign 34u).
+        printed = kept_copy(1)
     except OSError:  # started with stdout closed
         yield
         return
     python_stdout = sys.stdout
     encoding, errors = getattr(python_stdout, "encoding", None), getattr(python_stdout, "errors", None)
-    copy = open(saved, "w", buffering=1, encoding=encoding, errors=errors, closefd=False)
+    copy = open(printed, "w", buffering=1, encoding=encoding, errors=errors, closefd=False)
     try:
         with open(os.devnull, "w") as devnull:
             os.dup2(devnull.fileno(), 1)
@@ -879,9 +879,12 @@ def _stdout_kept_from_children() -> Iterator[None]:
         yield
     finally:
         _flush_or_drop(copy)
+        with contextlib.suppress(OSError, ValueError):
+            copy.close()  # leaves ``printed`` open (closefd=False)
         sys.stdout = python_stdout
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(printed)
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -1654,6 +1657,9 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if paths.topology_file is not None:
         _check_topology_file(paths.topology_file)
     prepared = prepare(*_options(args, paths))
+    if paths.no_cache is not None:  # the profiler would find the home Keras's import made
+        logger.warning("profile cache not written (%s)", paths.no_cache)
+        prepared = replace(prepared, write_cache=False)
     # checked as given (its messages name it so); nothing has run yet: it is the same file
     model_file = Path(paths.start, check_model_path(args.model))
     inputs = [("the model file, an input of this run", model_file)]

@@ -34,14 +34,17 @@ from pathlib import Path
 from partitioner.core.errors import OutputError, PartitionError, UsageError
 
 __all__ = [
+    "CACHE_ENTRY_FOLDERS",
     "MAX_LINKS_FOLLOWED",
     "MODEL_MODULE_FLAG",
     "OWN_PACKAGES",
     "UnreadableInput",
     "check_links_followed",
     "check_output_path",
+    "check_outside_cache",
     "check_own_entry",
     "check_replaceable",
+    "default_cache_dir",
     "directory_name",
     "file_kind",
     "module_file_of",
@@ -129,6 +132,45 @@ def check_own_entry(path: Path) -> None:
         raise OutputError(f"it belongs to another user (uid {st.st_uid})")
     if stat.S_ISREG(st.st_mode) and st.st_mode & 0o022:  # a loose umask: others may edit it
         raise OutputError(f"other users may write it (mode {st.st_mode & 0o777:04o})")
+
+
+def default_cache_dir() -> Path:
+    """``$PARTITIONER_CACHE_DIR``, else ``$XDG_CACHE_HOME/partitioner``, else
+    ``~/.cache/partitioner``. ``RuntimeError`` (as :meth:`Path.home` raises without one) when
+    the last is meant and the home directory does not exist: a service account's home is often
+    missing on purpose (Debian's ``/nonexistent``), and a run made it, with every parent, to
+    hold its cache (campaign 34u); callers then run without a cache."""
+    explicit = os.environ.get("PARTITIONER_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "partitioner"
+    home = Path.home()
+    if os.environ.get("HOME") == "" or not home.is_dir():  # HOME='' is no home (not /)
+        raise RuntimeError(f"the home directory {home} does not exist")
+    return home / ".cache" / "partitioner"
+
+
+CACHE_ENTRY_FOLDERS = (("traces", "the trace cache"), ("layers", "the profile cache"))
+"""A cache directory's folders of entries (``passes.trace_cache``,
+``cost_models.measure.profiled``) and what each holds: files a run replaces and removes."""
+
+
+def check_outside_cache(path: str, shown: str, caches: Sequence[tuple[str, str]]) -> None:
+    """``path`` (resolved) is neither a folder of cache entries nor in one: ``caches`` are
+    ``(cache directory, folder)`` pairs (a folder of :data:`CACHE_ENTRY_FOLDERS`). UsageError
+    naming ``shown`` (``"--out plan.json"``) otherwise: a plan written there became a cache
+    entry, replaced by the next run, or a file where the folder belongs, every later run's
+    cache failing (campaigns 34p, 34u)."""
+    what_of = dict(CACHE_ENTRY_FOLDERS)
+    for cache, folder in caches:
+        directory = os.path.join(cache, folder)
+        if os.path.realpath(directory) in (os.path.dirname(path), path):
+            raise UsageError(
+                f"{shown} is in {what_of[folder]} ({directory}), whose files a run replaces "
+                "and removes; give a path outside it"
+            )
 
 
 def path_argument(value: object, what: str, example: str) -> str:

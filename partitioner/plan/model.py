@@ -25,8 +25,11 @@ from typing import Any
 
 from partitioner.core.errors import OutputError, PartitionError, PlanError
 from partitioner.core.files import (
+    CACHE_ENTRY_FOLDERS,
     check_output_path,
+    check_outside_cache,
     check_replaceable,
+    default_cache_dir,
     module_file_of,
     path_argument,
     read_input_text,
@@ -156,6 +159,17 @@ class ModelFingerprint:
     """``(layer, how many of its weights train)``: a layer frozen (or unfrozen) since the plan has
     other gradients and optimizer state (four times the memory on a device, campaign 34t); empty
     in plans of earlier releases (then not compared)."""
+
+    layer_dtypes: tuple[tuple[str, str], ...] = ()
+    """``(layer, its dtype policy's name)``: ``float32``, ``float64``, ``mixed_float16``. A layer
+    computing or keeping its weights in another precision has other step times and memory than
+    the plan priced (a float32 plan applied to a ``mixed_float16`` or ``float64`` model without a
+    word, campaign 34u); empty in plans of earlier releases (then not compared)."""
+
+    @property
+    def dtypes_of(self) -> Mapping[str, str]:
+        """Layer name -> its dtype policy's name."""
+        return dict(self.layer_dtypes)
 
     @property
     def trainable_of(self) -> Mapping[str, int]:
@@ -481,7 +495,18 @@ class Plan:
                 f"Plan.save path={path!r} is the source of module {module!r}, which this "
                 "program imported; refusing to overwrite it: give another path"
             )
+        check_outside_cache(os.path.realpath(path), f"Plan.save path={path!r}", _caches())
         return write_atomic(path, self.to_json())
+
+
+def _caches() -> list[tuple[str, str]]:
+    """The default cache directory's folders of entries (none without a home directory), which
+    :meth:`Plan.save` refuses as the command line refuses them for ``--out``."""
+    try:
+        cache = str(default_cache_dir())
+    except RuntimeError:
+        return []
+    return [(cache, folder) for folder, _ in CACHE_ENTRY_FOLDERS]
 
 
 def _layer_order(
@@ -1045,6 +1070,7 @@ def _fingerprint_json(fingerprint: ModelFingerprint | None) -> dict[str, Any] | 
         "layer_inputs": {name: list(fed_by) for name, fed_by in fingerprint.layer_inputs},
         "layer_classes": dict(fingerprint.layer_classes),
         "layer_trainable": dict(fingerprint.layer_trainable),
+        "layer_dtypes": dict(fingerprint.layer_dtypes),
     }
 
 
@@ -1059,10 +1085,12 @@ def _fingerprint(
     wiring: Mapping[str, Sequence[str]] = data.get("layer_inputs") or {}
     classes: Mapping[str, str] = data.get("layer_classes") or {}
     trainable: Mapping[str, int] = data.get("layer_trainable") or {}
+    dtypes: Mapping[str, str] = data.get("layer_dtypes") or {}
     for key, names in (
         ("layer_weights", list(data["layer_weights"])),
         ("layer_classes", list(classes)),
         ("layer_trainable", list(trainable)),
+        ("layer_dtypes", list(dtypes)),
         (
             "layer_inputs",
             [
@@ -1096,6 +1124,7 @@ def _fingerprint(
         layer_inputs=tuple((name, tuple(fed_by)) for name, fed_by in wiring.items()),
         layer_classes=tuple(classes.items()),
         layer_trainable=tuple(trainable.items()),
+        layer_dtypes=tuple(dtypes.items()),
     )
 
 

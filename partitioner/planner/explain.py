@@ -152,9 +152,13 @@ def family_rows(search: StrategySearch) -> tuple[FamilyRow, ...]:
     return tuple(rows)
 
 
-def advice(rows: tuple[FamilyRow, ...], applied: Family | None = None) -> str:
+def advice(
+    rows: tuple[FamilyRow, ...], applied: Family | None = None, *, asked: bool = False
+) -> str:
     """One paragraph from the table: which strategy is fastest and why the others lose, with the
-    numbers; ``applied`` (the family the plan itself applies) adds what to run when it differs."""
+    numbers; ``applied`` (the family the plan itself applies) adds what to run when it differs.
+    ``asked``: the user named the families scored, so the best of them is the strategy asked
+    for, not the fastest there is (one device may beat it: campaign 34u)."""
     chosen = next((r for r in rows if r.chosen), None)
     if chosen is None:
         return "No strategy was scored."
@@ -164,7 +168,8 @@ def advice(rows: tuple[FamilyRow, ...], applied: Family | None = None) -> str:
             f"{format_bytes(chosen.peak_memory_bytes)} on a device of "
             f"{format_bytes(chosen.memory_limit_bytes)}; use more or larger devices."
         )
-    head = f"Fastest predicted strategy: {chosen.description} ({format_seconds(chosen.step_time_s)}"
+    what = "Strategy asked for" if asked else "Fastest predicted strategy"
+    head = f"{what}: {chosen.description} ({format_seconds(chosen.step_time_s)}"
     if chosen.speedup_over_single is not None and chosen.family is not Family.SINGLE:
         head += f" per step, {chosen.speedup_over_single:.2f}x one device)."
     else:

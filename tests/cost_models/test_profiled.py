@@ -98,6 +98,7 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert default_cache_dir() == tmp_path / "xdg" / "partitioner"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()  # a home that does not exist is no home (campaign 34u)
     assert default_cache_dir() == tmp_path / "home" / ".cache" / "partitioner"
 
 

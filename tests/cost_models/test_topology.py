@@ -215,7 +215,7 @@ MALFORMED: list[tuple[str, str, type[PartitionError], str]] = [
      "links[0].devices: must be two device indices [a, b], got [0]"),
     ("toml", _H + "[[links]]\ndevices = [0, 1]\n", CatalogError, "links[0]: is missing key 'link'"),
     ("json", '{"hosts": [], "devices": []}', CatalogError, "give either 'hosts' or 'devices'"),
-    ("toml", 'job = "/job:x"\n' + _H, CatalogError, "job: must be a plain TF job name"),
+    ("toml", 'job = "/job:x"\n' + _H, CatalogError, "job '/job:x' is not a TensorFlow job name"),
     ("toml", "hosts = 3\n", CatalogError, "hosts: must be a non-empty list of host tables, got a number (3)"),
 ]  # fmt: skip
 
