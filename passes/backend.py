@@ -12,23 +12,11 @@ imports Keras only inside that function, so it can report an import that fails.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from partitioner.core.errors import UsageError
+from partitioner.core.files import keras_config_file  # one home; the CLI reads it from here
 
 __all__ = ["check_keras_backend", "keras_config_file"]
-
-
-def keras_config_file() -> Path:
-    """The ``keras.json`` Keras reads when it is imported (whether it exists or not): in
-    ``$KERAS_HOME``, else in ``~/.keras`` (``/tmp/.keras`` where the home directory cannot be
-    written, as Keras chooses)."""
-    if "KERAS_HOME" in os.environ:
-        base = os.environ["KERAS_HOME"]
-    else:
-        home = os.path.expanduser("~")
-        base = os.path.join(home if os.access(home, os.W_OK) else "/tmp", ".keras")
-    return Path(os.path.expanduser(base), "keras.json")
 
 
 def check_keras_backend() -> None:

@@ -621,6 +621,9 @@ def input_specs(
         built = _built_shapes(model)
         if built is None and isinstance(input_shape, Mapping):
             _check_unbuilt_names(model, input_shape)
+        if built is None and isinstance(model, keras.Sequential) and not model.layers:
+            # not "a subclassed model never built": its advice led to Keras's own refusal
+            raise TraceError(f"model {model.name!r} has no layers to place")
         if built is None and input_shape is None:
             raise TraceError(
                 f"model {model.name!r} has no known input shape (a subclassed model that was never "

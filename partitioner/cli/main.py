@@ -51,6 +51,7 @@ from partitioner.core.files import (
     check_links_followed,
     check_output_path,
     check_replaceable,
+    default_caches,
     directory_name,
     read_input_text,
     same_file,
@@ -485,6 +486,9 @@ class _Paths:
     trace_cache_dir: str | None = None
     """The cache directory (absolute) the trace cache uses, None without one
     (``--no-trace-cache``, or a path through another user's link: a warning says so)."""
+    cache_base: str | None = None
+    """The cache directory (absolute, resolved) whether this run uses a cache or not: no output
+    may be it or a folder of its entries (:func:`_check_outside_own_files`)."""
     no_cache: str | None = None
     """With ``--profile``, why there is no profile cache (no home directory), decided before
     Keras is imported: its import makes ``~/.keras``, and the home with it."""
@@ -557,6 +561,7 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
         cache_dir=cache_dir,
         trace_cache_dir=trace_cache_dir,
         no_cache=no_cache,
+        cache_base=next((os.path.realpath(os.path.join(start, d)) for d in default_caches()), None),
     )
 
 
@@ -648,22 +653,16 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
 
 
 def _check_outside_own_files(paths: _Paths, out: _Output, shown: str) -> None:
-    """``out`` is not in this project's own installation (its package data: the device
-    catalog the run reads) nor in a directory of cache entries (the trace cache's ``traces/``,
-    the profile cache's ``layers/``), whose files a run replaces after its outputs are
-    written."""
-    from partitioner.core.files import OWN_PACKAGES, check_outside_cache, system_dirs
+    """``out`` is not in this project's own installation nor Keras's configuration file
+    (:func:`~partitioner.core.files.check_outside_own_files`), nor a cache directory or a folder
+    of its entries, whether this run uses it or not (the trace cache's ``traces/``, the profile
+    cache's ``layers/``: files a run replaces after its outputs are written)."""
+    from partitioner.core.files import check_outside_cache, check_outside_own_files
 
-    own = [d for d in system_dirs() if d.name in OWN_PACKAGES]
-    if any(Path(out.path).is_relative_to(d) for d in own):
-        raise UsageError(
-            f"{out.option} {shown} is in partitioner's own installation, whose files (the "
-            "device catalog, the calibrations) this run reads; give a path outside it"
-        )
-    caches = ((paths.trace_cache_dir, "traces"), (paths.cache_dir, "layers"))
-    check_outside_cache(
-        out.path, f"{out.option} {shown}", [(d, f) for d, f in caches if d is not None]
-    )
+    label = f"{out.option} {shown}"
+    check_outside_own_files(out.path, label)
+    caches = {d for d in (paths.cache_base, paths.cache_dir, paths.trace_cache_dir) if d}
+    check_outside_cache(out.path, label, sorted(caches))
 
 
 def _is_input(path: str, source: Path | tuple[int, int]) -> bool:
@@ -1827,15 +1826,16 @@ def _keeping_umask() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _sigint_kept() -> Iterator[None]:
-    """While the model's code runs, its ``signal.signal(SIGINT, ...)`` leaves the run's handler
-    in place (and returns it): Ctrl-C is how the user stops the run, and a model that ignored it
-    (``SIG_IGN``) had it discarded by the kernel, the run going on to replace the old plan
-    (:func:`_rearm_interrupt` restores a handler after the fact, which cannot bring that back)."""
+    """While the model's code runs, its ``signal.signal(SIGINT, ...)`` (or ``SIGTERM``) leaves
+    the run's handler in place (and returns it): Ctrl-C and a polite kill (``timeout``, systemd)
+    are how the user stops the run, and a model that ignored one (``SIG_IGN``) had it discarded
+    by the kernel, the run going on to replace the old plan with status 0 (campaign 34v;
+    :func:`_rearm_interrupt` restores a handler after the fact, which cannot bring that back)."""
 
     def kept(signum: int, handler: Any) -> Any:
         main = threading.current_thread() is threading.main_thread()
-        if signum == signal.SIGINT and main:
-            return signal.getsignal(signal.SIGINT)
+        if signum in (signal.SIGINT, signal.SIGTERM) and main:  # SIGTERM too (campaign 34v)
+            return signal.getsignal(signum)
         return _REAL_SIGNAL(signum, handler)
 
     signal.signal = kept  # type: ignore[assignment]

@@ -7,8 +7,8 @@ wrote a plan that was no JSON, or none at all, and still said "Plan written to p
 reads files with before the model's code runs, and puts back any the code replaced once it is
 done, with a warning naming them: the files are written by Python's own functions.
 :func:`modules_kept` does the same for ``sys.modules``: a module the code set to None there
-(``sys.modules["hashlib"] = None``, campaign 34q) or removed made the run's next import of it
-fail as an "internal error".
+(``sys.modules["hashlib"] = None``, campaign 34q), removed, or replaced (a standard library one,
+campaign 34v) made the run's next import of it fail as an "internal error".
 """
 
 from __future__ import annotations
@@ -70,19 +70,32 @@ def standard_library_kept() -> Iterator[None]:
             )
 
 
+def _replaced(name: str, before: ModuleType, now: object) -> bool:
+    """Whether the code inside removed ``name`` from ``sys.modules`` (or set it to None), or put
+    another object under a standard library name (``sys.modules["json"] =
+    types.ModuleType("json")``: the run's next ``import json`` got it, campaign 34v). Other
+    modules may be swapped by their own packages (lazy loaders), so only their removal counts."""
+    if now is None:
+        return True
+    return now is not before and name.split(".")[0] in sys.stdlib_module_names
+
+
 @contextlib.contextmanager
 def modules_kept() -> Iterator[None]:
     """On leaving, every module of ``sys.modules`` that the code inside set to None or removed
-    (and did not import again) is put back, and a warning names them."""
+    (and did not import again), and every standard library module it replaced, is put back, and
+    a warning names them."""
     before = dict(sys.modules)
     try:
         yield
     finally:
-        gone = sorted(name for name, module in before.items() if sys.modules.get(name) is None)
+        gone = sorted(
+            name for name, module in before.items() if _replaced(name, module, sys.modules.get(name))
+        )
         for name in gone:
             sys.modules[name] = before[name]
         if gone:
             logger.warning(
-                "the model's code removed %s from sys.modules; the run put them back",
+                "the model's code removed or replaced %s in sys.modules; the run put them back",
                 ", ".join(gone[:8]) + (" ..." if len(gone) > 8 else ""),
             )

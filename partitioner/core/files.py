@@ -42,11 +42,14 @@ __all__ = [
     "check_links_followed",
     "check_output_path",
     "check_outside_cache",
+    "check_outside_own_files",
     "check_own_entry",
     "check_replaceable",
     "default_cache_dir",
+    "default_caches",
     "directory_name",
     "file_kind",
+    "keras_config_file",
     "module_file_of",
     "open_regular",
     "path_argument",
@@ -157,20 +160,65 @@ CACHE_ENTRY_FOLDERS = (("traces", "the trace cache"), ("layers", "the profile ca
 ``cost_models.measure.profiled``) and what each holds: files a run replaces and removes."""
 
 
-def check_outside_cache(path: str, shown: str, caches: Sequence[tuple[str, str]]) -> None:
-    """``path`` (resolved) is neither a folder of cache entries nor in one: ``caches`` are
-    ``(cache directory, folder)`` pairs (a folder of :data:`CACHE_ENTRY_FOLDERS`). UsageError
-    naming ``shown`` (``"--out plan.json"``) otherwise: a plan written there became a cache
-    entry, replaced by the next run, or a file where the folder belongs, every later run's
-    cache failing (campaigns 34p, 34u)."""
-    what_of = dict(CACHE_ENTRY_FOLDERS)
-    for cache, folder in caches:
-        directory = os.path.join(cache, folder)
-        if os.path.realpath(directory) in (os.path.dirname(path), path):
+def check_outside_cache(path: str, shown: str, caches: Sequence[str]) -> None:
+    """``path`` (resolved) is none of ``caches`` (cache directories, made yet or not) and not
+    a folder of cache entries (:data:`CACHE_ENTRY_FOLDERS`, both of each cache, whether this run
+    uses it or not) nor in one. UsageError naming ``shown`` (``"--out plan.json"``) otherwise: a
+    plan written there became a cache entry, replaced by the next run, or a file where the
+    cache or its folder belongs, every later run's cache failing (campaigns 34p, 34u, 34v)."""
+    for cache in caches:
+        if os.path.realpath(cache) == path:
             raise UsageError(
-                f"{shown} is in {what_of[folder]} ({directory}), whose files a run replaces "
-                "and removes; give a path outside it"
+                f"{shown} is the cache directory ({cache}), which runs keep their caches in; "
+                "give a path outside it"
             )
+        for folder, what in CACHE_ENTRY_FOLDERS:
+            directory = os.path.join(cache, folder)
+            if os.path.realpath(directory) in (os.path.dirname(path), path):
+                raise UsageError(
+                    f"{shown} is in {what} ({directory}), whose files a run replaces and "
+                    "removes; give a path outside it"
+                )
+
+
+def default_caches() -> list[str]:
+    """The default cache directory (:func:`default_cache_dir`) as a list for
+    :func:`check_outside_cache`; none without a home directory."""
+    try:
+        return [str(default_cache_dir())]
+    except RuntimeError:
+        return []
+
+
+def keras_config_file() -> Path:
+    """The ``keras.json`` Keras reads when it is imported (whether it exists or not): in
+    ``$KERAS_HOME``, else in ``~/.keras`` (``/tmp/.keras`` where the home directory cannot be
+    written, as Keras chooses)."""
+    if "KERAS_HOME" in os.environ:
+        base = os.environ["KERAS_HOME"]
+    else:
+        home = os.path.expanduser("~")
+        base = os.path.join(home if os.access(home, os.W_OK) else "/tmp", ".keras")
+    return Path(os.path.expanduser(base), "keras.json")
+
+
+def check_outside_own_files(path: str, shown: str) -> None:
+    """``path`` (resolved) is not in this project's own installation (its package data: the
+    device catalog every run reads) nor Keras's configuration file (which every run reads when
+    it imports Keras): UsageError naming ``shown`` otherwise. The command line's outputs and
+    :meth:`~partitioner.plan.model.Plan.save` alike (a plan saved over the packaged catalog
+    broke every later run, campaign 34v)."""
+    own = [d for d in system_dirs() if d.name in OWN_PACKAGES]
+    if any(Path(path).is_relative_to(d) for d in own):
+        raise UsageError(
+            f"{shown} is in partitioner's own installation, whose files (the device catalog, "
+            "the calibrations) every run reads; give a path outside it"
+        )
+    if same_file(path, keras_config_file()):
+        raise UsageError(
+            f"{shown} is Keras's configuration file, which this run reads (Keras did, when it "
+            "was imported); refusing to overwrite it: give another path"
+        )
 
 
 def path_argument(value: object, what: str, example: str) -> str:

@@ -25,11 +25,11 @@ from typing import Any
 
 from partitioner.core.errors import OutputError, PartitionError, PlanError
 from partitioner.core.files import (
-    CACHE_ENTRY_FOLDERS,
     check_output_path,
     check_outside_cache,
+    check_outside_own_files,
     check_replaceable,
-    default_cache_dir,
+    default_caches,
     module_file_of,
     path_argument,
     read_input_text,
@@ -495,18 +495,11 @@ class Plan:
                 f"Plan.save path={path!r} is the source of module {module!r}, which this "
                 "program imported; refusing to overwrite it: give another path"
             )
-        check_outside_cache(os.path.realpath(path), f"Plan.save path={path!r}", _caches())
+        # as the command line refuses them for --out (rows 173, 184, 191)
+        resolved, shown = os.path.realpath(path), f"Plan.save path={path!r}"
+        check_outside_own_files(resolved, shown)
+        check_outside_cache(resolved, shown, default_caches())
         return write_atomic(path, self.to_json())
-
-
-def _caches() -> list[tuple[str, str]]:
-    """The default cache directory's folders of entries (none without a home directory), which
-    :meth:`Plan.save` refuses as the command line refuses them for ``--out``."""
-    try:
-        cache = str(default_cache_dir())
-    except RuntimeError:
-        return []
-    return [(cache, folder) for folder, _ in CACHE_ENTRY_FOLDERS]
 
 
 def _layer_order(

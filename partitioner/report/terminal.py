@@ -92,12 +92,12 @@ def _rich_table(table: Table) -> RichTable:
 
 
 def _summary_line(plan: Plan) -> str:
-    """The predicted step time against the lower bound."""
-    ratio = plan.step_time_s / plan.lower_bound_s if plan.lower_bound_s > 0 else float("nan")
-    return (
-        f"Predicted step time: [bold]{format_seconds(plan.step_time_s)}[/bold]  "
-        f"(lower bound {format_seconds(plan.lower_bound_s)}, ratio {ratio:.2f}x)"
-    )
+    """The predicted step time against the lower bound (no ratio to a bound of 0: "nanx",
+    campaign 34v)."""
+    bound = f"lower bound {format_seconds(plan.lower_bound_s)}"
+    if plan.lower_bound_s > 0:
+        bound += f", ratio {plan.step_time_s / plan.lower_bound_s:.2f}x"
+    return f"Predicted step time: [bold]{format_seconds(plan.step_time_s)}[/bold]  ({bound})"
 
 
 def _print_tables(plan: Plan, console: Console) -> None:

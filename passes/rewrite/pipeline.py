@@ -71,6 +71,7 @@ __all__ = [
     "pipeline_model",
     "pipeline_order",
     "pipeline_warnings",
+    "sum_gradients",
 ]
 
 _TASK_KIND: Mapping[Phase, EventKind] = MappingProxyType(
@@ -815,17 +816,37 @@ class _BatchBuild:
         return self._accumulate(self.all_vars, grads[len(outs) :])
 
     def _accumulate(self, variables: Sequence[Any], grads: Sequence[Any]) -> list[Any]:
-        """Add ``grads`` to the variables' sums over the micro-batches; the new sums."""
+        """Add ``grads`` to the variables' sums over the micro-batches (:func:`sum_gradients`:
+        an ``Embedding``'s ``IndexedSlices`` stay sparse, so the optimizer gets the slices the
+        whole batch gives, which Adam's sparse update needs to update as the original does,
+        campaign 34v); the new sums' tensors."""
         made = []
         for v, g in zip(variables, grads):
             if g is None:
                 continue
-            if isinstance(g, tf.IndexedSlices):
-                g = tf.convert_to_tensor(g)
             k = self.var_index[id(v)]
-            self.accumulated[k] = g if self.accumulated[k] is None else self.accumulated[k] + g
-            made.append(self.accumulated[k])
+            before = self.accumulated[k]
+            total = g if before is None else sum_gradients([before, g], None)
+            self.accumulated[k] = total
+            made.append(total.values if isinstance(total, tf.IndexedSlices) else total)
         return made
+
+
+def sum_gradients(values: Sequence[Any], divisor: float | None) -> Any:
+    """``values`` (gradients of one variable: micro-batches', replicas') summed, and divided by
+    ``divisor`` unless it is None, on the current device. ``tf.IndexedSlices`` stay sparse:
+    indices and values are concatenated, the values divided (TensorFlow's
+    ``aggregate_indexed_slices``), so an optimizer's sparse update sees every slice the whole
+    batch gives; a sparse and a dense gradient are summed dense."""
+    if all(isinstance(v, tf.IndexedSlices) for v in values):
+        joined = tf.concat([v.values for v in values], axis=0)
+        if divisor is not None:
+            joined = joined / tf.cast(divisor, joined.dtype)
+        indices = tf.concat([v.indices for v in values], axis=0)
+        return tf.IndexedSlices(joined, indices, values[0].dense_shape)
+    dense = [tf.convert_to_tensor(v) for v in values]
+    total = tf.add_n(dense)
+    return total if divisor is None else total / tf.cast(divisor, total.dtype)
 
 
 def _task_scope(task: PipelineTask) -> str:

@@ -105,6 +105,7 @@ from passes.rewrite.pipeline import (
     assertion_errors,
     pipeline_model,
     split_structure,
+    sum_gradients,
 )
 from passes.rewrite.saved_state import carry_assets, carry_model_state
 from passes.weightless import is_weightless
@@ -579,7 +580,7 @@ class ReplicatedPipeline(SplitBatchTraining):
         ]
         divisor = self._divisor()
         with tf.device(self.replicas[0].output_device):
-            loss = _reduce([res.loss for res in results], divisor)
+            loss = sum_gradients([res.loss for res in results], divisor)
             y_pred = _concat([res.y_pred for res in results])
         self._loss_tracker.update_state(
             loss_module.unscale_loss_for_distribution(loss), sample_weight=rows
@@ -620,7 +621,7 @@ class ReplicatedPipeline(SplitBatchTraining):
         self, gradients: Sequence[Sequence[Any]], divisor: float | None
     ) -> list[tuple[Any, Any]]:
         """``(gradient, variable)`` for every replica's copy of every variable: the combined
-        gradient (:func:`_reduce`), computed once on replica 0's device of the variable, read
+        gradient (:func:`~passes.rewrite.pipeline.sum_gradients`), computed once on replica 0's device of the variable, read
         by all."""
         pairs: list[tuple[Any, Any]] = []
         variables = [r.trainable_weights for r in self.replicas]
@@ -629,24 +630,9 @@ class ReplicatedPipeline(SplitBatchTraining):
             if any(g is None for g in grads):
                 continue
             with tf.device(_device_of(first)):
-                reduced = _reduce(grads, divisor)
+                reduced = sum_gradients(grads, divisor)
             pairs += [(reduced, v[k]) for v in variables]
         return pairs
-
-
-def _reduce(values: Sequence[Any], divisor: float | None) -> Any:
-    """The replicas' ``values`` summed (and divided by ``divisor`` unless it is None), on the
-    current device. ``tf.IndexedSlices`` stay sparse: indices and values are concatenated, the
-    values divided (TensorFlow's ``aggregate_indexed_slices``); see the module docstring."""
-    if all(isinstance(v, tf.IndexedSlices) for v in values):
-        joined = tf.concat([v.values for v in values], axis=0)
-        if divisor is not None:
-            joined = joined / tf.cast(divisor, joined.dtype)
-        indices = tf.concat([v.indices for v in values], axis=0)
-        return tf.IndexedSlices(joined, indices, values[0].dense_shape)
-    dense = [tf.convert_to_tensor(v) for v in values]
-    total = tf.add_n(dense)
-    return total if divisor is None else total / tf.cast(divisor, total.dtype)
 
 
 def _device_of(variable: Any) -> str:

@@ -1,0 +1,202 @@
+"""Hostile input III (issue 34), campaign 34v (round 22): the defects found, each at its
+mechanism."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import keras
+import pytest
+
+import partitioner
+from partitioner.core.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST = REPO / "examples" / "mnist_mlp.py"
+
+
+def _partition(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    """``partition ARGS`` as a user runs it, in ``tmp_path``, with a cache of its own."""
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PARTITIONER_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "partitioner", *args],
+        capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=600, check=False,
+    )  # fmt: skip
+
+
+def _plan() -> Any:
+    inputs = keras.Input((16,), name="x")
+    hidden = keras.layers.Dense(32, name="a")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(4, name="b")(hidden), name="mlp")
+    return partitioner.partition(model, gpus=2, batch_size=8, compare_strategies=False)
+
+
+@pytest.mark.parametrize(
+    ("flags", "out", "words"),
+    [
+        ((), "cache/layers", "is in the profile cache"),
+        (("--no-trace-cache",), "cache/traces", "is in the trace cache"),
+        (("--device-type", "cpu", "--profile"), "cache/traces", "is in the trace cache"),
+        ((), "cache", "is the cache directory"),
+    ],
+    ids=["layers-without-profile", "traces-without-trace-cache", "traces-with-profile", "cache"],
+)
+def test_the_cache_and_both_its_folders_are_refused_whatever_the_run_uses(
+    tmp_path: Path, flags: tuple[str, ...], out: str, words: str
+) -> None:
+    """Campaign 34v a (D1, D2): ``--out cache/layers`` without ``--profile`` (and ``traces``
+    with ``--no-trace-cache`` or ``--profile``) was written, since only the caches the run used
+    were checked; ``--out`` the cache directory itself, not made yet, was written too. Every
+    later run then lost its cache. Both folders and the directory are refused, always."""
+    if out != "cache":
+        (tmp_path / "cache").mkdir()  # a cache made by earlier runs
+    done = _partition(tmp_path, str(MNIST), "--gpus", "2", *flags, "--out", out)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "give a path outside it" in done.stderr
+    assert not (tmp_path / out).is_file()
+
+
+def test_plan_save_refuses_the_cache_directory_keras_config_and_own_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Campaign 34v a (D2, D3): ``plan.save`` of the cache directory (not made yet), of
+    ``~/.keras/keras.json`` and of the packaged device catalog were written (the catalog: every
+    later run failed); the command line refuses them (row 173). One check for both
+    (:func:`partitioner.core.files.check_outside_own_files`)."""
+    import cost_models
+
+    monkeypatch.setenv("PARTITIONER_CACHE_DIR", str(tmp_path / "pc"))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "kh"))
+    (tmp_path / "kh").mkdir()
+    keras_json = tmp_path / "kh" / "keras.json"
+    keras_json.write_text('{"backend": "tensorflow"}')
+    catalog = Path(cost_models.__file__).parent / "data" / "devices.json"
+    before = catalog.read_bytes()
+    plan = _plan()
+    for path, words in (
+        (tmp_path / "pc", "is the cache directory"),
+        (keras_json, "is Keras's configuration file"),
+        (catalog, "is in partitioner's own installation"),
+    ):
+        with pytest.raises(UsageError, match=words):
+            plan.save(path)
+    assert not (tmp_path / "pc").exists()
+    assert keras_json.read_text() == '{"backend": "tensorflow"}'
+    assert catalog.read_bytes() == before
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_pipelined_embedding_trains_as_the_original_under_adam(optimizer: str) -> None:
+    """Campaign 34v b (D1): with Adam, a pipelined copy of an ``Embedding`` model ended the step
+    with embeddings 0.044 away from the original's: the micro-batches' sparse gradients were
+    summed dense, and Adam's sparse update (the original's, on the whole batch's slices, ids
+    repeated) squares each slice before adding them up. The slices are concatenated instead."""
+    import numpy as np
+
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(1)
+        ids = keras.Input((3,), dtype="int32", name="ids")
+        e = keras.layers.Embedding(10, 4, name="emb")(ids)
+        e = keras.layers.GlobalAveragePooling1D(name="gap")(e)
+        out = keras.layers.Dense(2, name="out")(keras.layers.Dense(8, name="d")(e))
+        return keras.Model(ids, out, name="m")
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 10, (16, 3)).astype("int32")
+    y = rng.normal(size=(16, 2)).astype("float32")
+
+    def train(model: keras.Model) -> list[Any]:
+        made = keras.optimizers.Adam(0.05) if optimizer == "adam" else keras.optimizers.SGD(0.05)
+        model.compile(optimizer=made, loss="mse")
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        return [np.array(w) for w in model.get_weights()]
+
+    expected = train(build())
+    model = build()
+    plan = partitioner.partition(model, gpus=2, batch_size=16, strategy="pipeline")
+    assert plan.pipeline is not None and plan.pipeline.num_microbatches > 1
+    got = train(plan.apply(model, devices=["/device:CPU:0", "/device:CPU:1"]))
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_model_replacing_a_standard_module_in_sys_modules_still_gets_its_plan(
+    tmp_path: Path,
+) -> None:
+    """Campaign 34v c (D1): ``sys.modules["json"] = types.ModuleType("json")`` in the model file
+    was ``internal error: AttributeError: module 'json' has no attribute 'dumps'``: the trace
+    cache imported the fake. A standard library module replaced there is put back (row 177)."""
+    (tmp_path / "fake.py").write_text(
+        "import keras, sys, types\n"
+        "sys.modules['json'] = types.ModuleType('json')\n"
+        "def build_model():\n"
+        "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, name='d')])\n"
+    )
+    done = _partition(tmp_path, "fake.py", "--gpus", "2", "--out", "plan.json")
+    assert done.returncode == 0, done.stderr
+    assert "removed or replaced json in sys.modules; the run put them back" in done.stderr
+    assert partitioner.load_plan(tmp_path / "plan.json").layer_order == ("d",)
+
+
+@pytest.mark.slow
+def test_a_model_ignoring_sigterm_is_still_stopped_by_it(tmp_path: Path) -> None:
+    """Campaign 34v c (D2): a model file that set SIGTERM to ``SIG_IGN`` made a TERM sent while
+    its code ran (``timeout``, systemd) a no-op: the old plan replaced, status 0. Its
+    ``signal.signal(SIGTERM, ...)`` leaves the run's handler in place, as for SIGINT (row 157)."""
+    import signal
+    import time
+
+    (tmp_path / "slow.py").write_text(
+        "import keras, signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "def build_model():\n"
+        "    open('building', 'w').close()\n"
+        "    time.sleep(30)\n"
+        "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, name='d')])\n"
+    )
+    (tmp_path / "plan.json").write_text("old")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PARTITIONER_CACHE_DIR": str(tmp_path / "c")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "partitioner", "slow.py", "--gpus", "2", "--out", "plan.json"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "building").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "interrupted" in err, (proc.returncode, err)
+    assert (tmp_path / "plan.json").read_text() == "old"
+
+
+def test_an_empty_sequential_is_said_to_have_no_layers() -> None:
+    """Campaign 34v c (D3): ``keras.Sequential([])`` was "a subclassed model that was never
+    built; give ... --input-shape", whose advice led to Keras's own refusal."""
+    from partitioner.core.errors import TraceError
+    from passes.trace import input_specs
+
+    for given in (None, (8,)):
+        with pytest.raises(TraceError, match="model 'empty' has no layers to place"):
+            input_specs(keras.Sequential([], name="empty"), 4, given)
+
+
+def test_a_lower_bound_of_zero_shows_no_ratio() -> None:
+    """Campaign 34v b (D4): a plan whose lower bound is 0 showed ``ratio nanx``."""
+    from dataclasses import replace
+
+    from partitioner.report.terminal import _summary_line
+
+    plan = _plan()
+    assert "ratio" in _summary_line(plan) and "nan" not in _summary_line(plan)
+    line = _summary_line(replace(plan, lower_bound_s=0.0))
+    assert "lower bound 0" in line and "ratio" not in line and "nan" not in line
