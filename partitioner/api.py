@@ -1,8 +1,8 @@
 """The library entry point: ``partitioner.partition(model, gpus=2) -> Plan``.
 
-Orchestrates the one-way flow: check the options (:func:`prepare`, before any slow work), refuse
-a model no plan could apply to (:func:`passes.checks.check_model`: its own training step, layers
-that cannot be rebuilt), trace the model, cost the graph, solve, evaluate the chosen plan beside
+Orchestrates the one-way flow: check the options (:func:`prepare`, before any slow work), leave
+out the strategies a model placed in place cannot run (:func:`passes.checks.in_place_reason`: its
+own training step, layers that cannot be rebuilt; replicas and stages need copies), trace the model, cost the graph, solve, evaluate the chosen plan beside
 the baselines, write advice, and put the layers that emit no ops beside a neighbour and check that
 the plan applies before returning it (:func:`partition_prepared`). The options travel as three groups
 (:mod:`partitioner.core.options`): what to plan for, how to search, how to measure. Nothing
@@ -525,22 +525,22 @@ def _memory_limit_named(prepared: Prepared) -> Iterator[None]:
 
 
 def _check_model(model: Any) -> _Inexact:
-    """Refuse, in one line and before the slow work, what is no Keras model, and a Keras model
-    no plan could be applied to (its own training step, layers that cannot be rebuilt: :func:`passes.checks.check_model`);
-    the layers, nested ones too, that are not exact under a split batch."""
+    """Refuse, in one line and before the slow work, what is no Keras model; the layers, nested
+    ones too, that are not exact under a split batch. A model the copying rewrites refuse (its
+    own training step, layers that cannot be rebuilt) is placed in place, on whole batches
+    (:func:`passes.checks.batch_split_refusal` leaves out the strategies that split them)."""
     from passes.backend import check_keras_backend
 
     check_keras_backend()
     import keras
 
-    from passes.checks import check_model, inexact_layers
+    from passes.checks import inexact_layers
 
     if not isinstance(model, keras.Model):
         raise UsageError(
             f"model= is {'None' if model is None else 'a ' + type(model).__qualname__}, not a "
             "Keras model; pass a keras.Model (a Sequential, functional or subclassed model)"
         )
-    check_model(model)
     return inexact_layers(model)
 
 

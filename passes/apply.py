@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from partitioner.core.errors import PlanError, TraceError, UsageError
+from partitioner.core.errors import PlanError, RewriteError, TraceError, UsageError
 from partitioner.core.options import InputShape
 from partitioner.core.strategy import Strategy
 from partitioner.plan.model import (
@@ -33,7 +33,7 @@ from partitioner.plan.model import (
     device_key,
 )
 from partitioner.plan.schema import check_plan_matches_model
-from passes.checks import check_batch_split
+from passes.checks import check_batch_split, in_place_reason
 from passes.rewrite.device_placement import default_device_strings, place_model
 from passes.trace import input_names, input_specs, placement_units, sample_batch_size
 
@@ -614,6 +614,13 @@ def apply_plan(
     pipeline = plan.pipeline
     if strategy is not None:
         return _replicated(plan, strategy, model, device_strings, sample, handle, step_timeout_s)
+    in_place = in_place_reason(model)
+    if in_place is not None and handle is not None:
+        raise RewriteError(
+            f"{in_place}: Plan.apply places such a model itself (in place), on this process's "
+            "devices, and a cluster's tasks take copies of its layers; apply the plan here "
+            "without cluster="
+        )
     if handle is not None:
         from passes.cluster.runtime import place_on_cluster
 
@@ -637,4 +644,8 @@ def apply_plan(
             sample_inputs=sample,
             stage_devices=[device_strings[d] for d in pipeline.stage_devices],
         )
+    if in_place is not None:  # its own train_step, layers that cannot be rebuilt
+        from passes.rewrite.in_place import place_in_place
+
+        return place_in_place(model, layer_devices)
     return place_model(model, layer_devices, sample)

@@ -39,6 +39,7 @@ __all__ = [
     "check_batch_split",
     "check_model",
     "fixed_batch",
+    "in_place_reason",
     "inexact_layers",
     "join_neighbours",
     "layer_facts",
@@ -87,11 +88,9 @@ def check_own_steps(model: Any) -> None:
             continue
         owner = next((c for c in cls.__mro__ if name in vars(c)), cls)
         raise RewriteError(
-            f"model class {owner.__name__} overrides {name}: partitioner's rewrites run their "
-            f"own training step (gradients colocated with their layers, micro-batches, "
-            f"replicas), which would silently replace yours and train another loss; plan a "
-            f"model whose loss is given to compile() without overriding {name}, or place its "
-            "layers yourself with tf.device"
+            f"model class {owner.__name__} overrides {name}: partitioner's copies train with "
+            "their own step (gradients colocated with their layers, micro-batches, replicas), "
+            "which would silently replace yours and train another loss"
         )
 
 
@@ -115,7 +114,7 @@ def check_rebuildable(model: Any) -> None:
         except Exception as exc:
             raise RewriteError(
                 f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its config, "
-                f"which placing it on a device needs ({type(exc).__name__}: {one_line(exc)}); "
+                f"which copying it onto a device needs ({type(exc).__name__}: {one_line(exc)}); "
                 f"{_rebuild_advice(layer)}, or plan a model without it"
             ) from None
 
@@ -170,9 +169,22 @@ def _unregistered_functions(config: Any) -> list[str]:
 
 
 def check_model(model: Any) -> None:
-    """Everything about ``model`` that no plan could apply to, before the slow work."""
+    """What the copying rewrites refuse in ``model`` (its own training step, a layer that cannot
+    be rebuilt from its config): such a model is placed in place instead
+    (:func:`in_place_reason`, :mod:`passes.rewrite.in_place`)."""
     check_own_steps(model)
     check_rebuildable(model)
+
+
+def in_place_reason(model: Any) -> str | None:
+    """Why ``model`` is placed in place (``Plan.apply`` changes the model itself) rather than
+    copied: what the copying rewrites refuse in it (:func:`check_model`), the clause before its
+    advice; None for a model they copy."""
+    try:
+        check_model(model)
+    except RewriteError as exc:
+        return str(exc).split(": partitioner's copies", 1)[0].split(", which copying it", 1)[0]
+    return None
 
 
 # -- layers that emit no ops -------------------------------------------------------------------
@@ -270,7 +282,15 @@ def _batch_shares(plan: Plan) -> str | None:
 def batch_split_refusal(model: Any, shares: str) -> str | None:
     """Why ``model``'s batch cannot be split into ``shares`` ("2 replicas"), or None: a fixed
     batch (each share would be another batch), a sparse or ragged input (the rewrites cut a
-    batch's rows with ``tf.split`` and slices, which take dense tensors only)."""
+    batch's rows with ``tf.split`` and slices, which take dense tensors only), a model placed in
+    place (:func:`in_place_reason`: replicas and stages are copies of its layers)."""
+    in_place = in_place_reason(model)
+    if in_place is not None:
+        return (
+            f"{in_place}: Plan.apply places such a model itself (in place), on whole batches, "
+            f"and the plan splits each batch into {shares}, which needs copies of its layers; "
+            "plan with strategy='placed' or strategy='single'"
+        )
     fixed = fixed_batch(model)
     if fixed is not None:
         return (

@@ -1731,6 +1731,11 @@ def _plan(
             model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         _rearm_interrupt(own_sigint)
         load_s = time.perf_counter() - t0
+        if args.emit is not None:  # before the slow work: a model --emit cannot write
+            from passes.rewrite.codegen import check_emittable
+
+            with _model_code(paths, code):  # its layers' configs are the model's code
+                check_emittable(model)
         _check_outputs(paths, [*inputs, *_imported(paths, code)])
         prepared = _trace_cache_kept(paths, prepared)
         code.traces.extend(_trace_cache_of(paths, prepared, code))

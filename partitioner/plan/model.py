@@ -328,11 +328,17 @@ class Plan:
         timeout_s: float = 30.0,
         step_timeout_s: float = 30.0,
     ) -> Any:
-        """A copy of ``model`` placed by this plan.
+        """A copy of ``model`` placed by this plan, or ``model`` itself placed in place.
 
         A :class:`passes.rewrite.device_placement.PlacedModel`, or, for a pipelined plan, a
         :class:`passes.rewrite.pipeline.PipelinedModel` that trains with the plan's micro-batches and
-        schedule. ``devices`` maps the plan's device indices to TensorFlow device strings
+        schedule. A model those copies cannot take (its class overrides ``train_step``,
+        ``test_step`` or ``compute_loss``, or a layer cannot be rebuilt from its config: a custom
+        layer without ``get_config``) is placed in place (:mod:`passes.rewrite.in_place`): its
+        variables move to their layers' devices, each layer's forward and backward ops run there
+        whichever step takes the gradients, and the model itself is returned, its class and its
+        own steps kept; such a model is planned on whole batches only (no replicas, no
+        micro-batches). ``devices`` maps the plan's device indices to TensorFlow device strings
         (``devices[i]`` for plan device ``i``), so a plan for two GPUs can run on two logical
         CPU devices; by default each device's own name from the plan (a topology file or
         cluster names them), else the first N GPUs TensorFlow sees; a device TensorFlow does not

@@ -96,6 +96,7 @@ from passes.trace import ShapeArg, Unit, input_specs, placement_units, sample_ba
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "check_emittable",
     "emit_placed_module",
     "emit_plan_module",
     "emit_replicated_module",
@@ -1667,6 +1668,22 @@ def plan_device_strings(plan: Plan, devices: Sequence[str] | None = None) -> tup
     return tuple(f"/device:{kind}:{d.index}" for d in plan.devices)
 
 
+def check_emittable(model: keras.Model) -> None:
+    """RewriteError (one line) for a model placed in place
+    (:func:`passes.checks.in_place_reason`): the emitted program copies the model from its
+    layers' configs and trains it with partitioner's own step, which such a model cannot take."""
+    from passes.checks import check_model
+
+    try:
+        check_model(model)
+    except RewriteError as exc:
+        raise RewriteError(
+            "an emitted program copies the model from its layers' configs and trains it with "
+            f"partitioner's own step, which this model cannot take: {exc}; Plan.apply places "
+            "it in place instead (the model itself, its own step kept)"
+        ) from None
+
+
 def emit_plan_module(
     model: keras.Model,
     plan: Plan,
@@ -1686,6 +1703,7 @@ def emit_plan_module(
     replicated pipelines through partitioner's own rewrite, ``realise_strategy``, with every
     replica's layer devices written out.
     """
+    check_emittable(model)
     strings = plan_device_strings(plan, devices)
     strategy = plan.strategy
     if strategy is not None and strategy.replicas > 1:

@@ -38,7 +38,7 @@ def _cell(entry: dict[str, str] | None) -> str:
     if entry is None:
         return "-"
     outcome, detail = entry["outcome"], entry["detail"]
-    if outcome in ("applies", "pipelines"):
+    if outcome in ("applies", "pipelines", "in place"):
         return outcome
     reason = " ".join(detail.split()).replace("|", "/")
     if len(reason) > REASON_CHARS:
@@ -57,7 +57,7 @@ def load(results_dir: Path = RESULTS_DIR) -> dict[tuple[str, str], dict[str, str
 def table(results: dict[tuple[str, str], dict[str, str]]) -> str:
     header = ["architecture", "source", *COLUMNS.values()]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    counts = {"applies": 0, "pipelines": 0, "refused": 0, "fails": 0}
+    counts = {"applies": 0, "pipelines": 0, "in place": 0, "refused": 0, "fails": 0}
     for case in CASES:
         cells = []
         for label in COLUMNS:
@@ -70,8 +70,9 @@ def table(results: dict[tuple[str, str], dict[str, str]]) -> str:
     seconds = sum(float(e["seconds"]) for e in results.values())
     summary = (
         f"{len(CASES)} architectures, {len(results)} cases on {len(CPU)} logical CPUs: "
-        f"{counts['applies']} apply, {counts['pipelines']} pipeline (outputs, gradients and the "
-        f"updated weights equal the original's), {counts['refused']} refused in one line at plan "
+        f"{counts['applies']} apply, {counts['pipelines']} pipeline, {counts['in place']} are "
+        "placed in place (the model itself; outputs, gradients and the updated weights equal the "
+        f"original's), {counts['refused']} refused in one line at plan "
         f"time, {counts['fails']} fail; {seconds:.0f} s of test time."
     )
     return "\n".join([BEGIN, *lines, "", summary, END])

@@ -14,6 +14,9 @@ passes in exactly one of two ways:
   whole batch at once. Where the plan micro-batches or replicates (R x M pieces), the reference is
   the original on R x M slices of the batch (gradients of the 1/(R x M)-weighted losses summed):
   BatchNormalization normalises each piece by its own statistics, by design;
+* **it is placed in place** (a model the copying rewrites cannot take: its own ``train_step``,
+  layers that cannot be rebuilt; :mod:`passes.rewrite.in_place`): ``plan.apply`` returns the model
+  itself, and the same checks hold against the model built again from the same seed;
 * **it is refused at plan time** with a ``PartitionError`` whose message is one line (a known
   limitation, issue 17's groups: dict inputs, custom ``train_step``, layers that cannot be
   rebuilt, op-less layers).
@@ -246,7 +249,11 @@ def paired(model: keras.Model, copy: Any) -> list[tuple[Any, Any]]:
     return list(zip(originals, copies, strict=True))
 
 
-def check_equivalence(model: keras.Model, copy: Any, x: Any, y: Any, m: int) -> None:
+def check_equivalence(
+    model: keras.Model, copy: Any, x: Any, y: Any, m: int, own_fit: bool = False
+) -> None:
+    """``own_fit``: the reference trains by ``fit`` too (a model with its own ``train_step``
+    takes its data as ``fit`` gives it; ``train_on_batch`` adds the empty targets)."""
     compare_outputs(copy(x, training=False), model(x, training=False))
     pairs = paired(model, copy)
     before = [(np.array(o.numpy()), np.array(c.numpy())) for o, c in pairs]
@@ -254,7 +261,11 @@ def check_equivalence(model: keras.Model, copy: Any, x: Any, y: Any, m: int) -> 
         np.testing.assert_array_equal(b_c, b_o, err_msg=f"{o.path} before the step")
     compile_sgd(model, y, run_eagerly=True)
     compile_sgd(copy, y)
-    want_loss = reference_step(model, x, y, m)
+    if own_fit:
+        fitted = model.fit(x, y, batch_size=zoo.BATCH, epochs=1, shuffle=False, verbose=0)
+        want_loss = float(fitted.history["loss"][0])
+    else:
+        want_loss = reference_step(model, x, y, m)
     history = copy.fit(x, y, batch_size=zoo.BATCH, epochs=1, shuffle=False, verbose=0)
     got_loss = float(history.history["loss"][0])
     assert abs(got_loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss)), (got_loss, want_loss)
@@ -300,6 +311,10 @@ def run_case(name: str, label: str) -> tuple[str, str]:
         copy = _stage("apply", lambda: plan.apply(model, devices=list(CPU[: setting.gpus])))
         pieces = pieces_of(plan)
         m = pieces if pieces > 1 and has_batch_statistics(model) else 1
+        if copy is model:  # placed in place: the reference is the same model built again
+            reference, _, _ = zoo.build(name)
+            _stage("check", lambda: check_equivalence(reference, copy, x, y, m, own_fit=True))
+            return "in place", f"{type(copy).__name__} itself, {pieces} piece(s)"
         _stage("check", lambda: check_equivalence(model, copy, x, y, m))
         outcome = "pipelines" if getattr(plan, "pipeline", None) is not None else "applies"
         return outcome, f"{type(copy).__name__}, {pieces} piece(s)"

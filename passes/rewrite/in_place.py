@@ -1,0 +1,178 @@
+"""Placement in place: a plan's layer -> device map applied to the user's own model object
+(issue 36), for the models the copying rewrites cannot take: layers that cannot be rebuilt from
+their config (a custom layer without ``get_config``, keras_hub layers whose configs do not
+round-trip) and model classes with their own ``train_step`` / ``test_step`` / ``compute_loss``.
+
+``place_in_place(model, layer_devices)`` changes ``model`` itself and returns it:
+
+* each placement unit's variables (its sublayers' too) are created again on the unit's device,
+  holding their values (the Keras variables stay the same objects, so the model's own code, its
+  optimizers and its checkpoints keep them);
+* each unit's ``call`` runs under ``tf.device`` of its device, and so does its backward pass,
+  whichever training step takes the gradients (Keras's ``fit``, the model's own ``train_step``,
+  the user's ``GradientTape``): the call is one ``tf.custom_gradient`` whose gradient function
+  takes the gradients of the call's own ops (recorded by an inner tape) under the unit's device.
+  A tape places gradient ops where the ``tape.gradient`` call is (Keras's default
+  ``train_step`` left them all on the first device); this gradient function is run by the outer
+  tape for that unit alone, inside the device scope. The gradients are those of the same ops,
+  so they equal the unplaced model's (tests/passes/test_in_place.py compares outputs, gradients
+  and updated weights);
+* the model keeps its class, its own steps, its metrics and its configuration; XLA is turned off
+  (``jit_compile=False``: XLA clusters ignore ``tf.device``), and its compiled step functions
+  are traced again.
+
+Only a placement (one replica, no micro-batches) is applied in place: replicas and pipeline
+stages need copies of the layers, which these models cannot give (:func:`in_place_reason`).
+An optimizer built before the call keeps its slot variables where they were.
+
+Reference: the ``tf.custom_gradient`` + inner-tape construction is the one
+``tf.recompute_grad`` uses (Chen et al. 2016), here without the recomputation.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src import tree
+from keras.src.backend import get_keras_mask, set_keras_mask
+
+from partitioner.core.errors import RewriteError
+from passes.checks import in_place_reason
+from passes.rewrite.device_placement import received_on
+from passes.trace import placement_units
+from passes.weightless import is_deferred
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["in_place_reason", "place_in_place", "placed_in_place", "variable_devices"]
+"""``in_place_reason`` lives in :mod:`passes.checks` (plan-time checks read it too)."""
+
+_MARK = "_partitioner_in_place"
+"""The attribute a model placed in place carries: its layer -> device map."""
+
+
+def placed_in_place(model: Any) -> Mapping[str, str] | None:
+    """The layer -> device map ``model`` was placed in place with, or None."""
+    return getattr(model, _MARK, None)
+
+
+def variable_devices(model: Any) -> dict[str, str]:
+    """Each of ``model``'s variables (by its path) -> the device TensorFlow holds it on."""
+    return {v.path: getattr(v, "value", v).device for v in model.variables}
+
+
+def place_in_place(model: keras.Model, layer_devices: Mapping[str, str]) -> keras.Model:
+    """Place ``model`` itself by ``layer_devices`` (placement unit name -> device string) and
+    return it; see the module docstring."""
+    if placed_in_place(model) is not None:
+        raise RewriteError(
+            f"model {model.name!r} is already placed in place by a plan; build the model again "
+            "and apply the plan to that"
+        )
+    units = placement_units(model)
+    names = [u.name for u in units]
+    missing = [n for n in names if n not in layer_devices]
+    if missing:
+        raise RewriteError(
+            f"the plan does not place layers {missing[:8]} of model {model.name!r}; make the "
+            "plan for this model"
+        )
+    for unit in units:
+        device = layer_devices[unit.name]
+        _move_variables(unit.operation, device)
+        object.__setattr__(unit.operation, "call", _placed_call(unit.operation.call, device))
+    _retrace(model)
+    object.__setattr__(model, _MARK, dict(zip(names, (layer_devices[n] for n in names))))
+    return model
+
+
+def _move_variables(operation: Any, device: str) -> None:
+    """``operation``'s variables (its sublayers' too) created again on ``device``, holding their
+    values (a variable built without its value, :mod:`passes.weightless`: from its initializer)."""
+    with tf.device(device):
+        for variable in getattr(operation, "weights", None) or []:
+            if is_deferred(variable):
+                variable._initialize_with_initializer(variable._initializer)
+            else:
+                variable._initialize(variable.numpy())
+
+
+def _retrace(model: keras.Model) -> None:
+    """The model's compiled step functions dropped (they hold the variables as they were), and
+    XLA off: its clusters ignore ``tf.device``."""
+    if getattr(model, "jit_compile", False):
+        logger.warning("jit_compile is turned off: XLA would ignore the device placement")
+    if hasattr(model, "jit_compile"):
+        model.jit_compile = False
+    for name in ("train_function", "test_function", "predict_function"):
+        if hasattr(model, name):
+            setattr(model, name, None)
+
+
+def _differentiable(value: Any) -> bool:
+    return isinstance(value, tf.Tensor) and value.dtype.is_floating
+
+
+def _placed_call(call: Any, device: str) -> Any:
+    """``call`` with its forward ops and its backward ops on ``device``."""
+
+    @functools.wraps(call)
+    def run_on_device(*args: Any, **kwargs: Any) -> Any:
+        with tf.device(device):
+            args, kwargs = received_on(device, (args, kwargs))
+            flat = tree.flatten((args, kwargs))
+            if not any(_differentiable(x) for x in flat):  # symbolic (KerasTensors), or no input
+                return call(*args, **kwargs)  # to differentiate: its ops are on ``device``
+            return _with_placed_gradient(call, device, args, kwargs)
+
+    return run_on_device
+
+
+def _with_placed_gradient(call: Any, device: str, args: Any, kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` as one ``tf.custom_gradient`` whose gradient runs on ``device``
+    (the module docstring)."""
+    flat = tree.flatten((args, kwargs))
+    where = [i for i, x in enumerate(flat) if _differentiable(x)]
+    made: dict[str, Any] = {}
+
+    @tf.custom_gradient
+    def forward(*inputs: Any) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            given = list(flat)
+            for i, x in zip(where, inputs):
+                given[i] = x
+            a, k = tree.pack_sequence_as((args, kwargs), given)
+            out = call(*a, **k)
+        outs = [o for o in tree.flatten(out) if isinstance(o, tf.Tensor)]
+        made["out"], made["masks"] = out, [get_keras_mask(o) for o in outs]
+
+        def gradient(*dys: Any, variables: Any = None) -> Any:
+            pairs = [(o, dy) for o, dy in zip(outs, dys) if _differentiable(o)]
+            with tf.device(device):
+                sources = [*inputs, *(variables or [])]
+                grads = tape.gradient(
+                    [o for o, _ in pairs],
+                    sources,
+                    output_gradients=[tf.zeros_like(o) if dy is None else dy for o, dy in pairs],
+                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
+                )
+            return grads[: len(inputs)], grads[len(inputs) :]
+
+        return [tf.identity(o) for o in outs], gradient
+
+    results = iter(forward(*[flat[i] for i in where]))
+    masks = iter(made["masks"])
+    placed = []
+    for value in tree.flatten(made["out"]):
+        if isinstance(value, tf.Tensor):
+            value, mask = next(results), next(masks)
+            if mask is not None:
+                set_keras_mask(value, mask)
+        placed.append(value)
+    return tree.pack_sequence_as(made["out"], placed)

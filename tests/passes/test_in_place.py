@@ -1,0 +1,359 @@
+"""Placement in place (issue 36, :mod:`passes.rewrite.in_place`): models the copying rewrites
+cannot take, written as the keras.io examples write them, placed on four logical CPU devices;
+outputs, gradients and the weights after one step of the model's own training equal the
+unplaced model's, every variable lives on its layer's device, and the backward ops of a layer
+run where its forward ops do, whichever step takes the gradients."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from partitioner.core.errors import RewriteError
+from passes.rewrite.in_place import (
+    in_place_reason,
+    place_in_place,
+    placed_in_place,
+    variable_devices,
+)
+from passes.trace import placement_units
+
+DEVICES = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)]
+
+
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """keras.io "Text classification with Transformer", verbatim in kind: no get_config."""
+
+    def __init__(self, maxlen: int, vocab_size: int, embed_dim: int) -> None:
+        super().__init__()
+        self.token_emb = keras.layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.pos_emb = keras.layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+    def call(self, x: Any) -> Any:
+        maxlen = keras.ops.shape(x)[-1]
+        positions = keras.ops.arange(start=0, stop=maxlen, step=1)
+        return self.token_emb(x) + self.pos_emb(positions)
+
+
+class TransformerBlock(keras.layers.Layer):
+    def __init__(self, embed_dim: int, num_heads: int, ff_dim: int, rate: float = 0.1) -> None:
+        super().__init__()
+        self.att = keras.layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = keras.Sequential(
+            [keras.layers.Dense(ff_dim, activation="relu"), keras.layers.Dense(embed_dim)]
+        )
+        self.layernorm1 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = keras.layers.Dropout(rate)
+        self.dropout2 = keras.layers.Dropout(rate)
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        attn_output = self.att(inputs, inputs)
+        attn_output = self.dropout1(attn_output, training=training)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.dropout2(self.ffn(out1), training=training)
+        return self.layernorm2(out1 + ffn_output)
+
+
+def text_classifier() -> keras.Model:
+    inputs = keras.layers.Input(shape=(12,), dtype="int32")
+    x = TokenAndPositionEmbedding(12, 50, 16)(inputs)
+    x = TransformerBlock(16, 2, 16, rate=0.0)(x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    x = keras.layers.Dense(8, activation="relu")(x)
+    outputs = keras.layers.Dense(2, activation="softmax")(x)
+    model = keras.Model(inputs=inputs, outputs=outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    return model
+
+
+class ActivityRegularized(keras.layers.Layer):
+    """A loss added inside a layer (keras.io "Making new layers and models via subclassing")."""
+
+    def __init__(self, rate: float = 1e-2) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def call(self, inputs: Any) -> Any:
+        self.add_loss(self.rate * keras.ops.sum(keras.ops.square(inputs)))
+        return inputs
+
+
+class BranchingModel(keras.Model):
+    """A subclassed model whose call branches on ``training``, with a shared layer and a loss
+    added by a layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = keras.layers.Dense(8, activation="tanh")
+        self.left = keras.layers.Dense(8)
+        self.reg = ActivityRegularized()
+        self.head = keras.layers.Dense(1)
+
+    def call(self, x: Any, training: bool | None = None) -> Any:
+        h = self.shared(x)
+        h = self.shared(self.left(h))  # the shared layer, twice
+        if training:
+            h = self.reg(h)
+        return self.head(h)
+
+
+def branching() -> keras.Model:
+    model = BranchingModel()
+    model(np.zeros((2, 8), "float32"))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+class CustomModel(keras.Model):
+    """keras.io "Customizing what happens in fit()": its own train_step."""
+
+    def train_step(self, data: Any) -> Any:
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        return {"loss": loss}
+
+
+def custom_step() -> keras.Model:
+    inputs = keras.Input(shape=(8,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    h = keras.layers.Dense(16, activation="relu")(h)
+    model = CustomModel(inputs, keras.layers.Dense(1)(h))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+class GAN(keras.Model):
+    """keras.io "DCGAN"-style: two optimizers, its own train_step (no labels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generator = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(8)],
+            name="generator",
+        )
+        self.discriminator = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)],
+            name="discriminator",
+        )
+
+    def call(self, z: Any, training: bool | None = None) -> Any:
+        return self.discriminator(self.generator(z))
+
+    def compile(self, d_optimizer: Any, g_optimizer: Any) -> None:  # type: ignore[override]
+        super().compile()
+        self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def train_step(self, real: Any) -> Any:
+        z = tf.ones((tf.shape(real)[0], 4)) * 0.5
+        fake = self.generator(z)
+        with tf.GradientTape() as tape:
+            logits = self.discriminator(tf.concat([fake, real], axis=0))
+            labels = tf.concat(
+                [tf.ones((tf.shape(real)[0], 1)), tf.zeros_like(logits[: tf.shape(real)[0]])], 0
+            )
+            d_loss = self.loss_fn(labels, logits)
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply(grads, self.discriminator.trainable_weights)
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(tf.zeros((tf.shape(real)[0], 1)), self(z))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply(grads, self.generator.trainable_weights)
+        return {"d_loss": d_loss, "g_loss": g_loss}
+
+
+def gan() -> keras.Model:
+    model = GAN()
+    model(np.zeros((2, 4), "float32"))
+    model.compile(keras.optimizers.SGD(0.1), keras.optimizers.SGD(0.1))
+    return model
+
+
+CASES: dict[str, tuple[Callable[[], keras.Model], Any, Any]] = {
+    "no-get-config": (
+        text_classifier,
+        np.random.default_rng(0).integers(0, 50, (6, 12)).astype("int32"),
+        np.array([0, 1, 0, 1, 1, 0]),
+    ),
+    "subclassed-branching": (
+        branching,
+        np.random.default_rng(1).normal(size=(6, 8)).astype("float32"),
+        np.random.default_rng(2).normal(size=(6, 1)).astype("float32"),
+    ),
+    "own-train-step": (
+        custom_step,
+        np.random.default_rng(3).normal(size=(6, 8)).astype("float32"),
+        np.random.default_rng(4).normal(size=(6, 1)).astype("float32"),
+    ),
+    "gan-two-optimizers": (
+        gan,
+        np.random.default_rng(5).normal(size=(6, 8)).astype("float32"),
+        None,
+    ),
+}
+
+
+def _built(make: Callable[[], keras.Model]) -> keras.Model:
+    keras.utils.set_random_seed(7)
+    return make()
+
+
+def _devices_of(model: keras.Model) -> dict[str, str]:
+    units = placement_units(model)
+    return {u.name: DEVICES[k % len(DEVICES)] for k, u in enumerate(units)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_models_copying_refuses_are_placed_in_place(case: str) -> None:
+    make, x, y = CASES[case]
+    assert in_place_reason(_built(make)) is not None  # the copying rewrites refuse each
+    reference, model = _built(make), _built(make)
+    before = model.predict(x[:2] if y is None else x, verbose=0) if y is not None else None
+    layer_devices = _devices_of(model)
+    placed = place_in_place(model, layer_devices)
+    assert placed is model and type(model) is type(reference)
+    assert placed_in_place(model) == layer_devices
+    if before is not None:
+        np.testing.assert_allclose(model.predict(x, verbose=0), before, rtol=1e-6)
+    for unit in placement_units(model):
+        for variable in unit.operation.weights:
+            assert variable.value.device == layer_devices[unit.name], (unit.name, variable.path)
+    data = x if y is None else (x, y)
+    initial = [w.copy() for w in model.get_weights()]
+    for made in (reference, model):
+        made.fit(
+            *((data,) if y is None else data), batch_size=len(x), epochs=1, verbose=0, shuffle=False
+        )
+    for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+    assert any(not np.array_equal(a, b) for a, b in zip(initial, model.get_weights()))  # trained
+
+
+def test_gradients_are_the_unplaced_models_and_run_on_each_layers_device() -> None:
+    """The user's own GradientTape loop: the same gradients, and every gradient op of a layer
+    on its device (a tape puts them where ``tape.gradient`` is called without this)."""
+    make, x, y = CASES["own-train-step"]
+    reference, model = _built(make), _built(make)
+    layer_devices = {u.name: DEVICES[1 + k % 3] for k, u in enumerate(placement_units(model))}
+    place_in_place(model, layer_devices)
+
+    def grads(made: keras.Model) -> Any:
+        @tf.function
+        def step(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((made(x, training=True) - y) ** 2)
+            return tape.gradient(loss, made.trainable_variables)
+
+        return step, [g.numpy() for g in step(x, y)]
+
+    _, expected = grads(reference)
+    step, got = grads(model)
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-8)
+    graph = step.get_concrete_function(tf.constant(x), tf.constant(y)).graph
+    matmul_grads = Counter(
+        op.device for op in graph.get_operations() if op.type == "MatMul" and "gradient" in op.name
+    )
+    # three Dense layers on CPU:1-3, two gradient matmuls each (the first layer's input
+    # gradient is not needed), none left unplaced or on CPU:0
+    assert set(matmul_grads) <= {
+        d.replace("/job:localhost/replica:0/task:0", "") for d in DEVICES[1:]
+    } | set(DEVICES[1:])
+    assert "" not in matmul_grads and sum(matmul_grads.values()) >= 5
+
+
+def test_a_model_placed_in_place_is_not_placed_again() -> None:
+    model = _built(custom_step)
+    place_in_place(model, _devices_of(model))
+    with pytest.raises(RewriteError, match="already placed in place"):
+        place_in_place(model, _devices_of(model))
+    assert variable_devices(model)
+
+
+CUSTOM_STEP_FILE = """
+import keras
+import tensorflow as tf
+
+
+class CustomModel(keras.Model):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {"loss": loss}
+
+
+def build_model():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input(shape=(64,))
+    h = keras.layers.Dense(256, activation="relu", name="d1")(inputs)
+    h = keras.layers.Dense(256, activation="relu", name="d2")(h)
+    model = CustomModel(inputs, keras.layers.Dense(1, name="d3")(h))
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+"""
+
+
+@pytest.mark.slow
+def test_the_command_line_plans_a_model_with_its_own_step_and_apply_places_it(
+    tmp_path: Any,
+) -> None:
+    """Issue 36's done-when, from the command line: ``partition`` on a model whose class
+    overrides ``train_step`` writes a plan (a strategy that splits batches left out with a
+    note), ``plan.apply`` places the model itself, and one step of its own ``fit`` equals the
+    unplaced model's; ``--pipeline`` and ``--emit`` are one line each."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import partitioner
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "custom.py").write_text(CUSTOM_STEP_FILE)
+    env = {**os.environ, "PYTHONPATH": str(repo), "PARTITIONER_CACHE_DIR": str(tmp_path / "c")}
+
+    def run(*args: str) -> Any:
+        return subprocess.run(
+            [sys.executable, "-m", "partitioner", "custom.py", "--gpus", "2", *args],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,
+        )  # fmt: skip
+
+    done = run("--device-type", "cpu", "--strategy", "placed", "--out", "p.json")
+    assert done.returncode == 0, done.stderr
+    for refused, words in (
+        (run("--pipeline"), "overrides train_step: Plan.apply places such a model itself"),
+        (run("--emit", "e.py"), "an emitted program copies the model"),
+    ):
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+        assert words in refused.stderr, refused.stderr
+    assert not (tmp_path / "e.py").exists()
+    spec = importlib.util.spec_from_file_location("custom_model_file", tmp_path / "custom.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reference, model = module.build_model(), module.build_model()
+    plan = partitioner.load_plan(tmp_path / "p.json")
+    assert len(set(plan.assignment.values())) == 2  # a real split, forced by --strategy placed
+    assert plan.apply(model, devices=DEVICES[:2]) is model
+    x = np.random.default_rng(0).normal(size=(32, 64)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(32, 1)).astype("float32")
+    for made in (reference, model):
+        made.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
