@@ -610,10 +610,23 @@ def apply_plan(
     # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own
     # structure (a dict of inputs too).
     sample = [_sample_array(s) for s in specs]
-    layer_devices = {name: device_strings[d] for name, d in plan.assignment.items()}
-    pipeline = plan.pipeline
     if strategy is not None:
         return _replicated(plan, strategy, model, device_strings, sample, handle, step_timeout_s)
+    return _one_replica(plan, model, device_strings, sample, handle, step_timeout_s)
+
+
+def _one_replica(
+    plan: Plan,
+    model: Any,
+    device_strings: Sequence[str],
+    sample: list[Any],
+    handle: Any,
+    step_timeout_s: float,
+) -> Any:
+    """``model`` placed by a plan of one replica: on a cluster's tasks (``handle``), pipelined,
+    copied onto the devices, or, a model the copies cannot take, placed in place."""
+    layer_devices = {name: device_strings[d] for name, d in plan.assignment.items()}
+    pipeline = plan.pipeline
     in_place = in_place_reason(model)
     if in_place is not None and handle is not None:
         raise RewriteError(
