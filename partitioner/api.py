@@ -828,7 +828,10 @@ def _compare(costed_at: _CostedAt, prepared: Prepared, solved: _Solved) -> _Comp
             raise
         logger.warning("strategies not compared: %s", exc)
         return None
-    applied = None if families is None else search.best
+    # a plain split by a named solver is that solver's own split, under its name (it applied
+    # another solver's refined split labelled round-robin, campaign 34w)
+    own_split = families is not None and set(families) == {Family.PLACED} and solver != "auto"
+    applied = None if families is None or own_split else search.best
     return _Compared(
         rows=family_rows(search),
         graphs=costed_at.graphs,

@@ -200,3 +200,68 @@ def test_a_lower_bound_of_zero_shows_no_ratio() -> None:
     assert "ratio" in _summary_line(plan) and "nan" not in _summary_line(plan)
     line = _summary_line(replace(plan, lower_bound_s=0.0))
     assert "lower bound 0" in line and "ratio" not in line and "nan" not in line
+
+
+def test_calibrate_refuses_keras_config_and_the_caches_before_connecting(tmp_path: Path) -> None:
+    """Campaign 34w a (D2): ``partition calibrate --out`` measured for a minute, then wrote the
+    topology over Keras's ``keras.json``, into the trace cache or over the packaged catalog
+    (every later run failing); ``--out`` of ``partition`` refuses them (rows 173, 197). The same
+    checks, before any worker is asked."""
+    (tmp_path / "kh").mkdir()
+    (tmp_path / "kh" / "keras.json").write_text('{"backend": "tensorflow"}')
+    (tmp_path / "cache" / "traces").mkdir(parents=True)
+    (tmp_path / "c.json").write_text('{"worker": ["localhost:1", "localhost:2"]}')
+    env = {"KERAS_HOME": str(tmp_path / "kh")}
+    for out, words in (
+        ("kh/keras.json", "is Keras's configuration file"),
+        ("cache/traces/x.json", "is in the trace cache"),
+    ):
+        done = _partition(tmp_path, "calibrate", "--cluster", "c.json", "--out", out, env=env)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "kh" / "keras.json").read_text() == '{"backend": "tensorflow"}'
+    assert not (tmp_path / "cache" / "traces" / "x.json").exists()
+
+
+def test_a_plain_split_by_a_named_solver_is_that_solvers_split() -> None:
+    """Campaign 34w b (C): ``--strategy placed --solver round-robin`` applied another solver's
+    contiguous split ([0, 0, 0, 1, 1], a device idle) labelled round-robin. A named solver's
+    plain split is its own."""
+    from examples.mnist_mlp import build_model
+
+    plan = partitioner.partition(
+        build_model(), gpus=3, batch_size=32, strategy="placed", solver="round-robin"
+    )
+    assert plan.solver.name == "round-robin"
+    assert list(plan.assignment.values()) == [0, 1, 2, 0, 1]  # layer k on device k mod 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["unseeded-random", "batch-norm-called"])
+def test_a_model_built_again_with_its_weights_keeps_its_names_and_seed(
+    tmp_path: Path, case: str
+) -> None:
+    """Campaign 34w c (A, B): a builder calling an unseeded ``keras.random.normal`` failed
+    ("'NoneType' object has no attribute 'assign'": the global seed generator made by the build
+    without weights had no state) and was blamed on the model; a builder calling its
+    BatchNormalization model in training mode was built again with its weights, as
+    ``sequential_1``, ``dense_2``: a plan the user's own build never applies to. The second
+    build starts from Keras's global state as the first did."""
+    body = {
+        "unseeded-random": "    m(keras.random.normal((2, 8)))\n",
+        "batch-norm-called": "    m(np.ones((4, 8), 'float32'), training=True)\n",
+    }[case]
+    (tmp_path / "m.py").write_text(
+        "import keras, numpy as np\n"
+        "def build_model():\n"
+        "    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),\n"
+        "                          keras.layers.BatchNormalization(), keras.layers.Dense(1)])\n"
+        + body
+        + "    return m\n"
+    )
+    done = _partition(tmp_path, "m.py", "--gpus", "2", "--device-type", "cpu", "--out", "p.json")
+    assert done.returncode == 0, done.stderr
+    assert "built it with its weights instead" in done.stderr
+    plan = partitioner.load_plan(tmp_path / "p.json")
+    assert plan.model_name == "sequential"
+    assert plan.layer_order == ("dense", "batch_normalization", "dense_1")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import partitioner
-from partitioner.core.errors import PartitionError, RewriteError
+from partitioner.core.errors import PartitionError, RewriteError, UsageError
 from partitioner.solvers import SOLVERS
 from passes.checks import check_applyable, check_model, join_neighbours, opless_layers
 from passes.trace import trace_model
@@ -56,13 +56,17 @@ class OwnTestStep(keras.Model):
     [(OwnTrainStep, "train_step"), (OwnComputeLoss, "compute_loss"), (OwnTestStep, "test_step")],
 )
 def test_a_model_class_with_its_own_step_is_refused_before_tracing(cls: Any, method: str) -> None:
+    """Since issue 36 such a model is planned on whole batches and placed in place: what is
+    refused before tracing is a strategy that splits its batches (pipeline=True here)."""
     inputs = keras.Input((8,))
     model = cls(inputs, keras.layers.Dense(2)(inputs), name="own")
-    with pytest.raises(RewriteError) as exc:
-        partitioner.partition(model, gpus=2, batch_size=4)
+    with pytest.raises(UsageError) as exc:
+        partitioner.partition(model, gpus=2, batch_size=4, pipeline=True)
     message = _one_line(exc)
     assert f"model class {cls.__name__} overrides {method}" in message
-    assert "plan a model" in message
+    assert "Plan.apply places such a model itself (in place)" in message
+    plan = partitioner.partition(model, gpus=2, batch_size=4)
+    assert plan.strategy is None or plan.strategy.replicas == 1 == plan.strategy.num_microbatches
 
 
 def test_functional_and_sequential_models_pass_the_checks() -> None:
@@ -101,15 +105,17 @@ class HoldsALayer(keras.layers.Layer):
     ids=["no-kwargs", "holds-a-layer"],
 )
 def test_a_layer_that_cannot_be_rebuilt_is_refused_in_one_line(make: Any) -> None:
+    """Since issue 36 such a model is placed in place; a strategy that splits its batches
+    (strategy='data_parallel' here) is what is refused, in one line naming the layer."""
     inputs = keras.Input((8,))
     layer = make()
     outputs = keras.layers.Dense(2)(layer(keras.layers.Dense(8)(inputs)))
     model = keras.Model(inputs, outputs, name="custom")
-    with pytest.raises(RewriteError) as exc:
-        partitioner.partition(model, gpus=2, batch_size=4)
+    with pytest.raises(UsageError) as exc:
+        partitioner.partition(model, gpus=2, batch_size=4, strategy="data_parallel")
     message = _one_line(exc)
     assert f"layer {layer.name!r} ({type(layer).__name__}) cannot be rebuilt" in message
-    assert "get_config" in message
+    assert "Plan.apply places such a model itself (in place)" in message
 
 
 # -- group 3: layers that emit no ops, and plans that apply ------------------------------------

@@ -84,14 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_out(path: str, cluster: str | None) -> Path:
     """The file ``--out`` replaces (a symbolic link's target), checked as ``partition``'s outputs
     are: a regular file or new, never one holding binary data (the user's), never the cluster
-    file. Called before calibrating and again before writing."""
-    from partitioner.core.files import check_output_path, check_replaceable, same_file
+    file, nor partitioner's own files, Keras's configuration or a cache (campaign 34w: a
+    topology written over the packaged catalog failed every later run). Called before
+    calibrating and again before writing."""
+    from partitioner.core.files import (
+        check_output_path,
+        check_outside_cache,
+        check_outside_own_files,
+        check_replaceable,
+        default_caches,
+        same_file,
+    )
 
     if not path.endswith(".json"):
         raise UsageError(f"--out {path}: give a .json path (a topology file)")
     target = check_output_path(path, "cannot write the topology file")
     if cluster and os.path.exists(cluster) and os.path.exists(path) and same_file(path, cluster):
         raise UsageError(f"--out {path} is the cluster file; write the topology elsewhere")
+    resolved = os.path.realpath(path)
+    check_outside_own_files(resolved, f"--out {path}")
+    check_outside_cache(resolved, f"--out {path}", default_caches())
     check_replaceable(target, f"--out {path}")
     return target
 

@@ -481,10 +481,12 @@ def load_model(spec: str, *, weightless: bool = False) -> Any:
         build_without_weights,
     )
 
+    names = _KerasGlobals()
     try:  # layers a subclassed model's build() left unbuilt are built here, without weights too
         return build_without_weights(lambda: build_sublayers(_load(spec)), what=spec)
     except WeightlessBuildError as exc:
         failure = exc
+    names.restore()  # the second build as the first would be: its names, its seed generator
     if _fails_with_weights_too(failure.__cause__):  # the model's code is not run a second time
         raise cast(ModelLoadError, failure.__cause__) from None
     free = available_memory_bytes()
@@ -497,6 +499,30 @@ def load_model(spec: str, *, weightless: bool = False) -> Any:
     model = _load(spec)  # the user's own error, when the model fails with weights too
     logger.warning("%s; built it with its weights instead", failure.reason)
     return model
+
+
+class _KerasGlobals:
+    """Keras's global state a failed build without weights leaves behind, as it was before:
+    the counters of automatic names (``dense``, ``dense_1``, ...; the second build got
+    ``sequential_1``, ``dense_2``, and its plan named layers the user's own build never has) and
+    the global seed generator (made inside the failed build, its state has no value: an
+    unseeded ``keras.random.normal`` then failed the build with weights too), campaign 34w."""
+
+    def __init__(self) -> None:
+        from keras.src.backend.common import global_state
+
+        self._state = global_state
+        counters = global_state.get_global_attribute("object_name_uids")
+        self._counters = None if counters is None else dict(counters)
+        self._seed = global_state.get_global_attribute("global_seed_generator")
+
+    def restore(self) -> None:
+        import collections
+
+        restored: collections.defaultdict[str, int] = collections.defaultdict(int)
+        restored.update(self._counters or {})
+        self._state.set_global_attribute("object_name_uids", restored)
+        self._state.set_global_attribute("global_seed_generator", self._seed)
 
 
 SCOPED_PACKAGES = ("keras", "tensorflow", "tf_keras")

@@ -23,7 +23,8 @@ round-trip) and model classes with their own ``train_step`` / ``test_step`` / ``
 
 Only a placement (one replica, no micro-batches) is applied in place: replicas and pipeline
 stages need copies of the layers, which these models cannot give (:func:`in_place_reason`).
-An optimizer built before the call keeps its slot variables where they were.
+An optimizer built before the call finds its variables again (:func:`_rekey_optimizers`) and
+keeps its slot variables where they were.
 
 Reference: the ``tf.custom_gradient`` + inner-tape construction is the one
 ``tf.recompute_grad`` uses (Chen et al. 2016), here without the recomputation.
@@ -85,10 +86,26 @@ def place_in_place(model: keras.Model, layer_devices: Mapping[str, str]) -> kera
     for unit in units:
         device = layer_devices[unit.name]
         _move_variables(unit.operation, device)
-        object.__setattr__(unit.operation, "call", _placed_call(unit.operation.call, device))
+        placed = _placed_call(unit.operation, unit.operation.call, device)
+        object.__setattr__(unit.operation, "call", placed)
     _retrace(model)
+    _rekey_optimizers(model)
     object.__setattr__(model, _MARK, dict(zip(names, (layer_devices[n] for n in names))))
     return model
+
+
+def _rekey_optimizers(model: keras.Model) -> None:
+    """The model's optimizers that are built (``compile``'s, and a GAN's own attributes) find
+    their variables again: a TensorFlow optimizer keys each variable by its backing
+    ``tf.Variable``, which the move created anew ("Unknown variable" at the next ``fit``,
+    campaign 34w). Their slot variables stay where they were."""
+    for optimizer in list(vars(model).values()):
+        inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's
+        for made in (optimizer, inner):
+            if isinstance(made, keras.optimizers.Optimizer) and made.built:
+                made._trainable_variables_indices = {
+                    made._var_key(v): i for i, v in enumerate(made._trainable_variables)
+                }
 
 
 def _move_variables(operation: Any, device: str) -> None:
@@ -115,19 +132,24 @@ def _retrace(model: keras.Model) -> None:
 
 
 def _differentiable(value: Any) -> bool:
-    return isinstance(value, tf.Tensor) and value.dtype.is_floating
+    """A tensor a gradient flows through: floating or complex (``tf.signal.fft``'s output: a
+    complex output left out gave every layer before it a zero gradient, campaign 34w)."""
+    return isinstance(value, tf.Tensor) and (value.dtype.is_floating or value.dtype.is_complex)
 
 
-def _placed_call(call: Any, device: str) -> Any:
-    """``call`` with its forward ops and its backward ops on ``device``."""
+def _placed_call(operation: Any, call: Any, device: str) -> Any:
+    """``operation``'s ``call`` with its forward ops and its backward ops on ``device``."""
 
     @functools.wraps(call)
     def run_on_device(*args: Any, **kwargs: Any) -> Any:
         with tf.device(device):
             args, kwargs = received_on(device, (args, kwargs))
             flat = tree.flatten((args, kwargs))
-            if not any(_differentiable(x) for x in flat):  # symbolic (KerasTensors), or no input
-                return call(*args, **kwargs)  # to differentiate: its ops are on ``device``
+            symbolic = not any(isinstance(x, tf.Tensor) for x in flat)  # KerasTensors
+            trains = bool(getattr(operation, "trainable_weights", None))
+            if symbolic or not (trains or any(_differentiable(x) for x in flat)):
+                return call(*args, **kwargs)  # nothing to differentiate: its ops are here
+            # an Embedding (integer inputs) too: its variables' gradient runs on ``device``
             return _with_placed_gradient(call, device, args, kwargs)
 
     return run_on_device
@@ -142,7 +164,9 @@ def _with_placed_gradient(call: Any, device: str, args: Any, kwargs: Any) -> Any
 
     @tf.custom_gradient
     def forward(*inputs: Any) -> Any:
-        with tf.GradientTape() as tape:
+        # persistent: the gradient function runs once per gradient taken through it (a
+        # persistent outer tape asked twice, a gradient penalty's second order, campaign 34w)
+        with tf.GradientTape(persistent=True) as tape:
             tape.watch(inputs)
             given = list(flat)
             for i, x in zip(where, inputs):

@@ -357,3 +357,120 @@ def test_the_command_line_plans_a_model_with_its_own_step_and_apply_places_it(
         made.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+def test_an_embeddings_gradient_runs_on_its_device() -> None:
+    """A layer with integer inputs (an ``Embedding``) has nothing to differentiate but its
+    table: its backward still runs on its device, and its gradient stays ``IndexedSlices``."""
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((3,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(10, 4, name="emb")(ids))
+    model = keras.Model(ids, keras.layers.Dense(2, name="out")(pooled))
+    devices = {u.name: DEVICES[2] for u in placement_units(model)}
+    devices["emb"] = DEVICES[1]
+    place_in_place(model, devices)
+    table = model.get_layer("emb").embeddings
+
+    @tf.function
+    def step(x: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x, training=True))
+        gradient = tape.gradient(loss, table.value)
+        assert isinstance(gradient, tf.IndexedSlices)
+        assert gradient.values.op.device.endswith("CPU:1"), gradient.values.op.device
+        return gradient.values
+
+    assert step(tf.constant([[1, 2, 2]])).shape == (3, 4)
+
+
+class OwnStepModel(keras.Model):
+    def train_step(self, data: Any) -> Any:
+        return super().train_step(data)
+
+
+def _critic() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(16, activation="tanh")(inputs)
+    h = keras.layers.Dense(16, activation="tanh")(h)
+    return OwnStepModel(inputs, keras.layers.Dense(1)(h))
+
+
+def test_gradients_taken_twice_and_of_second_order_equal_the_unplaced_models() -> None:
+    """Campaign 34w b (A): a persistent tape asked twice (keras.io's CycleGAN) and a WGAN-GP
+    gradient penalty (a gradient of a gradient) raised "A non-persistent GradientTape can only
+    be used to compute one set of gradients" on a model placed in place."""
+    reference, model = _critic(), _critic()
+    place_in_place(model, {u.name: DEVICES[k % 3] for k, u in enumerate(placement_units(model))})
+    x = tf.constant(np.random.default_rng(1).normal(size=(8, 6)).astype("float32"))
+
+    def twice(made: keras.Model) -> list[Any]:
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_mean(made(x, training=True) ** 2)
+        first = tape.gradient(loss, made.trainable_variables[:2])
+        return [*first, *tape.gradient(loss, made.trainable_variables[2:])]
+
+    def penalty(made: keras.Model) -> list[Any]:
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                out = made(x, training=True)
+            gp = tf.reduce_mean((tf.norm(inner.gradient(out, x), axis=1) - 1.0) ** 2)
+        return outer.gradient(gp, made.trainable_variables)
+
+    for taken in (twice, penalty, tf.function(twice), tf.function(penalty)):
+        for a, b in zip(taken(reference), taken(model), strict=True):
+            if a is None:  # the last bias: no part in a gradient with respect to the input
+                assert b is None or not np.any(b)
+                continue
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+class ToComplex(keras.layers.Layer):
+    def call(self, x: Any) -> Any:
+        return tf.signal.fft(tf.complex(x, 0.5 * x))
+
+
+class FromComplex(keras.layers.Layer):
+    def call(self, c: Any) -> Any:
+        return tf.abs(c)
+
+
+def test_a_gradient_through_a_complex_output_is_kept() -> None:
+    """Campaign 34w b (B): a layer returning a complex tensor (``tf.signal.fft``) cut the
+    gradient of every layer before it to zero, without a word."""
+
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        h = FromComplex()(ToComplex()(keras.layers.Dense(8, name="d1")(inputs)))
+        return OwnStepModel(inputs, keras.layers.Dense(1, name="d2")(h))
+
+    reference, model = build(), build()
+    place_in_place(model, _devices_of(model))
+    x = np.random.default_rng(0).normal(size=(8, 8)).astype("float32")
+
+    def grads(made: keras.Model) -> list[Any]:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((made(x, training=True) - 1.0) ** 2)
+        return tape.gradient(loss, made.trainable_variables)
+
+    expected, got = grads(reference), grads(model)
+    assert float(tf.norm(expected[0])) > 1.0  # the case: a real gradient before the fft
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_an_optimizer_built_before_the_placement_still_trains() -> None:
+    """Campaign 34w a (D1): a model trained once (its optimizer built), then placed in place:
+    the next ``fit`` raised Keras's "Unknown variable" (the optimizer keys its variables by the
+    ``tf.Variable`` the move made anew). It trains on, as the unplaced model does."""
+    make, x, y = CASES["own-train-step"]
+    reference, model = _built(make), _built(make)
+    for made in (reference, model):
+        made.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    place_in_place(model, _devices_of(model))
+    for made in (reference, model):
+        made.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)

@@ -323,7 +323,7 @@ def embedding_mlp() -> keras.Model:
 
 
 def test_sparse_gradients_are_reduced_sparse_as_tensorflow_aggregates_them() -> None:
-    from passes.rewrite.replicate import _reduce
+    from passes.rewrite.pipeline import sum_gradients as _reduce
 
     shape = tf.constant([5, 2], dtype=tf.int64)
     a = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([0, 3]), shape)
@@ -347,14 +347,14 @@ def test_explicit_data_parallel_trains_like_one_device_and_keeps_embeddings_spar
     import passes.rewrite.replicate as replicate
 
     reduced: list[str] = []
-    original_reduce = replicate._reduce
+    original_reduce = replicate.sum_gradients
 
     def spy(values: Any, divisor: Any) -> Any:
         out = original_reduce(values, divisor)
         reduced.append(type(out).__name__)
         return out
 
-    monkeypatch.setattr(replicate, "_reduce", spy)
+    monkeypatch.setattr(replicate, "sum_gradients", spy)
     rng = np.random.default_rng(0)
     x = rng.integers(0, 50, (2 * BATCH, 4)).astype(np.int32)
     y = rng.standard_normal((2 * BATCH, 3)).astype(np.float32)
