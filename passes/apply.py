@@ -660,5 +660,5 @@ def _one_replica(
     if in_place is not None:  # its own train_step, layers that cannot be rebuilt
         from passes.rewrite.in_place import place_in_place
 
-        return place_in_place(model, layer_devices)
+        return place_in_place(model, layer_devices, sample)
     return place_model(model, layer_devices, sample)

@@ -47,7 +47,14 @@ __all__ = [
     "rebuild_refusal",
 ]
 
-OWN_STEPS = ("train_step", "compute_loss", "test_step")
+OWN_STEPS = (
+    "train_step",
+    "compute_loss",
+    "test_step",
+    "predict_step",
+    "compute_metrics",
+    "get_metrics_result",
+)
 """The methods of ``keras.Model`` a model class may override that the rewrites replace."""
 
 _LABEL = TypeVar("_LABEL")
@@ -88,9 +95,9 @@ def check_own_steps(model: Any) -> None:
             continue
         owner = next((c for c in cls.__mro__ if name in vars(c)), cls)
         raise RewriteError(
-            f"model class {owner.__name__} overrides {name}: partitioner's copies train with "
-            "their own step (gradients colocated with their layers, micro-batches, replicas), "
-            "which would silently replace yours and train another loss"
+            f"model class {owner.__name__} overrides {name}: partitioner's copies run their "
+            "own steps (gradients colocated with their layers, micro-batches, replicas), which "
+            "would silently replace yours"
         )
 
 

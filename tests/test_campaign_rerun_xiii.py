@@ -265,3 +265,25 @@ def test_a_model_built_again_with_its_weights_keeps_its_names_and_seed(
     plan = partitioner.load_plan(tmp_path / "p.json")
     assert plan.model_name == "sequential"
     assert plan.layer_order == ("dense", "batch_normalization", "dense_1")
+
+
+@pytest.mark.slow
+def test_a_models_package_named_like_partitioners_own_is_named(tmp_path: Path) -> None:
+    """Campaign 34x a: a model importing its own package ``passes`` (a name partitioner's own
+    package has), run from another directory, failed with "cannot import name 'block' from
+    'passes' (.../partitioner's passes/__init__.py)", blaming the model. The line says which
+    package hides which, and what to do."""
+    (tmp_path / "t7" / "passes").mkdir(parents=True)
+    (tmp_path / "t7" / "passes" / "__init__.py").write_text(
+        "import keras\ndef block(x):\n    return keras.layers.Dense(8, name='d2')(x)\n"
+    )
+    (tmp_path / "t7" / "m.py").write_text(
+        "import keras\nfrom passes import block\n"
+        "def build_model():\n"
+        "    i = keras.Input((4,))\n"
+        "    return keras.Model(i, block(keras.layers.Dense(8, name='d1')(i)))\n"
+    )
+    done = _partition(tmp_path, "t7/m.py", "--gpus", "2", "--out", "t7/p.json")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "its own package 'passes'" in done.stderr and "rename the model's package" in done.stderr
+    assert not (tmp_path / "t7" / "p.json").exists()

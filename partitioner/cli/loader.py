@@ -379,9 +379,33 @@ def _import_error(exc: BaseException, path: Path) -> ModelLoadError:
             f"importing {path} called {exit_call(exc)}; remove the exit from the model "
             "file (or put it under if __name__ == '__main__':)"
         )
+    hidden = _hidden_package(exc, path)
+    if hidden is not None:
+        return ModelLoadError(
+            f"importing {path} failed: its own package {hidden!r} ({path.parent / hidden}) is "
+            f"hidden by partitioner's package of that name, which this process imported first; "
+            "rename the model's package (or plan it through the library, "
+            "partitioner.partition(model, ...), from a program that imports it first)"
+        )
     return quoting(
         ModelLoadError(f"importing {path} failed: {_brief(exc, path)}"), error_line(exc, "")
     )
+
+
+def _hidden_package(exc: BaseException, path: Path) -> str | None:
+    """The name of one of partitioner's own top-level packages (``passes``, ``cost_models``)
+    that the model's directory holds a package or module of too, when importing the model
+    failed on an import: the model's ``from passes import block`` found partitioner's package,
+    already in ``sys.modules``, and the error pointed into it (campaign 34x)."""
+    from partitioner.core.files import OWN_PACKAGES
+
+    if not isinstance(exc, ImportError):
+        return None
+    for name in OWN_PACKAGES:
+        mine = (path.parent / name).is_dir() or (path.parent / f"{name}.py").is_file()
+        if mine and name in str(exc).split("'"):
+            return name
+    return None
 
 
 def _nul_line(path: Path) -> int | None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -44,7 +44,7 @@ from keras.src.backend import get_keras_mask, set_keras_mask
 
 from partitioner.core.errors import RewriteError
 from passes.checks import in_place_reason
-from passes.rewrite.device_placement import received_on
+from passes.rewrite.device_placement import build_keeping_state, received_on, sample_batch
 from passes.trace import placement_units
 from passes.weightless import is_deferred
 
@@ -67,14 +67,20 @@ def variable_devices(model: Any) -> dict[str, str]:
     return {v.path: getattr(v, "value", v).device for v in model.variables}
 
 
-def place_in_place(model: keras.Model, layer_devices: Mapping[str, str]) -> keras.Model:
+def place_in_place(
+    model: keras.Model, layer_devices: Mapping[str, str], sample_inputs: Sequence[Any] = ()
+) -> keras.Model:
     """Place ``model`` itself by ``layer_devices`` (placement unit name -> device string) and
-    return it; see the module docstring."""
+    return it; see the module docstring. A model not built yet (a subclassed model never
+    called) is built first on ``sample_inputs`` (one array per input), its state kept: built
+    later, by its first call, every variable was made on the default device (campaign 34x)."""
     if placed_in_place(model) is not None:
         raise RewriteError(
             f"model {model.name!r} is already placed in place by a plan; build the model again "
             "and apply the plan to that"
         )
+    if sample_inputs and not _built(model):
+        build_keeping_state(model, sample_batch(sample_inputs, model))
     units = placement_units(model)
     names = [u.name for u in units]
     missing = [n for n in names if n not in layer_devices]
@@ -108,6 +114,12 @@ def _rekey_optimizers(model: keras.Model) -> None:
                 }
 
 
+def _built(model: keras.Model) -> bool:
+    """Whether ``model`` and every layer it holds have made their variables."""
+    layers = model._flatten_layers()
+    return bool(model.built) and all(getattr(layer, "built", True) for layer in layers)
+
+
 def _move_variables(operation: Any, device: str) -> None:
     """``operation``'s variables (its sublayers' too) created again on ``device``, holding their
     values (a variable built without its value, :mod:`passes.weightless`: from its initializer)."""
@@ -121,7 +133,9 @@ def _move_variables(operation: Any, device: str) -> None:
 
 def _retrace(model: keras.Model) -> None:
     """The model's compiled step functions dropped (they hold the variables as they were), and
-    XLA off: its clusters ignore ``tf.device``."""
+    XLA off: its clusters ignore ``tf.device``; a later ``compile`` turns it off too, with the
+    copies' warning (``compile(jit_compile=True)`` after the placement failed at the first
+    ``fit`` with TensorFlow's traceback, campaign 34x)."""
     if getattr(model, "jit_compile", False):
         logger.warning("jit_compile is turned off: XLA would ignore the device placement")
     if hasattr(model, "jit_compile"):
@@ -129,6 +143,17 @@ def _retrace(model: keras.Model) -> None:
     for name in ("train_function", "test_function", "predict_function"):
         if hasattr(model, name):
             setattr(model, name, None)
+    compile_ = model.compile
+
+    @functools.wraps(compile_)
+    def compile_without_xla(*args: Any, **kwargs: Any) -> Any:
+        made = compile_(*args, **kwargs)  # the model's own compile, whatever it takes
+        if getattr(model, "jit_compile", False):
+            logger.warning("jit_compile is turned off: XLA would ignore the device placement")
+        model.jit_compile = False
+        return made
+
+    object.__setattr__(model, "compile", compile_without_xla)
 
 
 def _differentiable(value: Any) -> bool:

@@ -474,3 +474,95 @@ def test_an_optimizer_built_before_the_placement_still_trains() -> None:
         made.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
     for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+class DoubledPrediction(keras.Model):
+    def predict_step(self, data: Any) -> Any:
+        return super().predict_step(data) * 2.0
+
+
+def test_a_model_with_its_own_predict_step_keeps_it() -> None:
+    """Campaign 34x c (D1): a model overriding ``predict_step`` (or ``compute_metrics``,
+    ``get_metrics_result``) was copied and the copy predicted without the override, without a
+    word. Such a model is placed in place, its methods kept."""
+    import partitioner
+
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((16,))
+        hidden = keras.layers.Dense(32, activation="relu", name="d1")(inputs)
+        return DoubledPrediction(inputs, keras.layers.Dense(4, name="d2")(hidden))
+
+    reference, model = build(), build()
+    assert "overrides predict_step" in str(in_place_reason(model))
+    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="placed")
+    assert plan.apply(model, devices=DEVICES[:2]) is model
+    x = np.random.default_rng(0).normal(size=(8, 16)).astype("float32")
+    np.testing.assert_allclose(model.predict(x, verbose=0), reference.predict(x, verbose=0))
+
+
+class Inner(keras.Model):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.a = keras.layers.Dense(32, activation="relu", name="a")
+        self.b = keras.layers.Dense(32, name="b")
+
+    def call(self, x: Any) -> Any:
+        return self.b(self.a(x))
+
+
+class Outer(keras.Model):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.inner = Inner(name="inner")
+        self.bn = keras.layers.BatchNormalization(name="bn")
+        self.head = keras.layers.Dense(3, name="head")
+
+    def call(self, x: Any, training: bool = False) -> Any:
+        return self.head(self.bn(self.inner(x), training=training))
+
+    def train_step(self, data: Any) -> Any:
+        return super().train_step(data)
+
+
+def test_a_model_never_built_is_built_then_placed() -> None:
+    """Campaign 34x c (D2): a subclassed model never called, given to ``plan.apply``, came back
+    unbuilt; its first call made every variable on the default device while its ops ran on the
+    planned ones. It is built on a sample batch first, its state kept, then placed."""
+    import partitioner
+
+    planned = Outer(name="outer")
+    plan = partitioner.partition(
+        planned, gpus=2, batch_size=8, input_shape=(16,), strategy="placed"
+    )
+    devices = set(plan.assignment.values())
+    assert len(devices) == 2  # the case: a real split
+    model = Outer(name="outer")
+    assert not model.built
+    assert plan.apply(model, devices=DEVICES[:2]) is model
+    for unit in placement_units(model):
+        device = DEVICES[plan.assignment[unit.name]]
+        for variable in unit.operation.weights:
+            assert variable.value.device == device, (unit.name, variable.path)
+
+
+def test_xla_asked_for_after_the_placement_is_turned_off_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Campaign 34x b (K): ``compile(jit_compile=True)`` after a placement in place failed at
+    the first ``fit`` with TensorFlow's traceback (XLA ignores ``tf.device``). XLA is turned off
+    with the copies' warning, and the model trains as the unplaced one does."""
+    make, x, y = CASES["own-train-step"]
+    reference, model = _built(make), _built(make)
+    place_in_place(model, _devices_of(model))
+    with caplog.at_level("WARNING", logger="passes.rewrite.in_place"):
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=True)
+    assert "jit_compile is turned off" in caplog.text and model.jit_compile is False
+    for made in (reference, model):
+        made.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+    gan_model = _built(gan)  # a model whose own compile takes other arguments
+    place_in_place(gan_model, _devices_of(gan_model))
+    gan_model.compile(keras.optimizers.SGD(0.1), keras.optimizers.SGD(0.1))
+    assert gan_model.jit_compile is False
