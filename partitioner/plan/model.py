@@ -332,8 +332,9 @@ class Plan:
 
         A :class:`passes.rewrite.device_placement.PlacedModel`, or, for a pipelined plan, a
         :class:`passes.rewrite.pipeline.PipelinedModel` that trains with the plan's micro-batches and
-        schedule. A model those copies cannot take (its class overrides ``train_step``,
-        ``test_step`` or ``compute_loss``, or a layer cannot be rebuilt from its config: a custom
+        schedule. A model those copies cannot take (its class overrides a step of
+        :data:`passes.checks.OWN_STEPS`, ``train_step`` and others, or a layer cannot be rebuilt
+        from its config: a custom
         layer without ``get_config``) is placed in place (:mod:`passes.rewrite.in_place`): its
         variables move to their layers' devices, each layer's forward and backward ops run there
         whichever step takes the gradients, and the model itself is returned, its class and its
