@@ -114,14 +114,14 @@ def _spy_on_reductions() -> list[str]:
     import passes.rewrite.replicate as replicate
 
     made: list[str] = []
-    reduce = replicate._reduce
+    reduce = replicate.sum_gradients
 
     def spy(values: Any, divisor: Any) -> Any:
         out = reduce(values, divisor)
         made.append("sparse" if isinstance(out, tf.IndexedSlices) else "dense")
         return out
 
-    replicate._reduce = spy
+    replicate.sum_gradients = spy
     return made
 
 
