@@ -66,7 +66,7 @@ def test_plan_save_refuses_the_cache_folders(
     folder belongs (every later profiled run: "not a directory", nothing cached), and
     ``plan.save("cache/traces/x.json")`` wrote among the trace cache's entries. ``Plan.save``
     refuses them as ``--out`` does (rows 168, 184): one check,
-    :func:`partitioner.core.files.check_outside_cache`."""
+    :func:`partitioner.core.files.check_outside_kept_files`."""
     monkeypatch.setenv("PARTITIONER_CACHE_DIR", str(tmp_path / "pc"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "pc" / "traces").mkdir(parents=True)

@@ -71,7 +71,7 @@ def test_plan_save_refuses_the_cache_directory_keras_config_and_own_files(
     """Campaign 34v a (D2, D3): ``plan.save`` of the cache directory (not made yet), of
     ``~/.keras/keras.json`` and of the packaged device catalog were written (the catalog: every
     later run failed); the command line refuses them (row 173). One check for both
-    (:func:`partitioner.core.files.check_outside_own_files`)."""
+    (:func:`partitioner.core.files.check_outside_kept_files`)."""
     import cost_models
 
     monkeypatch.setenv("PARTITIONER_CACHE_DIR", str(tmp_path / "pc"))

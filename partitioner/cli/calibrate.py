@@ -89,10 +89,8 @@ def _check_out(path: str, cluster: str | None) -> Path:
     calibrating and again before writing."""
     from partitioner.core.files import (
         check_output_path,
-        check_outside_cache,
-        check_outside_own_files,
+        check_outside_kept_files,
         check_replaceable,
-        default_caches,
         same_file,
     )
 
@@ -101,9 +99,7 @@ def _check_out(path: str, cluster: str | None) -> Path:
     target = check_output_path(path, "cannot write the topology file")
     if cluster and os.path.exists(cluster) and os.path.exists(path) and same_file(path, cluster):
         raise UsageError(f"--out {path} is the cluster file; write the topology elsewhere")
-    resolved = os.path.realpath(path)
-    check_outside_own_files(resolved, f"--out {path}")
-    check_outside_cache(resolved, f"--out {path}", default_caches())
+    check_outside_kept_files(os.path.realpath(path), f"--out {path}")
     check_replaceable(target, f"--out {path}")
     return target
 

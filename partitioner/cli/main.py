@@ -654,15 +654,13 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
 
 def _check_outside_own_files(paths: _Paths, out: _Output, shown: str) -> None:
     """``out`` is not in this project's own installation nor Keras's configuration file
-    (:func:`~partitioner.core.files.check_outside_own_files`), nor a cache directory or a folder
+    (:func:`~partitioner.core.files.check_outside_kept_files`), nor a cache directory or a folder
     of its entries, whether this run uses it or not (the trace cache's ``traces/``, the profile
     cache's ``layers/``: files a run replaces after its outputs are written)."""
-    from partitioner.core.files import check_outside_cache, check_outside_own_files
+    from partitioner.core.files import check_outside_kept_files
 
-    label = f"{out.option} {shown}"
-    check_outside_own_files(out.path, label)
     caches = {d for d in (paths.cache_base, paths.cache_dir, paths.trace_cache_dir) if d}
-    check_outside_cache(out.path, label, sorted(caches))
+    check_outside_kept_files(out.path, f"{out.option} {shown}", sorted(caches))
 
 
 def _is_input(path: str, source: Path | tuple[int, int]) -> bool:

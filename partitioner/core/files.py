@@ -41,8 +41,7 @@ __all__ = [
     "UnreadableInput",
     "check_links_followed",
     "check_output_path",
-    "check_outside_cache",
-    "check_outside_own_files",
+    "check_outside_kept_files",
     "check_own_entry",
     "check_replaceable",
     "default_cache_dir",
@@ -160,7 +159,7 @@ CACHE_ENTRY_FOLDERS = (("traces", "the trace cache"), ("layers", "the profile ca
 ``cost_models.measure.profiled``) and what each holds: files a run replaces and removes."""
 
 
-def check_outside_cache(path: str, shown: str, caches: Sequence[str]) -> None:
+def _check_outside_cache(path: str, shown: str, caches: Sequence[str]) -> None:
     """``path`` (resolved) is none of ``caches`` (cache directories, made yet or not) and not
     a folder of cache entries (:data:`CACHE_ENTRY_FOLDERS`, both of each cache, whether this run
     uses it or not) nor in one. UsageError naming ``shown`` (``"--out plan.json"``) otherwise: a
@@ -181,9 +180,21 @@ def check_outside_cache(path: str, shown: str, caches: Sequence[str]) -> None:
                 )
 
 
+def check_outside_kept_files(
+    path: str, shown: str, caches: Sequence[str] | None = None
+) -> None:
+    """``path`` (resolved) is none of the files every run keeps or reads for itself:
+    partitioner's own installation and Keras's configuration (:func:`_check_outside_own_files`),
+    a cache directory or a folder of its entries (:func:`_check_outside_cache`; ``caches``,
+    default :func:`default_caches`). The one check of ``--out``, ``--report``, ``--emit``,
+    ``partition calibrate --out`` and :meth:`~partitioner.plan.model.Plan.save`."""
+    _check_outside_own_files(path, shown)
+    _check_outside_cache(path, shown, default_caches() if caches is None else caches)
+
+
 def default_caches() -> list[str]:
     """The default cache directory (:func:`default_cache_dir`) as a list for
-    :func:`check_outside_cache`; none without a home directory."""
+    :func:`check_outside_kept_files`; none without a home directory."""
     try:
         return [str(default_cache_dir())]
     except RuntimeError:
@@ -202,11 +213,11 @@ def keras_config_file() -> Path:
     return Path(os.path.expanduser(base), "keras.json")
 
 
-def check_outside_own_files(path: str, shown: str) -> None:
+def _check_outside_own_files(path: str, shown: str) -> None:
     """``path`` (resolved) is not in this project's own installation (its package data: the
     device catalog every run reads) nor Keras's configuration file (which every run reads when
     it imports Keras): UsageError naming ``shown`` otherwise. The command line's outputs and
-    :meth:`~partitioner.plan.model.Plan.save` alike (a plan saved over the packaged catalog
+    :meth:`~partitioner.plan.model.Plan.save` alike, through :func:`check_outside_kept_files` (a plan saved over the packaged catalog
     broke every later run, campaign 34v)."""
     own = [d for d in system_dirs() if d.name in OWN_PACKAGES]
     if any(Path(path).is_relative_to(d) for d in own):

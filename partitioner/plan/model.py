@@ -26,10 +26,8 @@ from typing import Any
 from partitioner.core.errors import OutputError, PartitionError, PlanError
 from partitioner.core.files import (
     check_output_path,
-    check_outside_cache,
-    check_outside_own_files,
+    check_outside_kept_files,
     check_replaceable,
-    default_caches,
     module_file_of,
     path_argument,
     read_input_text,
@@ -504,8 +502,7 @@ class Plan:
             )
         # as the command line refuses them for --out (rows 173, 184, 191)
         resolved, shown = os.path.realpath(path), f"Plan.save path={path!r}"
-        check_outside_own_files(resolved, shown)
-        check_outside_cache(resolved, shown, default_caches())
+        check_outside_kept_files(resolved, shown)
         return write_atomic(path, self.to_json())
 
 
