@@ -527,8 +527,9 @@ def _memory_limit_named(prepared: Prepared) -> Iterator[None]:
 def _check_model(model: Any) -> _Inexact:
     """Refuse, in one line and before the slow work, what is no Keras model; the layers, nested
     ones too, that are not exact under a split batch. A model the copying rewrites refuse (its
-    own training step, layers that cannot be rebuilt) is placed in place, on whole batches
-    (:func:`passes.checks.batch_split_refusal` leaves out the strategies that split them)."""
+    own training step, layers that cannot be rebuilt) is placed in place, on whole batches or
+    as data-parallel replicas (:func:`passes.checks.batch_split_refusal` leaves out the
+    strategies that micro-batch)."""
     from passes.backend import check_keras_backend
 
     check_keras_backend()
@@ -556,12 +557,16 @@ def _whole_batch_families(
     model: Any, families: tuple[Family, ...]
 ) -> tuple[tuple[Family, ...], tuple[str, ...]]:
     """``families`` without those that split each batch when ``model`` cannot take a split (a
-    fixed batch, a sparse input), with a note saying why; as given otherwise."""
+    fixed batch, a sparse input), or without those that micro-batch when it takes replicas only
+    (a model placed in place), with a note saying why; as given otherwise."""
     from passes.checks import batch_split_refusal
 
     splitting = [f for f in families if f in _SPLITTING]
-    why = batch_split_refusal(model, "replicas or micro-batches") if splitting else None
-    kept = tuple(f for f in families if f not in _SPLITTING)
+    why = batch_split_refusal(model, "replicas or micro-batches", False) if splitting else None
+    if why is None:
+        splitting = [f for f in splitting if f is not Family.DATA_PARALLEL]
+        why = batch_split_refusal(model, "micro-batches") if splitting else None
+    kept = tuple(f for f in families if f not in splitting)
     if why is None or not kept:
         return families, ()
     names = ", ".join(f.value for f in splitting)
@@ -571,18 +576,19 @@ def _whole_batch_families(
 def _check_splittable(model: Any, prepared: Prepared) -> None:
     """UsageError before the trace when every plan the options allow splits each batch (a
     family of :data:`_SPLITTING` named, or ``pipeline=True``) and ``model`` cannot take that
-    (:func:`passes.checks.batch_split_refusal`: a fixed batch, a sparse input); the search
-    leaves those families out by itself otherwise."""
+    (:func:`passes.checks.batch_split_refusal`: a fixed batch, a sparse input, micro-batches of
+    a model placed in place); the search leaves those families out by itself otherwise."""
     from passes.checks import batch_split_refusal
 
     families = prepared.search.strategy_families
     if prepared.search.pipeline:
-        shares = "micro-batches"
+        shares, micro = "micro-batches", True
     elif families is not None and all(f in _SPLITTING for f in families):
         shares = " or ".join(_SPLITTING[f] for f in families)
+        micro = any(f is not Family.DATA_PARALLEL for f in families)
     else:
         return
-    why = batch_split_refusal(model, shares)
+    why = batch_split_refusal(model, shares, micro)
     if why is not None:
         raise UsageError(why)
 

@@ -447,6 +447,12 @@ def _replicated(
         }
         for r in range(strategy.replicas)
     ]
+    in_place = in_place_reason(model)
+    if in_place is not None:  # its own train_step, layers that cannot be rebuilt
+        _check_here(in_place, handle)
+        from passes.rewrite.in_place import replicate_in_place
+
+        return replicate_in_place(model, [next(iter(p.values())) for p in per_replica], sample)
     if handle is not None:
         from passes.cluster.runtime import replicate_on_cluster
 
@@ -615,6 +621,17 @@ def apply_plan(
     return _one_replica(plan, model, device_strings, sample, handle, step_timeout_s)
 
 
+def _check_here(in_place: str, handle: Any) -> None:
+    """RewriteError when a model placed in place (``in_place`` says why) is applied on a
+    cluster's tasks (``handle``): they take copies of its layers."""
+    if handle is not None:
+        raise RewriteError(
+            f"{in_place}: Plan.apply places such a model itself (in place), on this process's "
+            "devices, and a cluster's tasks take copies of its layers; apply the plan here "
+            "without cluster="
+        )
+
+
 def _one_replica(
     plan: Plan,
     model: Any,
@@ -628,12 +645,8 @@ def _one_replica(
     layer_devices = {name: device_strings[d] for name, d in plan.assignment.items()}
     pipeline = plan.pipeline
     in_place = in_place_reason(model)
-    if in_place is not None and handle is not None:
-        raise RewriteError(
-            f"{in_place}: Plan.apply places such a model itself (in place), on this process's "
-            "devices, and a cluster's tasks take copies of its layers; apply the plan here "
-            "without cluster="
-        )
+    if in_place is not None:
+        _check_here(in_place, handle)
     if handle is not None:
         from passes.cluster.runtime import place_on_cluster
 

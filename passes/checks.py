@@ -286,17 +286,19 @@ def _batch_shares(plan: Plan) -> str | None:
     return " x ".join(parts) or None
 
 
-def batch_split_refusal(model: Any, shares: str) -> str | None:
+def batch_split_refusal(model: Any, shares: str, micro_batches: bool = True) -> str | None:
     """Why ``model``'s batch cannot be split into ``shares`` ("2 replicas"), or None: a fixed
     batch (each share would be another batch), a sparse or ragged input (the rewrites cut a
     batch's rows with ``tf.split`` and slices, which take dense tensors only), a model placed in
-    place (:func:`in_place_reason`: replicas and stages are copies of its layers)."""
-    in_place = in_place_reason(model)
+    place (:func:`in_place_reason`) when ``micro_batches`` (pipelines run a step of partitioner's
+    own; such a model keeps its own, so it takes whole batches or data-parallel replicas)."""
+    in_place = in_place_reason(model) if micro_batches else None
     if in_place is not None:
         return (
-            f"{in_place}: Plan.apply places such a model itself (in place), on whole batches, "
-            f"and the plan splits each batch into {shares}, which needs copies of its layers; "
-            "plan with strategy='placed' or strategy='single'"
+            f"{in_place}: Plan.apply places such a model itself (in place), on whole batches "
+            f"or as data-parallel replicas, and the plan splits each batch into {shares}, "
+            "which needs a training step of partitioner's own; plan with strategy='placed', "
+            "strategy='single' or strategy='data_parallel'"
         )
     fixed = fixed_batch(model)
     if fixed is not None:
@@ -328,7 +330,11 @@ def check_batch_split(model: Any, plan: Plan) -> None:
     """RewriteError (one line) when ``plan`` splits each batch into shares (replicas,
     micro-batches) that ``model`` cannot take (:func:`batch_split_refusal`)."""
     shares = _batch_shares(plan)
-    why = None if shares is None else batch_split_refusal(model, shares)
+    strategy = plan.strategy
+    micro = plan.pipeline is not None or (
+        strategy is not None and (strategy.num_microbatches > 1 or strategy.stages > 1)
+    )
+    why = None if shares is None else batch_split_refusal(model, shares, micro)
     if why is not None:
         raise RewriteError(why)
 

@@ -56,8 +56,9 @@ class OwnTestStep(keras.Model):
     [(OwnTrainStep, "train_step"), (OwnComputeLoss, "compute_loss"), (OwnTestStep, "test_step")],
 )
 def test_a_model_class_with_its_own_step_is_refused_before_tracing(cls: Any, method: str) -> None:
-    """Since issue 36 such a model is planned on whole batches and placed in place: what is
-    refused before tracing is a strategy that splits its batches (pipeline=True here)."""
+    """Since issue 36 such a model is planned on whole batches or data-parallel replicas and
+    placed in place: what is refused before tracing is a strategy that micro-batches
+    (pipeline=True here)."""
     inputs = keras.Input((8,))
     model = cls(inputs, keras.layers.Dense(2)(inputs), name="own")
     with pytest.raises(UsageError) as exc:
@@ -66,7 +67,8 @@ def test_a_model_class_with_its_own_step_is_refused_before_tracing(cls: Any, met
     assert f"model class {cls.__name__} overrides {method}" in message
     assert "Plan.apply places such a model itself (in place)" in message
     plan = partitioner.partition(model, gpus=2, batch_size=4)
-    assert plan.strategy is None or plan.strategy.replicas == 1 == plan.strategy.num_microbatches
+    assert plan.pipeline is None and (plan.strategy is None or plan.strategy.num_microbatches == 1)
+    assert plan.strategy is None or plan.strategy.replicas == 1 or plan.strategy.stages == 1
 
 
 def test_functional_and_sequential_models_pass_the_checks() -> None:
@@ -105,14 +107,15 @@ class HoldsALayer(keras.layers.Layer):
     ids=["no-kwargs", "holds-a-layer"],
 )
 def test_a_layer_that_cannot_be_rebuilt_is_refused_in_one_line(make: Any) -> None:
-    """Since issue 36 such a model is placed in place; a strategy that splits its batches
-    (strategy='data_parallel' here) is what is refused, in one line naming the layer."""
+    """Since issue 36 such a model is placed in place, as one replica or as data-parallel
+    replicas; a strategy that micro-batches (strategy='pipeline' here) is what is refused, in
+    one line naming the layer."""
     inputs = keras.Input((8,))
     layer = make()
     outputs = keras.layers.Dense(2)(layer(keras.layers.Dense(8)(inputs)))
     model = keras.Model(inputs, outputs, name="custom")
     with pytest.raises(UsageError) as exc:
-        partitioner.partition(model, gpus=2, batch_size=4, strategy="data_parallel")
+        partitioner.partition(model, gpus=2, batch_size=4, strategy="pipeline")
     message = _one_line(exc)
     assert f"layer {layer.name!r} ({type(layer).__name__}) cannot be rebuilt" in message
     assert "Plan.apply places such a model itself (in place)" in message

@@ -21,10 +21,28 @@ round-trip) and model classes with their own ``train_step`` / ``test_step`` / ``
   (``jit_compile=False``: XLA clusters ignore ``tf.device``), and its compiled step functions
   are traced again.
 
-Only a placement (one replica, no micro-batches) is applied in place: replicas and pipeline
-stages need copies of the layers, which these models cannot give (:func:`in_place_reason`).
 An optimizer built before the call finds its variables again (:func:`_rekey_optimizers`) and
 keeps its slot variables where they were.
+
+``replicate_in_place(model, replica_devices)`` is data parallelism of the model itself, through
+``tf.distribute.MirroredStrategy``: every variable of the model, of its optimizers (a GAN's two
+too) and of its metrics is created again inside the strategy's scope, holding its value, as a
+``MirroredVariable`` with one copy per replica device, and the model's ``distribute_strategy`` is
+that strategy; Keras's ``fit`` then runs the model's own ``train_step`` once per replica on its
+share of each batch (``strategy.run``), and each optimizer's update all-reduces the replicas'
+gradients. A model's own step reduces its loss its own way: Keras's losses scale a mean by
+``1/R`` for the replicas' gradients to be summed, a step's ``keras.ops.mean`` does not. So each
+replica here sees one replica (the strategy's ``num_replicas_in_sync`` is 1: Keras scales
+nothing) and the optimizers **average** the replicas' gradients: for a loss that is a mean over
+the batch, however reduced, and for terms that do not depend on the batch (weight
+regularizers), that is the gradient on the whole batch, so one step equals the unreplicated
+model's on the same batch. A loss *summed* over the batch (``reduction="sum"``, a hand-written
+``ops.sum`` over rows) gets ``1/R`` of its gradient: say so if you use one. Random draws
+(dropout, a VAE's sampling) are made per share, as for the copies; BatchNormalization
+normalises each share by its own statistics.
+
+Pipelines (micro-batches) need a step of partitioner's own and stay refused for these models
+(:func:`passes.checks.batch_split_refusal`); so do replicas spanning several devices each.
 
 Reference: the ``tf.custom_gradient`` + inner-tape construction is the one
 ``tf.recompute_grad`` uses (Chen et al. 2016), here without the recomputation.
@@ -32,6 +50,7 @@ Reference: the ``tf.custom_gradient`` + inner-tape construction is the one
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Mapping, Sequence
@@ -45,12 +64,27 @@ from keras.src.backend import get_keras_mask, set_keras_mask
 from partitioner.core.errors import RewriteError
 from passes.checks import in_place_reason
 from passes.rewrite.device_placement import build_keeping_state, received_on, sample_batch
+from passes.rewrite.replicate import (
+    batch_errors,
+    check_array_batches,
+    check_replica_devices,
+    default_cross_device_ops,
+    equal_shares,
+    split_train_on_batch,
+    unequal_first_batch,
+)
 from passes.trace import placement_units
 from passes.weightless import is_deferred
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["in_place_reason", "place_in_place", "placed_in_place", "variable_devices"]
+__all__ = [
+    "in_place_reason",
+    "place_in_place",
+    "placed_in_place",
+    "replicate_in_place",
+    "variable_devices",
+]
 """``in_place_reason`` lives in :mod:`passes.checks` (plan-time checks read it too)."""
 
 _MARK = "_partitioner_in_place"
@@ -63,8 +97,16 @@ def placed_in_place(model: Any) -> Mapping[str, str] | None:
 
 
 def variable_devices(model: Any) -> dict[str, str]:
-    """Each of ``model``'s variables (by its path) -> the device TensorFlow holds it on."""
-    return {v.path: getattr(v, "value", v).device for v in model.variables}
+    """Each of ``model``'s variables (by its path) -> the device TensorFlow holds it on (a
+    mirrored variable's devices, comma-separated)."""
+    return {v.path: _devices_of(getattr(v, "value", v)) for v in model.variables}
+
+
+def _devices_of(variable: Any) -> str:
+    copies = getattr(variable, "values", None)
+    if isinstance(variable, tf.distribute.DistributedValues) and copies:
+        return ", ".join(c.device for c in copies)
+    return str(variable.device)
 
 
 def place_in_place(
@@ -74,11 +116,7 @@ def place_in_place(
     return it; see the module docstring. A model not built yet (a subclassed model never
     called) is built first on ``sample_inputs`` (one array per input), its state kept: built
     later, by its first call, every variable was made on the default device (campaign 34x)."""
-    if placed_in_place(model) is not None:
-        raise RewriteError(
-            f"model {model.name!r} is already placed in place by a plan; build the model again "
-            "and apply the plan to that"
-        )
+    _check_not_placed(model)
     if sample_inputs and not _built(model):
         build_keeping_state(model, sample_batch(sample_inputs, model))
     units = placement_units(model)
@@ -100,12 +138,150 @@ def place_in_place(
     return model
 
 
+class _WholeStepMirrored(tf.distribute.MirroredStrategy):
+    """``MirroredStrategy`` whose replicas each see one replica (``num_replicas_in_sync`` is 1):
+    Keras scales no loss by ``1/R``; the optimizers average the replicas' gradients instead
+    (:func:`_average_gradients`; the module docstring says why)."""
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return 1
+
+
+def replicate_in_place(
+    model: keras.Model, replica_devices: Sequence[str], sample_inputs: Sequence[Any] = ()
+) -> keras.Model:
+    """Data parallelism of ``model`` itself on ``replica_devices`` (one replica each), its own
+    ``train_step`` kept; see the module docstring. Returns ``model``."""
+    _check_not_placed(model)
+    devices = check_replica_devices(replica_devices)
+    if len(devices) < 2:
+        raise RewriteError(
+            f"data parallelism needs >= 2 replica devices, got {list(replica_devices)}; use "
+            "place_in_place for one device"
+        )
+    if sample_inputs and not _built(model):
+        build_keeping_state(model, sample_batch(sample_inputs, model))
+    strategy = _WholeStepMirrored(
+        devices=list(devices), cross_device_ops=default_cross_device_ops(devices)
+    )
+    _mirror(model, strategy)
+    model._distribute_strategy = strategy
+    _retrace(model, strategy)
+    _split_batches(model, len(devices))
+    object.__setattr__(model, _MARK, {u.name: ", ".join(devices) for u in placement_units(model)})
+    return model
+
+
+def _mirror(model: keras.Model, strategy: Any) -> None:
+    """Every variable of ``model``, of its optimizers and of its metrics not yet mirrored is
+    created again in ``strategy``'s scope with its value; each optimizer bound to ``strategy``
+    and averaging its replicas' gradients."""
+    optimizers = _optimizers(model)
+    state = [*model.variables, *model.metrics_variables]
+    state += [v for o in optimizers for v in o.variables]
+    seen: set[int] = set()
+    with strategy.scope():
+        for variable in state:
+            if id(variable) in seen or isinstance(variable.value, tf.distribute.DistributedValues):
+                continue
+            seen.add(id(variable))
+            if is_deferred(variable):
+                variable._initialize_with_initializer(variable._initializer)
+            else:
+                variable._initialize(variable.numpy())
+    for optimizer in optimizers:
+        inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's applies
+        for made in (optimizer, inner):
+            if isinstance(made, keras.optimizers.Optimizer):
+                made._distribution_strategy = strategy
+        _average_gradients(inner if inner is not None else optimizer, strategy)
+    _rekey_optimizers(model)
+
+
+def _average_gradients(optimizer: Any, strategy: Any) -> None:
+    """``optimizer``'s all-reduce of the replicas' gradients (Keras's TensorFlow optimizer
+    sums them, ``_all_reduce_sum_gradients``) divided by the number of replicas: their mean."""
+    if getattr(optimizer, "_partitioner_averages", False):
+        return
+    summed = optimizer._all_reduce_sum_gradients
+    replicas = len(strategy.extended.worker_devices)
+
+    def averaged(grads_and_vars: Any) -> Any:
+        if tf.distribute.get_replica_context() is None:
+            return summed(grads_and_vars)
+        return [(_divided(g, replicas), v) for g, v in summed(grads_and_vars)]
+
+    optimizer._all_reduce_sum_gradients = averaged
+    optimizer._partitioner_averages = True
+
+
+def _divided(gradient: Any, replicas: int) -> Any:
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):  # an Embedding's: its rows, kept sparse
+        values = gradient.values / tf.cast(replicas, gradient.values.dtype)
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return gradient / tf.cast(replicas, gradient.dtype)
+
+
+def _split_batches(model: keras.Model, replicas: int) -> None:
+    """The model's ``train_step`` behind the check that every replica got as many rows,
+    ``fit`` refusing array batches ``replicas`` does not divide, ``train_on_batch`` giving each
+    replica its share (Keras's gives every replica the whole batch): as the copies
+    (:class:`passes.rewrite.replicate.ReplicatedModel`), on the model's own methods."""
+    step, fit, build = model.train_step, model.fit, model._maybe_symbolic_build
+
+    @functools.wraps(step)
+    def train_step(data: Any) -> Any:
+        return step(equal_shares(data, replicas))
+
+    @functools.wraps(fit)
+    def fit_shares(x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        batch_size = args[0] if args else kwargs.get("batch_size")
+        check_array_batches(x, batch_size, kwargs.get("validation_split"), replicas)
+        with batch_errors():
+            return fit(x, y, *args, **kwargs)
+
+    def symbolic_build(*args: Any, **kwargs: Any) -> Any:
+        with unequal_first_batch(replicas):
+            return build(*args, **kwargs)
+
+    def train_on_batch(x: Any, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return split_train_on_batch(model, replicas, x, y, *args, **kwargs)
+
+    for name, made in (
+        ("train_step", train_step),
+        ("fit", fit_shares),
+        ("_maybe_symbolic_build", symbolic_build),
+        ("train_on_batch", train_on_batch),
+    ):
+        object.__setattr__(model, name, made)
+
+
+def _check_not_placed(model: keras.Model) -> None:
+    if placed_in_place(model) is not None:
+        raise RewriteError(
+            f"model {model.name!r} is already placed in place by a plan; build the model again "
+            "and apply the plan to that"
+        )
+
+
+def _optimizers(model: keras.Model) -> list[Any]:
+    """The optimizers ``model`` holds in its attributes (``compile``'s, a GAN's own two)."""
+    found: dict[int, Any] = {}
+    for value in list(vars(model).values()):
+        if isinstance(value, keras.optimizers.Optimizer):
+            found.setdefault(id(value), value)
+    return list(found.values())
+
+
 def _rekey_optimizers(model: keras.Model) -> None:
     """The model's optimizers that are built (``compile``'s, and a GAN's own attributes) find
     their variables again: a TensorFlow optimizer keys each variable by its backing
     ``tf.Variable``, which the move created anew ("Unknown variable" at the next ``fit``,
     campaign 34w). Their slot variables stay where they were."""
-    for optimizer in list(vars(model).values()):
+    for optimizer in _optimizers(model):
         inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's
         for made in (optimizer, inner):
             if isinstance(made, keras.optimizers.Optimizer) and made.built:
@@ -131,11 +307,12 @@ def _move_variables(operation: Any, device: str) -> None:
                 variable._initialize(variable.numpy())
 
 
-def _retrace(model: keras.Model) -> None:
+def _retrace(model: keras.Model, strategy: Any = None) -> None:
     """The model's compiled step functions dropped (they hold the variables as they were), and
     XLA off: its clusters ignore ``tf.device``; a later ``compile`` turns it off too, with the
     copies' warning (``compile(jit_compile=True)`` after the placement failed at the first
-    ``fit`` with TensorFlow's traceback, campaign 34x)."""
+    ``fit`` with TensorFlow's traceback, campaign 34x). Under data parallelism (``strategy``) a
+    later ``compile`` runs in the strategy's scope and mirrors the optimizers it is given."""
     if getattr(model, "jit_compile", False):
         logger.warning("jit_compile is turned off: XLA would ignore the device placement")
     if hasattr(model, "jit_compile"):
@@ -147,7 +324,10 @@ def _retrace(model: keras.Model) -> None:
 
     @functools.wraps(compile_)
     def compile_without_xla(*args: Any, **kwargs: Any) -> Any:
-        made = compile_(*args, **kwargs)  # the model's own compile, whatever it takes
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            made = compile_(*args, **kwargs)  # the model's own compile, whatever it takes
+        if strategy is not None:
+            _mirror(model, strategy)
         if getattr(model, "jit_compile", False):
             logger.warning("jit_compile is turned off: XLA would ignore the device placement")
         model.jit_compile = False

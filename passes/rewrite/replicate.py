@@ -81,7 +81,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -116,10 +116,16 @@ __all__ = [
     "PlacedReplica",
     "ReplicatedModel",
     "ReplicatedPipeline",
+    "batch_errors",
+    "check_array_batches",
     "check_replica_devices",
+    "default_cross_device_ops",
+    "equal_shares",
     "realise_strategy",
     "replicate_model",
     "replicate_pipeline",
+    "split_train_on_batch",
+    "unequal_first_batch",
 ]
 
 _NOT_SPLIT = re.compile(r"global batch \d+ does not split[^\n\]\"']*")
@@ -200,12 +206,12 @@ def _batch_assertion(batch: Any, total: Any, replicas: int, microbatches: int) -
     return tf.debugging.Assert(ok, [message])
 
 
-def _batch_errors() -> contextlib.AbstractContextManager[None]:
+def batch_errors() -> contextlib.AbstractContextManager[None]:
     """Turn the in-graph batch assertion into the one-line :class:`UsageError`."""
     return assertion_errors(_NOT_SPLIT)
 
 
-def _check_array_batches(x: Any, batch_size: Any, validation_split: Any, replicas: int) -> None:
+def check_array_batches(x: Any, batch_size: Any, validation_split: Any, replicas: int) -> None:
     """For array inputs, the batch sizes ``fit`` will cut (the full ones and the last, partial
     one, after ``validation_split``) must each split into ``replicas`` equal shares."""
     from keras.src import tree
@@ -264,40 +270,21 @@ class ReplicatedModel(keras.Model):
 
     def train_step(self, data: Any) -> Any:
         """Keras's step, after checking (in the graph, before any update) that every replica
-        got the same number of rows: tf.distribute splits a batch that ``R`` does not divide
-        unevenly, which would weight the replicas' ``1/R``-scaled losses wrongly."""
-        from keras.src import tree
-
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        batch = tf.shape(_first_leaf(x))[0]
-        context = tf.distribute.get_replica_context()
-        total = context.all_reduce(tf.distribute.ReduceOp.SUM, batch)
-        check = _batch_assertion(batch, total, self.num_replicas, 1)
-        with tf.control_dependencies([check]):
-            x = tree.map_structure(lambda t: None if t is None else tf.identity(t), x)
-        return super().train_step(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+        got the same number of rows (:func:`equal_shares`)."""
+        return super().train_step(equal_shares(data, self.num_replicas))
 
     def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Keras ``fit``; arrays whose batches ``R`` does not divide are refused up front."""
         batch_size = args[0] if args else kwargs.get("batch_size")
-        _check_array_batches(x, batch_size, kwargs.get("validation_split"), self.num_replicas)
-        with _batch_errors():
+        check_array_batches(x, batch_size, kwargs.get("validation_split"), self.num_replicas)
+        with batch_errors():
             return super().fit(x, y, *args, **kwargs)
 
     def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> Any:
         """Keras builds the model from the first batch averaged over the replicas, which fails
         on unequal shares before the step's own check could run: say so in one line."""
-        try:
+        with unequal_first_batch(self.num_replicas):
             return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
-        except tf.errors.InvalidArgumentError as exc:
-            if "must have the same size and shape" not in str(exc):
-                raise
-            shapes = re.findall(r"input \d+: \[(\d+)", str(exc), flags=re.IGNORECASE)
-            raise UsageError(
-                f"the first batch does not split into {self.num_replicas} equal replica shares "
-                f"(shares of {' and '.join(shapes) or 'unequal'} rows): use a batch size (and a "
-                f"dataset length) that is a multiple of {self.num_replicas}"
-            ) from None
 
     def train_on_batch(
         self,
@@ -307,44 +294,90 @@ class ReplicatedModel(keras.Model):
         class_weight: Any = None,
         return_dict: bool = False,
     ) -> Any:
-        """One step on ``x``, split into ``R`` equal shares, one per replica.
-
-        Keras's own ``train_on_batch`` passes the whole batch to every replica; here each
-        replica's share is cut out and placed on its device by
-        ``strategy.experimental_distribute_values_from_function``.
-        """
-        from keras.src import tree
-        from keras.src.trainers.data_adapters import data_adapter_utils
-        from keras.src.utils.python_utils import pythonify_logs
-
-        self._assert_compile_called("train_on_batch")
-        if class_weight is not None:
-            sample_weight = data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
-        batch = int(np.shape(_first_leaf(x))[0])
-        replicas = self.num_replicas
-        _check_static_batch(batch, replicas)
-        data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-        share = batch // replicas
-
-        def shard(context: Any) -> Any:
-            r = context.replica_id_in_sync_group
-            return tree.map_structure(
-                lambda t: tf.convert_to_tensor(t)[r * share : (r + 1) * share], data
-            )
-
-        distributed = self.distribute_strategy.experimental_distribute_values_from_function(shard)
-        # As tensors: Keras's symbolic build reads a numpy array's dtype, and numpy's ``object``
-        # (a string input) is no Keras dtype while ``tf.string`` is.
-        self._maybe_symbolic_build(
-            data_batch=tree.map_structure(
-                lambda t: None if t is None else tf.convert_to_tensor(t), (x, y, sample_weight)
-            )
+        """One step on ``x``, split into ``R`` equal shares, one per replica
+        (:func:`split_train_on_batch`)."""
+        return split_train_on_batch(
+            self, self.num_replicas, x, y, sample_weight, class_weight, return_dict
         )
-        self.make_train_function()
-        self.reset_metrics()
-        with _batch_errors():
-            logs = pythonify_logs(self.train_function(iter([distributed])))
-        return logs if return_dict else self._flatten_metrics_in_order(logs)
+
+
+def equal_shares(data: Any, replicas: int) -> Any:
+    """``data`` (a replica's share of a step's batch, in the step's own structure) behind an
+    in-graph check that every replica got the same number of rows: tf.distribute splits a batch
+    that ``replicas`` does not divide unevenly, which would weight the replicas' losses wrongly."""
+    from keras.src import tree
+
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    batch = tf.shape(_first_leaf(x))[0]
+    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, batch)
+    check = _batch_assertion(batch, total, replicas, 1)
+    with tf.control_dependencies([check]):
+        return tree.map_structure(
+            lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data
+        )
+
+
+@contextlib.contextmanager
+def unequal_first_batch(replicas: int) -> Iterator[None]:
+    """Keras's symbolic build of a replicated model averages the first batch over the replicas,
+    which fails on unequal shares before the step's own check could run: one line instead."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as exc:
+        if "must have the same size and shape" not in str(exc):
+            raise
+        shapes = re.findall(r"input \d+: \[(\d+)", str(exc), flags=re.IGNORECASE)
+        raise UsageError(
+            f"the first batch does not split into {replicas} equal replica shares "
+            f"(shares of {' and '.join(shapes) or 'unequal'} rows): use a batch size (and a "
+            f"dataset length) that is a multiple of {replicas}"
+        ) from None
+
+
+def split_train_on_batch(
+    model: keras.Model,
+    replicas: int,
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    class_weight: Any = None,
+    return_dict: bool = False,
+) -> Any:
+    """``model.train_on_batch`` under its ``MirroredStrategy``, ``x`` split into ``replicas``
+    equal shares, one per replica: Keras's own passes the whole batch to every replica. Each
+    share is cut out and placed on its device by
+    ``strategy.experimental_distribute_values_from_function``."""
+    from keras.src import tree
+    from keras.src.trainers.data_adapters import data_adapter_utils
+    from keras.src.utils.python_utils import pythonify_logs
+
+    model._assert_compile_called("train_on_batch")
+    if class_weight is not None:
+        sample_weight = data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
+    batch = int(np.shape(_first_leaf(x))[0])
+    _check_static_batch(batch, replicas)
+    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+    share = batch // replicas
+
+    def shard(context: Any) -> Any:
+        r = context.replica_id_in_sync_group
+        return tree.map_structure(
+            lambda t: tf.convert_to_tensor(t)[r * share : (r + 1) * share], data
+        )
+
+    distributed = model.distribute_strategy.experimental_distribute_values_from_function(shard)
+    # As tensors: Keras's symbolic build reads a numpy array's dtype, and numpy's ``object``
+    # (a string input) is no Keras dtype while ``tf.string`` is.
+    model._maybe_symbolic_build(
+        data_batch=tree.map_structure(
+            lambda t: None if t is None else tf.convert_to_tensor(t), (x, y, sample_weight)
+        )
+    )
+    model.make_train_function()
+    model.reset_metrics()
+    with batch_errors():
+        logs = pythonify_logs(model.train_function(iter([distributed])))
+    return logs if return_dict else model._flatten_metrics_in_order(logs)
 
 
 def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Model:
@@ -380,7 +413,7 @@ def _is_functional(model: Any) -> bool:
     return isinstance(model, Functional)
 
 
-def _cross_device_ops(devices: Sequence[str]) -> Any:
+def default_cross_device_ops(devices: Sequence[str]) -> Any:
     """NCCL all-reduce for GPUs, a reduction to the first device otherwise.
 
     Left to itself, MirroredStrategy uses collective ops whose group keys every strategy numbers
@@ -407,7 +440,7 @@ def replicate_model(
     strategy's scope; ``fit``, ``train_on_batch``, ``evaluate`` and ``predict`` split each global
     batch across the replicas. ``sample_inputs`` (one array per model input) builds the copy. The
     original model is never modified. XLA is turned off, as for the placed model.
-    ``cross_device_ops`` overrides the all-reduce (default: :func:`_cross_device_ops`).
+    ``cross_device_ops`` overrides the all-reduce (default: :func:`default_cross_device_ops`).
     """
     devices = check_replica_devices(replica_devices)
     if len(devices) < 2:
@@ -416,7 +449,8 @@ def replicate_model(
             "place_model for one device"
         )
     strategy = tf.distribute.MirroredStrategy(
-        devices=list(devices), cross_device_ops=cross_device_ops or _cross_device_ops(devices)
+        devices=list(devices),
+        cross_device_ops=cross_device_ops or default_cross_device_ops(devices),
     )
     with strategy.scope():
         inner = _copy_in_scope(model, sample_inputs)
@@ -498,7 +532,7 @@ class ReplicatedPipeline(SplitBatchTraining):
     def _batch_errors(self) -> contextlib.AbstractContextManager[None]:
         """Catches the error of this step's assertion that the batch splits into the replicas'
         micro-batches (``fit`` and ``train_on_batch`` are :class:`SplitBatchTraining`'s)."""
-        return _batch_errors()
+        return batch_errors()
 
     @property
     def num_replicas(self) -> int:

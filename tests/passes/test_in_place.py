@@ -81,7 +81,7 @@ class ActivityRegularized(keras.layers.Layer):
         self.rate = rate
 
     def call(self, inputs: Any) -> Any:
-        self.add_loss(self.rate * keras.ops.sum(keras.ops.square(inputs)))
+        self.add_loss(self.rate * keras.ops.mean(keras.ops.square(inputs)))
         return inputs
 
 
