@@ -178,7 +178,7 @@ def _mirror(model: keras.Model, strategy: Any) -> None:
     created again in ``strategy``'s scope with its value; each optimizer bound to ``strategy``
     and averaging its replicas' gradients."""
     optimizers = _optimizers(model)
-    state = [*model.variables, *model.metrics_variables]
+    state = [*model.variables, *_metrics_variables(model)]
     state += [v for o in optimizers for v in o.variables]
     seen: set[int] = set()
     with strategy.scope():
@@ -197,6 +197,16 @@ def _mirror(model: keras.Model, strategy: Any) -> None:
                 made._distribution_strategy = strategy
         _average_gradients(inner if inner is not None else optimizer, strategy)
     _rekey_optimizers(model)
+
+
+def _metrics_variables(model: keras.Model) -> list[Any]:
+    """The variables of ``model``'s metrics; none yet when its own ``metrics`` property reads
+    what its own ``compile`` makes (keras.io's GAN): ``compile`` later makes them in the
+    strategy's scope (:func:`_retrace`)."""
+    try:
+        return list(model.metrics_variables)
+    except AttributeError:
+        return []
 
 
 def _average_gradients(optimizer: Any, strategy: Any) -> None:

@@ -31,6 +31,7 @@ COLUMNS = {
     "auto-4gpus": "default strategy, 4 devices",
     "pipeline-2gpus": "pipeline, 2 devices",
     "placed-4gpus": "placed, 4 devices",
+    "data-parallel-4gpus": "data parallel, 4 devices",
 }
 
 
@@ -38,6 +39,9 @@ def _cell(entry: dict[str, str] | None) -> str:
     if entry is None:
         return "-"
     outcome, detail = entry["outcome"], entry["detail"]
+    pieces = detail.rsplit(", ", 1)[-1].split(" piece", 1)[0]
+    if outcome == "in place" and pieces.isdigit() and int(pieces) > 1:
+        return f"in place, {pieces} replicas"
     if outcome in ("applies", "pipelines", "in place"):
         return outcome
     reason = " ".join(detail.split()).replace("|", "/")

@@ -88,7 +88,14 @@ PLACED = Setting("placed-2gpus", 2, strategy="placed")
 PLACED_4 = Setting("placed-4gpus", 4, strategy="placed")
 AUTO = Setting("auto-4gpus", 4)
 PIPELINE = Setting("pipeline-2gpus", 2, pipeline=True)
-SETTINGS = {s.label: s for s in (PLACED, PLACED_4, AUTO, PIPELINE)}
+DATA_PARALLEL = Setting("data-parallel-4gpus", 4, strategy="data_parallel")
+SETTINGS = {s.label: s for s in (PLACED, PLACED_4, AUTO, PIPELINE, DATA_PARALLEL)}
+
+IN_PLACE = frozenset(
+    {"llama", "vit", "custom_layer_no_config", "text_transformer", "vae", "gan", "shared_branches"}
+)
+"""Issue 36's kinds (layers that cannot be rebuilt, a model's own ``train_step``, a training
+branch with a shared layer and ``add_loss``): planned data parallel on 4 devices too."""
 
 
 FOUR_ONLY = frozenset(
@@ -110,7 +117,8 @@ def settings_of(case: zoo.Case) -> tuple[Setting, ...]:
     if case.name == "resnet_v2_small":
         return (PLACED, PLACED_4)
     auto = () if case.name in NO_AUTO else (AUTO,)
-    return (PLACED, *auto, *((PIPELINE,) if case.chain else ()))
+    replicas = (DATA_PARALLEL,) if case.name in IN_PLACE else ()
+    return (PLACED, *auto, *((PIPELINE,) if case.chain else ()), *replicas)
 
 
 def _cases() -> list[Any]:
@@ -164,7 +172,14 @@ def loss_for(y: Any) -> Any:
 
 def compile_sgd(model: keras.Model, y: Any, run_eagerly: bool = False) -> None:
     optimizer = keras.optimizers.SGD(learning_rate=LEARNING_RATE)
-    if y is None:  # the model's own train_step computes its loss
+    if isinstance(model, zoo.GAN):  # its own compile: two optimizers and a loss
+        model.compile(
+            d_optimizer=optimizer,
+            g_optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+            run_eagerly=run_eagerly,
+        )
+    elif y is None:  # the model's own train_step computes its loss
         model.compile(optimizer=optimizer, run_eagerly=run_eagerly)
     else:
         model.compile(optimizer=optimizer, loss=loss_for(y), run_eagerly=run_eagerly)
@@ -239,6 +254,30 @@ def reference_step(model: keras.Model, x: Any, y: Any, m: int) -> float:
     return total
 
 
+def own_step_on_slices(model: keras.Model, x: Any, y: Any, m: int) -> float:
+    """The model's own ``train_step`` on m slices of the batch, as m replicas run it: each
+    slice's gradients recorded (its optimizer's ``apply`` deferred), their mean applied once;
+    the loss its metrics give after the m slices. For a model with one optimizer whose step
+    draws random numbers (a VAE): each replica draws for its share, as each slice does here."""
+    optimizer = model.optimizer
+    recorded: list[tuple[list[Any], list[Any]]] = []
+
+    def record(grads: Any, variables: Any = None) -> None:
+        recorded.append(([tf.convert_to_tensor(g) for g in grads], list(variables)))
+
+    optimizer.apply = record  # type: ignore[method-assign]
+    try:
+        for k in range(m):
+            data = slices(x, m)[k] if y is None else (slices(x, m)[k], slices(y, m)[k])
+            logs = model.train_step(keras.tree.map_structure(tf.convert_to_tensor, data))
+    finally:
+        del optimizer.apply
+    variables = recorded[0][1]
+    mean = [sum(g[i] for g, _ in recorded) / m for i in range(len(variables))]
+    optimizer.apply(mean, variables)
+    return float(logs["loss"])
+
+
 def paired(model: keras.Model, copy: Any) -> list[tuple[Any, Any]]:
     """(original variable, copy's variable), by path (by order when the paths differ)."""
     originals, copies = list(model.weights), list(copy.weights)
@@ -250,10 +289,18 @@ def paired(model: keras.Model, copy: Any) -> list[tuple[Any, Any]]:
 
 
 def check_equivalence(
-    model: keras.Model, copy: Any, x: Any, y: Any, m: int, own_fit: bool = False
+    model: keras.Model,
+    copy: Any,
+    x: Any,
+    y: Any,
+    m: int,
+    own_fit: bool = False,
+    draws_in: int = 1,
 ) -> None:
     """``own_fit``: the reference trains by ``fit`` too (a model with its own ``train_step``
-    takes its data as ``fit`` gives it; ``train_on_batch`` adds the empty targets)."""
+    takes its data as ``fit`` gives it; ``train_on_batch`` adds the empty targets), or, when its
+    step draws random numbers and the copy runs ``draws_in`` > 1 replicas, by
+    :func:`own_step_on_slices`."""
     compare_outputs(copy(x, training=False), model(x, training=False))
     pairs = paired(model, copy)
     before = [(np.array(o.numpy()), np.array(c.numpy())) for o, c in pairs]
@@ -261,7 +308,9 @@ def check_equivalence(
         np.testing.assert_array_equal(b_c, b_o, err_msg=f"{o.path} before the step")
     compile_sgd(model, y, run_eagerly=True)
     compile_sgd(copy, y)
-    if own_fit:
+    if own_fit and draws_in > 1:
+        want_loss = own_step_on_slices(model, x, y, draws_in)
+    elif own_fit:
         fitted = model.fit(x, y, batch_size=zoo.BATCH, epochs=1, shuffle=False, verbose=0)
         want_loss = float(fitted.history["loss"][0])
     else:
@@ -313,7 +362,11 @@ def run_case(name: str, label: str) -> tuple[str, str]:
         m = pieces if pieces > 1 and has_batch_statistics(model) else 1
         if copy is model:  # placed in place: the reference is the same model built again
             reference, _, _ = zoo.build(name)
-            _stage("check", lambda: check_equivalence(reference, copy, x, y, m, own_fit=True))
+            draws_in = pieces if case.draws else 1
+            _stage(
+                "check",
+                lambda: check_equivalence(reference, copy, x, y, m, own_fit=True, draws_in=draws_in),
+            )
             return "in place", f"{type(copy).__name__} itself, {pieces} piece(s)"
         _stage("check", lambda: check_equivalence(model, copy, x, y, m))
         outcome = "pipelines" if getattr(plan, "pipeline", None) is not None else "applies"

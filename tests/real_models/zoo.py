@@ -49,6 +49,10 @@ class Case:
     input_shape: dict[str, tuple[int, ...]] | None = None
     """What ``partition(input_shape=...)`` needs (dynamic dimensions: one shape per input name),
     else ``None``."""
+    draws: bool = False
+    """Its own ``train_step`` draws random numbers per batch (a VAE's sampling): split into
+    replicas, each draws for its share, so the reference is its step on each share (gradients
+    averaged), not on the whole batch."""
 
 
 @contextlib.contextmanager
@@ -493,6 +497,106 @@ def vae() -> tuple[keras.Model, Any, Any]:
     return model, x, None
 
 
+class ActivityRegularization(keras.layers.Layer):
+    """keras-io "Making new layers and models via subclassing": a loss added inside a layer
+    (``add_loss``), no ``get_config``."""
+
+    def __init__(self, rate: float = 1e-2) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def call(self, inputs: Any) -> Any:
+        self.add_loss(self.rate * keras.ops.mean(keras.ops.square(inputs)))
+        return inputs
+
+
+class SharedBranches(keras.Model):
+    """A subclassed model whose ``call`` branches on ``training``, with one layer shared by two
+    branches and a layer adding a loss."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shared = keras.layers.Dense(16, activation="tanh")
+        self.left = keras.layers.Dense(16)
+        self.regularized = ActivityRegularization()
+        self.head = keras.layers.Dense(4)
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        h = self.shared(inputs)
+        h = h + self.shared(self.left(h))  # the shared layer, on two branches
+        if training:
+            h = self.regularized(h)
+        return self.head(h)
+
+
+def shared_branches() -> tuple[keras.Model, Any, Any]:
+    model = SharedBranches(name="shared_branches")
+    x = _rng().standard_normal((BATCH, 16)).astype("float32")
+    model(x)
+    return _with_batch(model, x)
+
+
+class GAN(keras.Model):
+    """keras-io "GAN overriding Model.train_step" (dense, small): a generator and a
+    discriminator, ``compile(d_optimizer, g_optimizer, loss_fn)``, two optimizers in its own
+    ``train_step``, no targets. Its latent vectors come from the batch (``tanh`` of the real
+    rows), not from a random draw, so that a batch split into replicas gives each replica its
+    rows' latents (a draw per share cannot match the whole batch's). Its metrics are made in
+    ``__init__`` (keras.io makes them in ``compile``, which Keras refuses on a built model)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.d_loss_metric = keras.metrics.Mean(name="d_loss")
+        self.g_loss_metric = keras.metrics.Mean(name="g_loss")
+        self.generator = keras.Sequential(
+            [keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(16)],
+            name="generator",
+        )
+        self.discriminator = keras.Sequential(
+            [keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)],
+            name="discriminator",
+        )
+
+    def call(self, latent: Any) -> Any:
+        return self.discriminator(self.generator(latent))
+
+    def compile(  # type: ignore[override]
+        self, d_optimizer: Any, g_optimizer: Any, loss_fn: Any, **kwargs: Any
+    ) -> None:
+        super().compile(**kwargs)
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.d_loss_metric, self.g_loss_metric]
+
+    def train_step(self, real: Any) -> dict[str, Any]:
+        import tensorflow as tf
+
+        latent = keras.ops.tanh(real)
+        fake = self.generator(latent)
+        rows = keras.ops.shape(real)[0]
+        labels = keras.ops.concatenate([keras.ops.ones((rows, 1)), keras.ops.zeros((rows, 1))])
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(keras.ops.concatenate([fake, real])))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(keras.ops.zeros((rows, 1)), self(latent))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_metric.update_state(d_loss)
+        self.g_loss_metric.update_state(g_loss)
+        return {"loss": self.g_loss_metric.result(), "d_loss": self.d_loss_metric.result()}
+
+
+def gan() -> tuple[keras.Model, Any, Any]:
+    model = GAN(name="gan")
+    x = _rng().standard_normal((BATCH, 16)).astype("float32")
+    model(x)
+    return model, x, None
+
+
 def multi_io() -> tuple[keras.Model, Any, Any]:
     """keras-io "The Functional API" ticket classifier: named dict inputs, dict outputs."""
     title = keras.Input(shape=(SEQ,), dtype="int32", name="title")
@@ -528,7 +632,13 @@ KERAS_IO = (
     Case("text_transformer", "keras-io: Text classification with Transformer", text_transformer),
     Case("mnist_convnet", "keras-io: Simple MNIST convnet", mnist_convnet, chain=True, dtype="float64"),
     Case("subclassed", "keras-io: The Model class (subclassed)", subclassed),
-    Case("vae", "keras-io: Variational AutoEncoder (custom train_step)", vae),
+    Case("vae", "keras-io: Variational AutoEncoder (custom train_step)", vae, draws=True),
+    Case("gan", "keras-io: GAN overriding train_step (two optimizers)", gan),
+    Case(
+        "shared_branches",
+        "keras-io: subclassed, training branch, shared layer, add_loss",
+        shared_branches,
+    ),
     Case("multi_io", "keras-io: The Functional API (dict inputs and outputs)", multi_io),
 )
 
