@@ -709,7 +709,8 @@ class _WithConfig(_NoConfig):
 def test_applying_to_a_subclassed_model_keras_cannot_rebuild_is_one_line() -> None:
     """``Plan.apply`` on such a model raised a 5-line RewriteError holding Keras's whole "Unable
     to revive model from config" text and the config (34g b A10, A11). Since issue 36 it is
-    placed in place; the emitted program, which copies it, is refused in one line."""
+    placed in place; an emitted program without the model's file (model_source=), which
+    cannot copy it, is refused in one line."""
     import numpy as np
 
     import partitioner

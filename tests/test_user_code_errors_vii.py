@@ -147,8 +147,9 @@ def twice_plus_one(t: Any) -> Any:
 def test_a_lambda_layer_is_refused_with_advice_that_applies(function: Any, advice: str) -> None:
     """Before: "pass **kwargs to super().__init__ and implement get_config", which the user
     cannot do to Keras's Lambda, after Keras's hint cut mid-word ("If you trust t...").
-    Since issue 36 such a model is planned and placed in place; the emitted program, which
-    copies the layers from their configs, is what still refuses it, with that advice."""
+    Since issue 36 such a model is planned and placed in place; an emitted program, which
+    cannot copy the layers from their configs, needs the model's file (model_source=) to make
+    it: without one it is refused, with that advice."""
     from passes.rewrite.codegen import check_emittable
 
     inputs = keras.Input((16,))
@@ -161,7 +162,7 @@ def test_a_lambda_layer_is_refused_with_advice_that_applies(function: Any, advic
     message = str(info.value)
     assert "\n" not in message
     assert "layer 'lam' (Lambda) cannot be rebuilt from its config" in message
-    assert advice in message and "or plan a model without it; Plan.apply places it" in message
+    assert advice in message and "or plan a model without it; pass model_source=" in message
     assert "super().__init__" not in message
     assert re.search(r"\w\.\.\.", message) is None, message  # never cut inside a word
 

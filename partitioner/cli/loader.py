@@ -28,7 +28,13 @@ from types import ModuleType
 from typing import Any, cast
 
 from partitioner.core.errors import ModelLoadError, PartitionError, error_line, keras_call, quoting
-from partitioner.core.files import MODEL_MODULE_FLAG, check_links_followed, file_kind, system_dirs
+from partitioner.core.files import (
+    BUILDER_NAMES,
+    MODEL_MODULE_FLAG,
+    check_links_followed,
+    file_kind,
+    system_dirs,
+)
 from partitioner.core.units import format_bytes
 
 __all__ = [
@@ -43,7 +49,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BUILDER_NAMES = ("build_model", "create_model", "get_model", "make_model")
 
 
 def split_spec(spec: str) -> tuple[Path, str | None]:

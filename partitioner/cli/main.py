@@ -1729,7 +1729,6 @@ def _plan(
             model = load_model(paths.model, weightless=not (args.profile or args.profile_ops))
         _rearm_interrupt(own_sigint)
         load_s = time.perf_counter() - t0
-        _check_emittable(args, paths, code, model)
         _check_outputs(paths, [*inputs, *_imported(paths, code)])
         prepared = _trace_cache_kept(paths, prepared)
         code.traces.extend(_trace_cache_of(paths, prepared, code))
@@ -1747,17 +1746,6 @@ def _plan(
             )
         _rearm_interrupt(own_sigint)
     return model, replace(plan, phase_times_s=(("load", load_s), *plan.phase_times_s)), code
-
-
-def _check_emittable(args: argparse.Namespace, paths: _Paths, code: _UserCode, model: Any) -> None:
-    """With ``--emit``, a model it cannot write (one placed in place) refused before the slow
-    work (:func:`passes.rewrite.codegen.check_emittable`)."""
-    if args.emit is None:
-        return
-    from passes.rewrite.codegen import check_emittable
-
-    with _model_code(paths, code):  # its layers' configs are the model's code
-        check_emittable(model)
 
 
 def _trace_cache_kept(paths: _Paths, prepared: Prepared) -> Prepared:
@@ -1883,8 +1871,9 @@ def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Pl
             from partitioner.cli.loader import split_spec
             from passes.rewrite.codegen import emit_plan_module
 
+            source_file, attr = split_spec(paths.model)
             source = emit_plan_module(
-                model, plan, model_source=split_spec(paths.model)[0],
+                model, plan, model_source=source_file, model_attr=attr,
                 cluster_addresses=_tf_config_cluster(args.topology),
             )  # fmt: skip
             files.append((output.path, source))

@@ -34,6 +34,7 @@ from pathlib import Path
 from partitioner.core.errors import OutputError, PartitionError, UsageError
 
 __all__ = [
+    "BUILDER_NAMES",
     "CACHE_ENTRY_FOLDERS",
     "MAX_LINKS_FOLLOWED",
     "MODEL_MODULE_FLAG",
@@ -356,6 +357,10 @@ def _check_link_owner(link_path: str, link: os.stat_result, directory: str, head
             "protected_symlinks would): give a path of your own"
         )
 
+
+BUILDER_NAMES = ("build_model", "create_model", "get_model", "make_model")
+"""The functions a model file's builder is looked for under, in order, when the command line
+names none (``PATH`` rather than ``PATH:ATTR``); emitted programs look them up the same way."""
 
 MODEL_MODULE_FLAG = "__partitioner_model_file__"
 """Set (to ``True``) on the module the CLI imported a model file as. That module is named as

@@ -336,8 +336,9 @@ class Plan:
         layer without ``get_config``) is placed in place (:mod:`passes.rewrite.in_place`): its
         variables move to their layers' devices, each layer's forward and backward ops run there
         whichever step takes the gradients, and the model itself is returned, its class and its
-        own steps kept; such a model is planned on whole batches only (no replicas, no
-        micro-batches). ``devices`` maps the plan's device indices to TensorFlow device strings
+        own steps kept; such a model is planned on whole batches or as data-parallel replicas
+        (``replicate_in_place``: ``MirroredStrategy`` over the model itself), never
+        micro-batched. ``devices`` maps the plan's device indices to TensorFlow device strings
         (``devices[i]`` for plan device ``i``), so a plan for two GPUs can run on two logical
         CPU devices; by default each device's own name from the plan (a topology file or
         cluster names them), else the first N GPUs TensorFlow sees; a device TensorFlow does not

@@ -90,7 +90,7 @@ from partitioner.core.files import MODEL_MODULE_FLAG
 from partitioner.core.strategy import Strategy
 from partitioner.core.units import format_seconds
 from partitioner.plan.model import Plan
-from passes.checks import rebuild_refusal
+from passes.checks import in_place_reason, rebuild_refusal
 from passes.trace import ShapeArg, Unit, input_specs, placement_units, sample_batch_size
 
 logger = logging.getLogger(__name__)
@@ -1668,19 +1668,23 @@ def plan_device_strings(plan: Plan, devices: Sequence[str] | None = None) -> tup
     return tuple(f"/device:{kind}:{d.index}" for d in plan.devices)
 
 
-def check_emittable(model: keras.Model) -> None:
+def check_emittable(
+    model: keras.Model, model_source: str | os.PathLike[str] | None = None
+) -> None:
     """RewriteError (one line) for a model placed in place
-    (:func:`passes.checks.in_place_reason`): the emitted program copies the model from its
-    layers' configs and trains it with partitioner's own step, which such a model cannot take."""
+    (:func:`passes.checks.in_place_reason`) without ``model_source``: its emitted program makes
+    the model with that file's own code (:func:`_emit_in_place_module`)."""
     from passes.checks import check_model
 
+    if model_source is not None:
+        return
     try:
         check_model(model)
     except RewriteError as exc:
         raise RewriteError(
-            "an emitted program copies the model from its layers' configs and trains it with "
-            f"partitioner's own step, which this model cannot take: {exc}; Plan.apply places "
-            "it in place instead (the model itself, its own step kept)"
+            "an emitted program cannot copy this model from its layers' configs, and makes it "
+            f"with its own file's code instead: {exc}; pass model_source= (the .py file whose "
+            "builder makes the model)"
         ) from None
 
 
@@ -1691,8 +1695,14 @@ def emit_plan_module(
     devices: Sequence[str] | None = None,
     model_source: str | os.PathLike[str] | None = None,
     cluster_addresses: Mapping[str, Sequence[str]] | None = None,
+    model_attr: str | None = None,
 ) -> str:
     """:func:`emit_placed_module` for ``plan``: its devices, pipeline stages and input shape.
+
+    A model placed in place (:func:`passes.checks.in_place_reason`: its own ``train_step``, a
+    layer that cannot be rebuilt from its config) is not copied: its module imports
+    ``model_source``, makes the model with ``model_attr`` there (a builder or a model; by
+    default the command line's search) and places it itself (:func:`_emit_in_place_module`).
 
     ``cluster_addresses`` (``{job: [host:port, ...]}``, e.g. TF_CONFIG's ``cluster``) gives a
     multi-worker program the real task addresses; without it they are placeholders to edit.
@@ -1703,9 +1713,11 @@ def emit_plan_module(
     replicated pipelines through partitioner's own rewrite, ``realise_strategy``, with every
     replica's layer devices written out.
     """
-    check_emittable(model)
+    check_emittable(model, model_source)
     strings = plan_device_strings(plan, devices)
     strategy = plan.strategy
+    if model_source is not None and in_place_reason(model) is not None:
+        return _emit_in_place_module(model, plan, strings, model_source, model_attr)
     if strategy is not None and strategy.replicas > 1:
         if strategy.stages == 1:
             return emit_replicated_module(
@@ -1728,6 +1740,152 @@ def emit_plan_module(
         input_shape=plan.input_shape,
         share_batch_size=plan.share_batch_size,
     )
+
+
+# -- models placed in place: the user's own file makes them -----------------------------------
+
+_IN_PLACE_BODY = _ZEROS_FUNCTION + '''
+
+
+def sample_inputs() -> list[Any]:
+    """Zeros shaped like one sample of each input, in the model's input order."""
+    shapes = SAMPLE_INPUTS.values() if isinstance(SAMPLE_INPUTS, dict) else SAMPLE_INPUTS
+    return [zeros(shape, dtype) for shape, dtype in shapes]
+
+
+def original_model() -> keras.Model:
+    """The model MODEL_SOURCE makes: MODEL_ATTR there (a function returning the model, or the
+    model), else its first function of BUILDER_NAMES, else its one module-level model."""
+    module = model_source()
+    names = [MODEL_ATTR] if MODEL_ATTR else [n for n in BUILDER_NAMES if hasattr(module, n)]
+    if names:
+        made = getattr(module, names[0])
+        return made if isinstance(made, keras.Model) else made()
+    models = [value for value in vars(module).values() if isinstance(value, keras.Model)]
+    if len(models) != 1:
+        raise ValueError(f"{MODEL_SOURCE} holds {len(models)} models: set MODEL_ATTR")
+    return models[0]
+'''
+
+_IN_PLACE_PLACED = '''
+
+def build_model(model: keras.Model | None = None) -> keras.Model:
+    """``model`` (by default original_model()) placed as the plan says, in place: each layer's
+    variables, forward ops and backward ops on its device of LAYER_DEVICES. Returns ``model``."""
+    model = original_model() if model is None else model
+    names = [unit.name for unit in placement_units(model)]
+    if len(names) != len(LAYER_DEVICES):
+        raise ValueError(
+            f"the model has {len(names)} layers but LAYER_DEVICES names {len(LAYER_DEVICES)}; "
+            "has MODEL_SOURCE changed?"
+        )
+    devices = dict(LAYER_DEVICES)
+    if set(names) != set(devices):  # Keras names layers anew in every build: by position
+        devices = dict(zip(names, LAYER_DEVICES.values()))
+    return place_in_place(model, devices, sample_inputs())
+'''
+
+_IN_PLACE_REPLICATED = '''
+
+def build_model(model: keras.Model | None = None) -> keras.Model:
+    """``model`` (by default original_model()) trained data parallel, in place: one replica on
+    each device of REPLICA_DEVICES, its own train_step kept. Returns ``model``."""
+    model = original_model() if model is None else model
+    return replicate_in_place(model, REPLICA_DEVICES, sample_inputs())
+'''
+
+
+def _in_place_header(model: Any, plan: Plan, why: str, replicated: bool) -> list[str]:
+    """The docstring of a module that places a model in place: what and why, how to use it."""
+    how = (
+        [
+            "replicate_in_place trains it data parallel through tf.distribute.MirroredStrategy,",
+            "one replica on each device of REPLICA_DEVICES: every variable (the model's, its",
+            "optimizers', its metrics') mirrored on them, the model's own train_step run by each",
+            "replica on its share of each batch, the replicas' gradients averaged.",
+        ]
+        if replicated
+        else [
+            "place_in_place moves each layer's variables to its device of LAYER_DEVICES and runs",
+            "its forward and backward ops there, whichever step takes the gradients (edit a",
+            "device string to move that layer).",
+        ]
+    )
+    strategy = plan.strategy
+    what = strategy.describe() if strategy is not None else f"{plan.num_devices} device(s)"
+    return [
+        f'"""Model {_safe_text(model.name)} placed as it is ({_safe_text(what)}), written by '
+        "partitioner.",
+        "",
+        f"Predicted step {format_seconds(plan.step_time_s)}.",
+        "",
+        "The model is placed in place, not copied from its layers' configs:",
+        f"{_safe_text(why, 160)}. build_model() makes it with its own file's code",
+        "(MODEL_SOURCE, imported by path; edit the path if the file moves) and places that",
+        "model itself with partitioner's passes.rewrite.in_place (partitioner must be",
+        "installed), its class, its own steps and its optimizers kept:",
+        *how,
+        "",
+        "Use:",
+        "",
+        "    import placed_model                      # this file",
+        "    model = placed_model.build_model()       # or build_model(model): one you made",
+        "    model.fit(x, y, batch_size=placed_model.GLOBAL_BATCH_SIZE)",
+        '"""',
+    ]
+
+
+def _emit_in_place_module(
+    model: keras.Model,
+    plan: Plan,
+    strings: Sequence[str],
+    model_source: str | os.PathLike[str],
+    model_attr: str | None,
+) -> str:
+    """The module of a plan for a model placed in place (see :func:`emit_plan_module`): one
+    replica (``place_in_place``) or data-parallel replicas of one stage (``replicate_in_place``);
+    the plans that micro-batch are refused for such models when they are made."""
+    from partitioner.core.files import BUILDER_NAMES
+
+    strategy = plan.strategy
+    replicated = strategy is not None and strategy.replicas > 1
+    why = str(in_place_reason(model))
+    lines = _in_place_header(model, plan, why, replicated)
+    lines += _import_lines(True, [], placed=False)
+    rewrite = "replicate_in_place" if replicated else "place_in_place"
+    lines += ["", f"from passes.rewrite.in_place import {rewrite}"]
+    lines += ["from passes.trace import placement_units"] * (not replicated)
+    lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}"]
+    lines += [f"GLOBAL_BATCH_SIZE = {plan.batch_size}", ""]
+    lines += _source_lines(model, _Emitter(os.fspath(model_source)))
+    lines += ["# What in MODEL_SOURCE makes the model (None: the first of BUILDER_NAMES there)."]
+    lines += [f"MODEL_ATTR: str | None = {_flat_literal(model_attr)}"]
+    lines += [f"BUILDER_NAMES = {_literal(tuple(BUILDER_NAMES), 0)}", ""]
+    if replicated and strategy is not None:
+        devices = [strings[group[0]] for group in strategy.device_groups]
+        lines += ["# One replica on each device, from the plan."]
+        lines += [f"REPLICA_DEVICES = {_literal(devices, 0)}", ""]
+    else:
+        layer_devices = {name: strings[d] for name, d in plan.assignment.items()}
+        units = placement_units(model)
+        lines += ["# Layer -> device, from the plan. Edit a device string to move that layer."]
+        lines += ["LAYER_DEVICES = {"]
+        lines += [
+            f"{INDENT}{_flat_literal(u.name)}: {_flat_literal(layer_devices[u.name])},"
+            for u in units
+        ]
+        lines += ["}", ""]
+    lines += _sample_lines(
+        model,
+        plan.input_shape,
+        _is_graph_model(model),
+        plan.share_batch_size,
+        "when it is not built yet",
+    )
+    text = "\n".join(lines) + "\n" + _SOURCE_LOADER + "\n" + _IN_PLACE_BODY
+    text += "\n" + (_IN_PLACE_REPLICATED if replicated else _IN_PLACE_PLACED)
+    _compile_check(text, "<emitted module>")
+    return text
 
 
 # -- plans of replicas: data parallel, across hosts, hybrid -----------------------------------

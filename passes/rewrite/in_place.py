@@ -165,12 +165,28 @@ def replicate_in_place(
     strategy = _WholeStepMirrored(
         devices=list(devices), cross_device_ops=default_cross_device_ops(devices)
     )
+    _warn_summed_losses(model, len(devices))
     _mirror(model, strategy)
     model._distribute_strategy = strategy
     _retrace(model, strategy)
     _split_batches(model, len(devices))
     object.__setattr__(model, _MARK, {u.name: ", ".join(devices) for u in placement_units(model)})
     return model
+
+
+def _warn_summed_losses(model: keras.Model, replicas: int) -> None:
+    """A warning for each compiled loss that sums over the batch (``reduction="sum"``): its
+    gradient here is ``1/replicas`` of the whole batch's (the module docstring)."""
+    for loss in tree.flatten(getattr(model, "loss", None)):
+        if isinstance(loss, keras.losses.Loss) and loss.reduction == "sum":
+            logger.warning(
+                "loss %s sums over the batch: its gradient under %d data-parallel replicas in "
+                "place is 1/%d of the whole batch's (the replicas' gradients are averaged); use "
+                "a mean reduction",
+                loss.name,
+                replicas,
+                replicas,
+            )
 
 
 def _mirror(model: keras.Model, strategy: Any) -> None:

@@ -313,16 +313,17 @@ def test_the_command_line_plans_a_model_with_its_own_step_and_apply_places_it(
     tmp_path: Any,
 ) -> None:
     """Issue 36's done-when, from the command line: ``partition`` on a model whose class
-    overrides ``train_step`` writes a plan (a strategy that splits batches left out with a
-    note), ``plan.apply`` places the model itself, and one step of its own ``fit`` equals the
-    unplaced model's; ``--pipeline`` and ``--emit`` are one line each."""
-    import importlib.util
+    overrides ``train_step`` writes a plan, placed or data parallel, that ``plan.apply`` uses on
+    the model itself, and a program (``--emit``) that makes the model with the file's own
+    builder and places it so, run here as written; one step of the model's own ``fit`` equals
+    the unplaced model's each time. ``--pipeline`` is one line."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     import partitioner
+    from tests.emitted import import_emitted
 
     repo = Path(__file__).resolve().parents[2]
     (tmp_path / "custom.py").write_text(CUSTOM_STEP_FILE)
@@ -334,29 +335,32 @@ def test_the_command_line_plans_a_model_with_its_own_step_and_apply_places_it(
             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,
         )  # fmt: skip
 
-    done = run("--device-type", "cpu", "--strategy", "placed", "--out", "p.json")
-    assert done.returncode == 0, done.stderr
-    for refused, words in (
-        (run("--pipeline"), "overrides train_step: Plan.apply places such a model itself"),
-        (run("--emit", "e.py"), "an emitted program copies the model"),
-    ):
-        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
-        assert words in refused.stderr, refused.stderr
-    assert not (tmp_path / "e.py").exists()
-    spec = importlib.util.spec_from_file_location("custom_model_file", tmp_path / "custom.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    reference, model = module.build_model(), module.build_model()
-    plan = partitioner.load_plan(tmp_path / "p.json")
-    assert len(set(plan.assignment.values())) == 2  # a real split, forced by --strategy placed
-    assert plan.apply(model, devices=DEVICES[:2]) is model
+    refused = run("--pipeline")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "overrides train_step: Plan.apply places such a model itself" in refused.stderr
     x = np.random.default_rng(0).normal(size=(32, 64)).astype("float32")
     y = np.random.default_rng(1).normal(size=(32, 1)).astype("float32")
-    for made in (reference, model):
-        made.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
-    for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+    source = import_emitted(tmp_path / "custom.py")
+    for strategy in ("placed", "data-parallel"):
+        out, emitted = f"{strategy}.json", f"{strategy}_model.py"
+        done = run("--device-type", "cpu", "--strategy", strategy, "--out", out, "--emit", emitted)
+        assert done.returncode == 0, done.stderr
+        plan = partitioner.load_plan(tmp_path / out)
+        module = import_emitted(tmp_path / emitted)
+        assert "copied from its layers' configs" in (module.__doc__ or "")
+        for model in (source.build_model(), module.build_model()):
+            reference = source.build_model()
+            if not placed_in_place(model):
+                assert plan.apply(model, devices=DEVICES[:2]) is model
+            if strategy == "placed":
+                assert len(set(placed_in_place(model).values())) == 2  # a real split
+            else:
+                assert model.distribute_strategy.num_replicas_in_sync == 1  # sees one replica
+                assert len(model.distribute_strategy.extended.worker_devices) == 2
+            for made in (reference, model):
+                made.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+            for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
 
 
 def test_an_embeddings_gradient_runs_on_its_device() -> None:

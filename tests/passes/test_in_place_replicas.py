@@ -164,3 +164,27 @@ def test_a_data_parallel_plan_applies_to_the_model_itself() -> None:
     with pytest.raises(PartitionError, match="needs a training step of partitioner's own") as exc:
         partitioner.partition(_built(custom_step), gpus=4, batch_size=ROWS, strategy="pipeline")
     assert "\n" not in str(exc.value)
+
+
+def test_a_loss_summed_over_the_batch_is_named_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The one kind of loss the averaged gradients do not keep exact, said where it can be
+    seen: a compiled loss with ``reduction="sum"`` gets 1/R of its gradient."""
+    model = _built(custom_step)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05), loss=keras.losses.MeanSquaredError(reduction="sum")
+    )
+    with caplog.at_level("WARNING", logger="passes.rewrite.in_place"):
+        replicate_in_place(model, DEVICES)
+    assert "sums over the batch" in caplog.text and "1/4 of the whole batch's" in caplog.text
+    x, y = _batch("own-train-step")
+    reference = _built(custom_step)
+    reference.compile(
+        optimizer=keras.optimizers.SGD(0.05), loss=keras.losses.MeanSquaredError(reduction="sum")
+    )
+    initial = [w.copy() for w in reference.get_weights()]
+    for made in (reference, model):
+        _fit(made, x, y)
+    for a, b, i in zip(reference.get_weights(), model.get_weights(), initial, strict=True):
+        np.testing.assert_allclose(b - i, (a - i) / 4, rtol=1e-4, atol=1e-7)  # as it says
