@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -79,7 +79,9 @@ from passes.weightless import is_deferred
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "OpRecorder",
     "in_place_reason",
+    "op_recorder",
     "place_in_place",
     "placed_in_place",
     "replicate_in_place",
@@ -89,6 +91,38 @@ __all__ = [
 
 _MARK = "_partitioner_in_place"
 """The attribute a model placed in place carries: its layer -> device map."""
+
+
+_RECORDER = "_partitioner_op_recorder"
+"""The attribute holding a model's :class:`OpRecorder` (placed in place, one replica)."""
+
+
+class OpRecorder:
+    """The graph ops each placed layer adds while a step is traced, by (layer, phase), phase
+    ``forward`` or ``backward``, while :meth:`recording` is on
+    (:func:`passes.rewrite.device_report.device_report` turns it on)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.ops: dict[tuple[str, str], list[Any]] = {}
+
+    @contextlib.contextmanager
+    def adding(self, layer: str, phase: str) -> Iterator[None]:
+        """Records the ops made inside as ``layer``'s ``phase`` ops, when on and tracing."""
+        if not (self.on and tf.inside_function()):
+            yield
+            return
+        graph = tf.compat.v1.get_default_graph()
+        start = len(graph.get_operations())
+        try:
+            yield
+        finally:
+            self.ops.setdefault((layer, phase), []).extend(graph.get_operations()[start:])
+
+
+def op_recorder(model: Any) -> OpRecorder | None:
+    """The :class:`OpRecorder` of a model placed in place by :func:`place_in_place`, or None."""
+    return getattr(model, _RECORDER, None)
 
 
 def placed_in_place(model: Any) -> Mapping[str, str] | None:
@@ -127,14 +161,16 @@ def place_in_place(
             f"the plan does not place layers {missing[:8]} of model {model.name!r}; make the "
             "plan for this model"
         )
+    recorder = OpRecorder()
     for unit in units:
         device = layer_devices[unit.name]
         _move_variables(unit.operation, device)
-        placed = _placed_call(unit.operation, unit.operation.call, device)
+        placed = _placed_call(unit.operation, device, functools.partial(recorder.adding, unit.name))
         object.__setattr__(unit.operation, "call", placed)
     _retrace(model)
     _rekey_optimizers(model)
     object.__setattr__(model, _MARK, dict(zip(names, (layer_devices[n] for n in names))))
+    object.__setattr__(model, _RECORDER, recorder)
     return model
 
 
@@ -368,12 +404,17 @@ def _differentiable(value: Any) -> bool:
     return isinstance(value, tf.Tensor) and (value.dtype.is_floating or value.dtype.is_complex)
 
 
-def _placed_call(operation: Any, call: Any, device: str) -> Any:
+_Adding = Callable[[str], contextlib.AbstractContextManager[None]]
+"""A layer's :meth:`OpRecorder.adding`: the ops made inside, recorded as its ``phase``'s."""
+
+
+def _placed_call(operation: Any, device: str, adding: _Adding) -> Any:
     """``operation``'s ``call`` with its forward ops and its backward ops on ``device``."""
+    call = operation.call
 
     @functools.wraps(call)
     def run_on_device(*args: Any, **kwargs: Any) -> Any:
-        with tf.device(device):
+        with tf.device(device), adding("forward"):
             args, kwargs = received_on(device, (args, kwargs))
             flat = tree.flatten((args, kwargs))
             symbolic = not any(isinstance(x, tf.Tensor) for x in flat)  # KerasTensors
@@ -381,12 +422,14 @@ def _placed_call(operation: Any, call: Any, device: str) -> Any:
             if symbolic or not (trains or any(_differentiable(x) for x in flat)):
                 return call(*args, **kwargs)  # nothing to differentiate: its ops are here
             # an Embedding (integer inputs) too: its variables' gradient runs on ``device``
-            return _with_placed_gradient(call, device, args, kwargs)
+            return _with_placed_gradient(call, device, args, kwargs, adding)
 
     return run_on_device
 
 
-def _with_placed_gradient(call: Any, device: str, args: Any, kwargs: Any) -> Any:
+def _with_placed_gradient(
+    call: Any, device: str, args: Any, kwargs: Any, adding: _Adding
+) -> Any:
     """``call(*args, **kwargs)`` as one ``tf.custom_gradient`` whose gradient runs on ``device``
     (the module docstring)."""
     flat = tree.flatten((args, kwargs))
@@ -409,7 +452,7 @@ def _with_placed_gradient(call: Any, device: str, args: Any, kwargs: Any) -> Any
 
         def gradient(*dys: Any, variables: Any = None) -> Any:
             pairs = [(o, dy) for o, dy in zip(outs, dys) if _differentiable(o)]
-            with tf.device(device):
+            with tf.device(device), adding("backward"):
                 sources = [*inputs, *(variables or [])]
                 grads = tape.gradient(
                     [o for o, _ in pairs],

@@ -570,3 +570,28 @@ def test_xla_asked_for_after_the_placement_is_turned_off_with_a_warning(
     place_in_place(gan_model, _devices_of(gan_model))
     gan_model.compile(keras.optimizers.SGD(0.1), keras.optimizers.SGD(0.1))
     assert gan_model.jit_compile is False
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_device_report_shows_every_layer_forward_and_backward_on_its_device(case: str) -> None:
+    """Issue 36's check of every claim: the device report (passes.rewrite.device_report) reads
+    the traced step's ops, and every placed layer's forward and backward ops, and every
+    variable, are on the layer's device."""
+    from passes.rewrite.device_report import device_report
+
+    make, x, _ = CASES[case]
+    model = _built(make)
+    layer_devices = _devices_of(model)
+    place_in_place(model, layer_devices)
+    report = device_report(model, x if case != "gan-two-optimizers" else x[:, :4])
+    assert report.off_device(layer_devices) == ()
+    phases = {(entry.layer, entry.phase) for entry in report.ops}
+    trained = [u.name for u in placement_units(model) if u.operation.trainable_weights]
+    assert trained and all({(n, "forward"), (n, "backward")} <= phases for n in trained), phases
+    held = dict(report.variables)
+    for unit in placement_units(model):
+        for variable in unit.operation.weights:
+            assert held[variable.path] == variable.value.device == layer_devices[unit.name]
+    wrong = {name: DEVICES[(DEVICES.index(d) + 1) % 4] for name, d in layer_devices.items()}
+    # the check can fail: each group of ops (one device each) is off a wrong device map
+    assert len(report.off_device(wrong)) == sum(1 for entry in report.ops if entry.devices)

@@ -188,3 +188,17 @@ def test_a_loss_summed_over_the_batch_is_named_in_a_warning(
         _fit(made, x, y)
     for a, b, i in zip(reference.get_weights(), model.get_weights(), initial, strict=True):
         np.testing.assert_allclose(b - i, (a - i) / 4, rtol=1e-4, atol=1e-7)  # as it says
+
+
+def test_the_device_report_of_a_replicated_model_lists_every_copy() -> None:
+    from passes.rewrite.device_report import device_report
+
+    x, _ = _batch("own-train-step")
+    model = _built(custom_step)
+    replicate_in_place(model, DEVICES)
+    report = device_report(model, x)
+    assert report.ops == () and report.variables
+    for _, devices in report.variables:
+        assert [d.rsplit("/", 1)[-1] for d in devices.split(", ")] == [
+            f"device:CPU:{i}" for i in range(4)
+        ]
