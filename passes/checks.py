@@ -297,8 +297,8 @@ def batch_split_refusal(model: Any, shares: str, micro_batches: bool = True) -> 
         return (
             f"{in_place}: Plan.apply places such a model itself (in place), on whole batches "
             f"or as data-parallel replicas, and the plan splits each batch into {shares}, "
-            "which needs a training step of partitioner's own; plan with strategy='placed', "
-            "strategy='single' or strategy='data_parallel'"
+            "which partitioner runs on copies of the layers in a training step of its own; "
+            "plan with strategy='placed', strategy='single' or strategy='data_parallel'"
         )
     fixed = fixed_batch(model)
     if fixed is not None:

@@ -161,7 +161,7 @@ def test_a_data_parallel_plan_applies_to_the_model_itself() -> None:
     for made in (reference, model):
         _fit(made, x, y)
     _assert_same_weights(reference, model)
-    with pytest.raises(PartitionError, match="needs a training step of partitioner's own") as exc:
+    with pytest.raises(PartitionError, match="in a training step of its own") as exc:
         partitioner.partition(_built(custom_step), gpus=4, batch_size=ROWS, strategy="pipeline")
     assert "\n" not in str(exc.value)
 
