@@ -43,6 +43,7 @@ __all__ = [
     "inexact_layers",
     "join_neighbours",
     "layer_facts",
+    "masks_steps",
     "opless_layers",
     "rebuild_refusal",
 ]
@@ -393,7 +394,14 @@ def layer_facts(layer: Any) -> LayerFacts:
         rates=rates,
         trainable=bool(getattr(layer, "trainable", True)),
         draws_randomness=getattr(layer, "seed_generator", None) is not None,
+        masks=masks_steps(layer),
     )
+
+
+def masks_steps(layer: Any) -> bool:
+    """Whether ``layer`` makes a mask of time steps: a ``Masking`` layer, an ``Embedding``
+    with ``mask_zero=True`` (:class:`~partitioner.core.microbatch.InexactKind` ``MASKED_LOSS``)."""
+    return isinstance(layer, keras.layers.Masking) or bool(getattr(layer, "mask_zero", False))
 
 
 def inexact_layers(

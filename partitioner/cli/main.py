@@ -492,6 +492,9 @@ class _Paths:
     no_cache: str | None = None
     """With ``--profile``, why there is no profile cache (no home directory), decided before
     Keras is imported: its import makes ``~/.keras``, and the home with it."""
+    model_file: str = ""
+    """The model's file resolved through every symbolic link before its code runs: the file an
+    emitted program imports (a link re-pointed later changes nothing, campaign 34y)."""
 
     def shown(self, given: str, path: str) -> str:
         """How a message names a file: as given while the working directory is the one the
@@ -562,6 +565,7 @@ def _resolve_paths(args: argparse.Namespace) -> _Paths:
         trace_cache_dir=trace_cache_dir,
         no_cache=no_cache,
         cache_base=next((os.path.realpath(os.path.join(start, d)) for d in default_caches()), None),
+        model_file=os.path.realpath(os.path.join(start, model)),
     )
 
 
@@ -716,7 +720,33 @@ def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[in
         (f"the file {paths.shown_input(Path(file))} that the model's code read", Path(file))
         for file in sorted(code.opened)
     ]
+    found += [
+        (f"the module {paths.shown_input(file)} that the model's code imports", file)
+        for file in _imported_by_source(paths.model_file)
+        if file not in modules
+    ]
     return found
+
+
+def _imported_by_source(model_file: str) -> list[Path]:
+    """The modules beside ``model_file`` that its source imports anywhere, run or not yet (an
+    ``import helper`` inside ``train_step``, which an emitted program runs: ``--emit helper.py``
+    replaced it, campaign 34y)."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(model_file).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    here = Path(model_file).parent
+    found = [here / f"{n}.py" for n in sorted(names)] + [here / n / "__init__.py" for n in sorted(names)]
+    return [file for file in found if file.is_file()]
 
 
 def _check_counts(args: argparse.Namespace) -> None:
@@ -1871,9 +1901,9 @@ def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Pl
             from partitioner.cli.loader import split_spec
             from passes.rewrite.codegen import emit_plan_module
 
-            source_file, attr = split_spec(paths.model)
+            attr = split_spec(paths.model)[1]
             source = emit_plan_module(
-                model, plan, model_source=source_file, model_attr=attr,
+                model, plan, model_source=paths.model_file, model_attr=attr,
                 cluster_addresses=_tf_config_cluster(args.topology),
             )  # fmt: skip
             files.append((output.path, source))

@@ -1,12 +1,17 @@
 """The layers whose training is not exact under micro-batching, defined once (pure data).
 
 Splitting a batch into ``M`` micro-batches and accumulating their gradients gives the batch
-gradient exactly for layers that treat samples independently. Two kinds of layer do not:
+gradient exactly for layers that treat samples independently. Three kinds of layer do not:
 
 * **batch statistics** (``BatchNormalization``) normalise over each micro-batch's samples, not
   the whole batch, and update their moving statistics ``M`` times per batch;
 * **randomness** (``Dropout`` and the noise layers) draw their masks or noise per micro-batch, so
-  the random stream differs from the unpipelined model's (the same in distribution).
+  the random stream differs from the unpipelined model's (the same in distribution);
+* **masks** (``Masking``, an ``Embedding`` with ``mask_zero=True``): Keras averages a loss over
+  the unmasked time steps of what it is given, so each part's loss is a mean over its own
+  count of them, and the parts' means weighted equally are not the whole batch's mean when the
+  parts hold different counts (campaign 34y: a padded LSTM's first loss 1.123 on one device,
+  1.409 on 4 replicas).
 
 A layer of those classes is exact when it does not do what makes it inexact
 (:func:`inexact_reason`, from :class:`LayerFacts` that ``passes.checks.layer_facts`` reads off a
@@ -46,6 +51,8 @@ class InexactKind(enum.Enum):
     """It normalises over the (micro-)batch's samples."""
     RANDOMNESS = "randomness"
     """It draws random masks or noise per call."""
+    MASKED_LOSS = "masked loss"
+    """It masks time steps, and a loss over them is averaged over each part's unmasked steps."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,11 @@ class InexactLayer:
 
 
 _MASKS = "draws its random masks per micro-batch"
+_MASKED = (
+    "masks time steps, and a loss over them is averaged over each micro-batch's (each "
+    "replica's) unmasked steps, not the whole batch's, so the gradients differ when the parts "
+    "hold different numbers of them"
+)
 _NOISE = "draws its random noise per micro-batch"
 
 INEXACT_LAYERS: tuple[InexactLayer, ...] = (
@@ -79,6 +91,7 @@ INEXACT_LAYERS: tuple[InexactLayer, ...] = (
     InexactLayer("GaussianDropout", InexactKind.RANDOMNESS, _NOISE),
     InexactLayer("GaussianNoise", InexactKind.RANDOMNESS, _NOISE),
     InexactLayer("AlphaDropout", InexactKind.RANDOMNESS, _MASKS),
+    InexactLayer("Masking", InexactKind.MASKED_LOSS, _MASKED),
 )
 """Every Keras layer class known not to be exact under micro-batching."""
 
@@ -105,6 +118,8 @@ class LayerFacts:
     trainable: bool = True
     draws_randomness: bool = False
     """It has a seed generator (draws random numbers in training when a rate is above 0)."""
+    masks: bool = False
+    """It makes a mask of time steps (``Masking``, an ``Embedding`` with ``mask_zero=True``)."""
 
 
 def inexact_reason(facts: LayerFacts) -> InexactLayer | None:
@@ -120,4 +135,6 @@ def inexact_reason(facts: LayerFacts) -> InexactLayer | None:
         return entry or InexactLayer(facts.class_names[0], InexactKind.RANDOMNESS, _MASKS)
     if entry is not None and entry.kind is InexactKind.BATCH_STATISTICS and facts.trainable:
         return entry
+    if facts.masks:  # Masking, or another class that masks (an Embedding with mask_zero)
+        return entry or InexactLayer(facts.class_names[0], InexactKind.MASKED_LOSS, _MASKED)
     return None

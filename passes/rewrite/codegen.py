@@ -1294,7 +1294,9 @@ def model_source() -> Any:
     name = "placed_model_source_" + str(abs(hash(MODEL_SOURCE)))
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, MODEL_SOURCE)
+    # Loaded as Python source whatever its name ends with (the file a .py link led to).
+    loader = importlib.machinery.SourceFileLoader(name, MODEL_SOURCE)
+    spec = importlib.util.spec_from_file_location(name, MODEL_SOURCE, loader=loader)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {MODEL_SOURCE}: not a Python file")
     module = importlib.util.module_from_spec(spec)
@@ -1307,8 +1309,8 @@ def model_source() -> Any:
         del sys.modules[name]
         raise
     finally:
-        if sys.path and sys.path[0] == directory:
-            sys.path.pop(0)
+        if directory in sys.path:  # one entry taken off: an entry the file added stays
+            sys.path.remove(directory)
     return module'''
 
 _ZEROS_FUNCTION = '''
@@ -1542,7 +1544,7 @@ def _import_lines(
     needs in a ``placed`` module."""
     standard = ["import os"]
     if loads_source:
-        standard = ["import importlib.util", "import os", "import sys"]
+        standard = ["import importlib.machinery", "import importlib.util", "import os", "import sys"]
     if placed:
         standard = ["import functools", *standard]
     standard = sorted({*standard, *more})
@@ -1758,13 +1760,22 @@ def original_model() -> keras.Model:
     model), else its first function of BUILDER_NAMES, else its one module-level model."""
     module = model_source()
     names = [MODEL_ATTR] if MODEL_ATTR else [n for n in BUILDER_NAMES if hasattr(module, n)]
-    if names:
-        made = getattr(module, names[0])
-        return made if isinstance(made, keras.Model) else made()
-    models = [value for value in vars(module).values() if isinstance(value, keras.Model)]
-    if len(models) != 1:
-        raise ValueError(f"{MODEL_SOURCE} holds {len(models)} models: set MODEL_ATTR")
-    return models[0]
+    if not names:
+        models = [value for value in vars(module).values() if isinstance(value, keras.Model)]
+        if len(models) != 1:
+            raise ValueError(f"{MODEL_SOURCE} holds {len(models)} models: set MODEL_ATTR")
+        return models[0]
+    made = getattr(module, names[0])
+    if isinstance(made, keras.Model):
+        return made
+    # The builder's own imports come from its directory first, as when the plan was made.
+    directory = os.path.dirname(os.path.abspath(MODEL_SOURCE))
+    sys.path.insert(0, directory)
+    try:
+        return made()
+    finally:
+        if directory in sys.path:
+            sys.path.remove(directory)
 '''
 
 _IN_PLACE_PLACED = '''
@@ -1825,6 +1836,9 @@ def _in_place_header(model: Any, plan: Plan, why: str, replicated: bool) -> list
         "model itself with partitioner's passes.rewrite.in_place (partitioner must be",
         "installed), its class, its own steps and its optimizers kept:",
         *how,
+        "",
+        "The model's own methods import what they import when they run (a train_step's",
+        "`import helper`): run this where those imports resolve, as your training script does.",
         "",
         "Use:",
         "",

@@ -70,6 +70,7 @@ from passes.rewrite.replicate import (
     check_replica_devices,
     default_cross_device_ops,
     equal_shares,
+    reduce_then_clip,
     split_train_on_batch,
     unequal_first_batch,
 )
@@ -242,12 +243,13 @@ def _mirror(model: keras.Model, strategy: Any) -> None:
                 variable._initialize_with_initializer(variable._initializer)
             else:
                 variable._initialize(variable.numpy())
+    replicas = len(strategy.extended.worker_devices)
     for optimizer in optimizers:
         inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's applies
         for made in (optimizer, inner):
             if isinstance(made, keras.optimizers.Optimizer):
                 made._distribution_strategy = strategy
-        _average_gradients(inner if inner is not None else optimizer, strategy)
+        reduce_then_clip(optimizer, 1.0 / replicas)  # the replicas' gradients averaged
     _rekey_optimizers(model)
 
 
@@ -259,32 +261,6 @@ def _metrics_variables(model: keras.Model) -> list[Any]:
         return list(model.metrics_variables)
     except AttributeError:
         return []
-
-
-def _average_gradients(optimizer: Any, strategy: Any) -> None:
-    """``optimizer``'s all-reduce of the replicas' gradients (Keras's TensorFlow optimizer
-    sums them, ``_all_reduce_sum_gradients``) divided by the number of replicas: their mean."""
-    if getattr(optimizer, "_partitioner_averages", False):
-        return
-    summed = optimizer._all_reduce_sum_gradients
-    replicas = len(strategy.extended.worker_devices)
-
-    def averaged(grads_and_vars: Any) -> Any:
-        if tf.distribute.get_replica_context() is None:
-            return summed(grads_and_vars)
-        return [(_divided(g, replicas), v) for g, v in summed(grads_and_vars)]
-
-    optimizer._all_reduce_sum_gradients = averaged
-    optimizer._partitioner_averages = True
-
-
-def _divided(gradient: Any, replicas: int) -> Any:
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):  # an Embedding's: its rows, kept sparse
-        values = gradient.values / tf.cast(replicas, gradient.values.dtype)
-        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
-    return gradient / tf.cast(replicas, gradient.dtype)
 
 
 def _split_batches(model: keras.Model, replicas: int) -> None:
@@ -330,11 +306,18 @@ def _check_not_placed(model: keras.Model) -> None:
 
 
 def _optimizers(model: keras.Model) -> list[Any]:
-    """The optimizers ``model`` holds in its attributes (``compile``'s, a GAN's own two)."""
+    """The optimizers ``model`` holds in its attributes (``compile``'s, a GAN's own two), in
+    lists, tuples and dicts of them too (``self.optimizers = [g, d]``: one left out summed its
+    replicas' gradients, campaign 34y)."""
     found: dict[int, Any] = {}
-    for value in list(vars(model).values()):
+    stack: list[tuple[Any, int]] = [(v, 0) for v in list(vars(model).values())]
+    while stack:
+        value, depth = stack.pop()
         if isinstance(value, keras.optimizers.Optimizer):
             found.setdefault(id(value), value)
+        elif isinstance(value, (list, tuple, dict)) and depth < 3:
+            items = value.values() if isinstance(value, dict) else value
+            stack += [(v, depth + 1) for v in list(items)]
     return list(found.values())
 
 
@@ -427,9 +410,7 @@ def _placed_call(operation: Any, device: str, adding: _Adding) -> Any:
     return run_on_device
 
 
-def _with_placed_gradient(
-    call: Any, device: str, args: Any, kwargs: Any, adding: _Adding
-) -> Any:
+def _with_placed_gradient(call: Any, device: str, args: Any, kwargs: Any, adding: _Adding) -> Any:
     """``call(*args, **kwargs)`` as one ``tf.custom_gradient`` whose gradient runs on ``device``
     (the module docstring)."""
     flat = tree.flatten((args, kwargs))

@@ -56,6 +56,7 @@ from partitioner.core.errors import PlanError, RewriteError, UsageError
 from partitioner.core.ir import EventKind, Phase, Schedule
 from partitioner.core.microbatch import InexactKind, inexact_class_names
 from partitioner.simulation.schedules import order_stages, pipeline_schedules, schedule_steps
+from passes.checks import masks_steps
 from passes.rewrite.device_placement import PlacedModel, apply_in_place, finish_copy, place_model
 from passes.trace import placement_units
 
@@ -384,6 +385,7 @@ def _inexact_warnings(units: Sequence[Any], num_microbatches: int) -> tuple[str,
     batch_stats: list[str] = []
     random_layers: list[str] = []
     activity: list[str] = []
+    masking: list[str] = []
     for unit in units:
         op = unit.operation
         layers = (
@@ -398,6 +400,8 @@ def _inexact_warnings(units: Sequence[Any], num_microbatches: int) -> tuple[str,
                 random_layers.append(unit.name)
             if getattr(layer, "activity_regularizer", None) is not None:
                 activity.append(layer.name)
+            if masks_steps(layer):
+                masking.append(layer.name)
     notes = []
     if batch_stats:
         notes.append(
@@ -411,6 +415,13 @@ def _inexact_warnings(units: Sequence[Any], num_microbatches: int) -> tuple[str,
             f"random layers {random_layers[:4]}{'...' if len(random_layers) > 4 else ''} draw "
             "their masks per micro-batch, so their random streams differ from unpipelined "
             "training (the expected gradient is the same)"
+        )
+    if masking:
+        notes.append(
+            f"layers {masking[:4]}{'...' if len(masking) > 4 else ''} mask time steps: a loss "
+            f"over them is averaged over each of the {num_microbatches} micro-batches' unmasked "
+            "steps, not the whole batch's, so gradients differ from unpipelined training when "
+            "the micro-batches hold different numbers of them"
         )
     if activity:
         notes.append(

@@ -122,6 +122,7 @@ __all__ = [
     "default_cross_device_ops",
     "equal_shares",
     "realise_strategy",
+    "reduce_then_clip",
     "replicate_model",
     "replicate_pipeline",
     "split_train_on_batch",
@@ -267,6 +268,7 @@ class ReplicatedModel(keras.Model):
             ):
                 optimizer = optimizer.__class__.from_config(optimizer.get_config())
             super().compile(optimizer=optimizer, **kwargs)
+        reduce_then_clip(self.optimizer)
 
     def train_step(self, data: Any) -> Any:
         """Keras's step, after checking (in the graph, before any update) that every replica
@@ -312,9 +314,7 @@ def equal_shares(data: Any, replicas: int) -> Any:
     total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, batch)
     check = _batch_assertion(batch, total, replicas, 1)
     with tf.control_dependencies([check]):
-        return tree.map_structure(
-            lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data
-        )
+        return tree.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, data)
 
 
 @contextlib.contextmanager
@@ -378,6 +378,59 @@ def split_train_on_batch(
     with batch_errors():
         logs = pythonify_logs(model.train_function(iter([distributed])))
     return logs if return_dict else model._flatten_metrics_in_order(logs)
+
+
+def reduce_then_clip(optimizer: Any, scale: float = 1.0) -> None:
+    """``optimizer`` (bound to a ``MirroredStrategy``) clips the replicas' all-reduced gradient,
+    as one device clips the whole batch's, rather than each replica's share: Keras clips
+    (``clipnorm``, ``clipvalue``, ``global_clipnorm``) before its all-reduce, which gave other
+    weights than one device (campaign 34y). The all-reduced gradients are multiplied by
+    ``scale`` first (``1/R``: their mean, for replicas whose losses are not scaled; 1 for
+    Keras's own scaled losses). Refused in one line: what Keras's optimizers cannot run in a
+    replica (an exponential moving average, gradient accumulation: a TensorFlow traceback at
+    the first step)."""
+    made = getattr(optimizer, "inner_optimizer", None) or optimizer  # a LossScaleOptimizer's
+    for option, asked in (
+        ("use_ema=True", made.use_ema),
+        (
+            f"gradient_accumulation_steps={made.gradient_accumulation_steps}",
+            made.gradient_accumulation_steps,
+        ),
+    ):
+        if asked:
+            raise RewriteError(
+                f"optimizer {made.name!r} has {option}, which Keras's optimizers do not run in "
+                "tf.distribute replicas; train without it, or plan with strategy='placed' or "
+                "strategy='single'"
+            )
+    if getattr(made, "_partitioner_reduces", False):
+        return
+    summed, clip = made._all_reduce_sum_gradients, made._clip_gradients
+
+    def in_replica() -> bool:
+        return tf.distribute.has_strategy() and tf.distribute.get_replica_context() is not None
+
+    def reduced(grads_and_vars: Any) -> Any:
+        pairs = summed(grads_and_vars)
+        if not in_replica():
+            return pairs
+        grads = clip([_scaled(g, scale) for g, _ in pairs])
+        return list(zip(grads, [v for _, v in pairs]))
+
+    def clipped(grads: Any) -> Any:
+        return list(grads) if in_replica() else clip(grads)
+
+    made._all_reduce_sum_gradients, made._clip_gradients = reduced, clipped
+    made._partitioner_reduces = True
+
+
+def _scaled(gradient: Any, scale: float) -> Any:
+    if gradient is None or scale == 1.0:
+        return gradient
+    if isinstance(gradient, tf.IndexedSlices):  # an Embedding's: its rows, kept sparse
+        values = gradient.values * tf.cast(scale, gradient.values.dtype)
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(scale, gradient.dtype)
 
 
 def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Model:
@@ -466,6 +519,8 @@ def replicate_model(
                 kwargs["jit_compile"] = False
                 replicated.compile(**kwargs)
                 replicated.optimizer.build(replicated.trainable_variables)
+            except RewriteError:  # an optimizer replicas cannot run (reduce_then_clip)
+                raise
             except Exception as exc:
                 logger.warning("could not copy the compile settings (%s); call compile()", exc)
     return replicated

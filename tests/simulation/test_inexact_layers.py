@@ -31,6 +31,7 @@ BUILD: dict[str, Any] = {
     "GaussianDropout": lambda: keras.layers.GaussianDropout(0.5),
     "GaussianNoise": lambda: keras.layers.GaussianNoise(0.5),
     "AlphaDropout": lambda: keras.layers.AlphaDropout(0.5),
+    "Masking": lambda: keras.layers.Masking(),
 }
 
 
