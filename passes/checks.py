@@ -55,8 +55,11 @@ OWN_STEPS = (
     "predict_step",
     "compute_metrics",
     "get_metrics_result",
+    "compile",
 )
-"""The methods of ``keras.Model`` a model class may override that the rewrites replace."""
+"""The methods of ``keras.Model`` a model may override (in its class, or on the model object
+itself: ``model.train_step = types.MethodType(...)``) that the copies replace (a ``compile``
+forcing its loss too, campaign 34y)."""
 
 _LABEL = TypeVar("_LABEL")
 
@@ -89,16 +92,21 @@ def rebuild_refusal(model: Any, exc: BaseException) -> RewriteError:
 
 
 def check_own_steps(model: Any) -> None:
-    """RewriteError when ``model``'s class overrides a step of :data:`OWN_STEPS`."""
+    """RewriteError when ``model``'s class, or the model object itself, overrides a step of
+    :data:`OWN_STEPS`."""
     cls = type(model)
+    own = vars(model) if hasattr(model, "__dict__") else {}
     for name in OWN_STEPS:
-        if getattr(cls, name, None) is getattr(keras.Model, name, None):
+        if name in own:
+            who = f"model {getattr(model, 'name', '?')!r} has its own {name} (set on the object)"
+        elif getattr(cls, name, None) is not getattr(keras.Model, name, None):
+            owner = next((c for c in cls.__mro__ if name in vars(c)), cls)
+            who = f"model class {owner.__name__} overrides {name}"
+        else:
             continue
-        owner = next((c for c in cls.__mro__ if name in vars(c)), cls)
         raise RewriteError(
-            f"model class {owner.__name__} overrides {name}: partitioner's copies run their "
-            "own steps (gradients colocated with their layers, micro-batches, replicas), which "
-            "would silently replace yours"
+            f"{who}: partitioner's copies run their own steps (gradients colocated with their "
+            "layers, micro-batches, replicas), which would silently replace yours"
         )
 
 

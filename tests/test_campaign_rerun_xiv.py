@@ -270,3 +270,92 @@ def test_a_masked_loss_under_replicas_is_named_not_exact() -> None:
     unmasked = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(3)(inputs)))
     plan = partitioner.partition(unmasked, gpus=4, batch_size=8, strategy="data_parallel")
     assert not [w for w in plan.warnings if "unmasked steps" in w]
+
+
+def test_a_step_set_on_the_model_object_or_a_compile_of_its_class_is_kept() -> None:
+    """34y c (D4): a ``train_step`` set on the model object (``types.MethodType``), or a class
+    whose ``compile`` forces its loss, was copied and trained with partitioner's step and the
+    user's compile arguments: other weights after one step, without a word. Such a model is
+    placed in place, its methods kept."""
+    import types
+
+    def l1_step(self: keras.Model, data: Any) -> Any:
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.ops.abs(self(x, training=True) - y))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"l1": loss}
+
+    class MAEModel(keras.Model):
+        def compile(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+            super().compile(*args, **{**kwargs, "loss": "mae"})
+
+    def on_object() -> keras.Model:
+        made = _model(keras.Model)
+        made.train_step = types.MethodType(l1_step, made)
+        return made
+
+    for build in (on_object, lambda: _model(MAEModel)):
+        reference, model = build(), build()
+        plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="placed")
+        assert plan.apply(model, devices=DEVICES[:2]) is model  # in place: its own methods
+        for made in (reference, model):
+            made.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+            made.fit(X, Y, batch_size=8, shuffle=False, verbose=0)
+        _same_weights(reference, model)
+
+
+def test_a_model_built_in_a_strategys_scope_is_refused_at_apply_in_one_line() -> None:
+    """34y c (D6): a model built inside the user's own MirroredStrategy scope was planned and
+    applied, then its first ``fit`` failed with TensorFlow's "Mixing different
+    tf.distribute.Strategy objects" (data parallel) or a bare AssertionError (placed)."""
+    strategy = tf.distribute.MirroredStrategy(
+        DEVICES[2:], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    with strategy.scope():
+        model = _model()
+    for asked in ("data_parallel", "placed"):
+        plan = partitioner.partition(model, gpus=2, batch_size=8, strategy=asked)
+        with pytest.raises(RewriteError) as info:
+            plan.apply(model, devices=DEVICES[:2])
+        assert "\n" not in str(info.value) and "built inside a tf.distribute" in str(info.value)
+
+
+@pytest.mark.slow
+def test_the_emitted_program_makes_the_model_the_command_line_planned(tmp_path: Path) -> None:
+    """34y c (D2): the emitted program of a model placed in place chose its builder by other
+    rules than the command line (a ``build_model = None`` placeholder called; a private
+    ``_teacher`` model counted): it failed or could make another model. It calls what the
+    command line used (``MODEL_ATTR``). (D3): a data-parallel plan for a cluster's tasks wrote a
+    program for this process's devices that could not run: refused, nothing written."""
+    (tmp_path / "gan.py").write_text(OWN_STEP_FILE)
+    (tmp_path / "helper.py").write_text("VALUE = 1\n")
+    (tmp_path / "nb.py").write_text(
+        "from gan import build_model as make\nbuild_model = None\ndef create_model():\n"
+        "    return make()\n"
+    )
+    (tmp_path / "priv.py").write_text("from gan import build_model\nmodel = build_model()\n"
+                                      "_teacher = build_model()\ndel build_model\n")  # fmt: skip
+    (tmp_path / "run.py").write_text(RUN_EMITTED)
+    for name, attr in (("nb", "create_model"), ("priv", "model")):
+        done = _run(
+            tmp_path, tmp_path, *PLAN[:2], f"{name}.py", *PLAN[2:], "--strategy",
+            "data-parallel", "--emit", "placed.py",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert f"MODEL_ATTR: str | None = {attr!r}" in (tmp_path / "placed.py").read_text()
+        ran = _run(tmp_path, tmp_path, "run.py")
+        assert ran.returncode == 0 and "built m" in ran.stdout, ran.stderr
+    (tmp_path / "placed.py").unlink()
+    config = '{"cluster": {"worker": ["localhost:23451", "localhost:23452"]}, "task": {"type": "worker", "index": 0}}'
+    refused = subprocess.run(
+        [sys.executable, *PLAN[:2], "gan.py", "--topology", "tf-config", "--device-type", "cpu",
+         "--batch-size", "8", "--strategy", "data-parallel", "--emit", "placed.py"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TF_CONFIG": config,
+             "PARTITIONER_CACHE_DIR": str(tmp_path / "c")},
+    )  # fmt: skip
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "placed in place on the devices of the process" in refused.stderr
+    assert not (tmp_path / "placed.py").exists()

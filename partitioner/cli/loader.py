@@ -40,7 +40,9 @@ from partitioner.core.units import format_bytes
 __all__ = [
     "BUILDER_NAMES",
     "check_model_path",
+    "chosen_attr",
     "load_model",
+    "loaded_attr",
     "recording_files_read",
     "split_spec",
     "user_files_read",
@@ -586,22 +588,48 @@ def _load(spec: str) -> Any:
 
 def _build(module: ModuleType, path: Path, attr: str | None) -> Any:
     """The model ``module`` (imported from ``path``) defines: ``attr``, a builder, or its one
-    model."""
+    model (:func:`chosen_attr`)."""
+    name = chosen_attr(module, path, attr)
+    return _as_model(getattr(module, name), name, path)
+
+
+def loaded_attr(spec: str) -> str | None:
+    """The name in the model file of ``spec`` (``PATH[:ATTR]``, loaded by :func:`load_model`
+    in this process) that the model was made from (:func:`chosen_attr`): what an emitted
+    program calls to make the same model; None when the file is not loaded here."""
+    path, attr = split_spec(spec)
+    for module in list(sys.modules.values()):
+        if getattr(module, MODEL_MODULE_FLAG, False) and _same_path(module, path):
+            try:
+                return chosen_attr(module, path, attr)
+            except ModelLoadError:
+                return None
+    return None
+
+
+def _same_path(module: ModuleType, path: Path) -> bool:
+    file = getattr(module, "__file__", None)
+    return file is not None and os.path.realpath(file) == os.path.realpath(path)
+
+
+def chosen_attr(module: ModuleType, path: Path, attr: str | None) -> str:
+    """The name of what ``module`` (imported from ``path``) makes its model from: ``attr``, the
+    first callable of :data:`BUILDER_NAMES`, or its one public module-level model."""
     import keras
 
     if attr is not None:
         if not hasattr(module, attr):
             raise ModelLoadError(f"{path} has no attribute {attr!r}")
-        return _as_model(getattr(module, attr), attr, path)
+        return attr
     for name in BUILDER_NAMES:
         if callable(getattr(module, name, None)):
             logger.debug("using %s() from %s", name, path)
-            return _as_model(getattr(module, name), name, path)
+            return name
     models = [
         k for k, v in vars(module).items() if isinstance(v, keras.Model) and not k.startswith("_")
     ]
     if len(models) == 1:
-        return getattr(module, models[0])
+        return models[0]
     if len(models) > 1:
         raise ModelLoadError(
             f"{path} defines several models ({', '.join(sorted(models))}); pick one with "

@@ -1898,10 +1898,10 @@ def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Pl
 
             files.append((output.path, render_html(plan)))
         else:
-            from partitioner.cli.loader import split_spec
+            from partitioner.cli.loader import loaded_attr, split_spec
             from passes.rewrite.codegen import emit_plan_module
 
-            attr = split_spec(paths.model)[1]
+            attr = loaded_attr(paths.model) or split_spec(paths.model)[1]
             source = emit_plan_module(
                 model, plan, model_source=paths.model_file, model_attr=attr,
                 cluster_addresses=_tf_config_cluster(args.topology),

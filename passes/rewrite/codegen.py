@@ -1864,6 +1864,13 @@ def _emit_in_place_module(
     strategy = plan.strategy
     replicated = strategy is not None and strategy.replicas > 1
     why = str(in_place_reason(model))
+    remote = [d for d in strings if tf.DeviceSpec.from_string(d).job not in (None, "localhost")]
+    if remote or len({d.host for d in plan.devices}) > 1:
+        raise RewriteError(
+            f"{why}: such a model is placed in place on the devices of the process that runs "
+            f"it, and the plan's devices are a cluster's ({(remote or list(strings))[0]!r}); "
+            "plan for this machine's devices (without --topology tf-config) to emit its program"
+        )
     lines = _in_place_header(model, plan, why, replicated)
     lines += _import_lines(True, [], placed=False)
     rewrite = "replicate_in_place" if replicated else "place_in_place"

@@ -37,7 +37,10 @@ nothing) and the optimizers **average** the replicas' gradients: for a loss that
 the batch, however reduced, and for terms that do not depend on the batch (weight
 regularizers), that is the gradient on the whole batch, so one step equals the unreplicated
 model's on the same batch. A loss *summed* over the batch (``reduction="sum"``, a hand-written
-``ops.sum`` over rows) gets ``1/R`` of its gradient: say so if you use one. Random draws
+``ops.sum`` over rows) gets ``1/R`` of its gradient: a warning names a compiled one. A
+variable the step assigns from its share (a sample counter) is updated per replica, as under
+``MirroredStrategy``. Gradients are clipped after the average
+(:func:`passes.rewrite.replicate.reduce_then_clip`). Random draws
 (dropout, a VAE's sampling) are made per share, as for the copies; BatchNormalization
 normalises each share by its own statistics.
 
@@ -298,10 +301,19 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
 
 
 def _check_not_placed(model: keras.Model) -> None:
+    """RewriteError when ``model`` is placed in place already, or was built inside a
+    ``tf.distribute`` strategy's scope (its variables that strategy's: its first ``fit`` failed
+    with TensorFlow's "Mixing different tf.distribute.Strategy objects", campaign 34y)."""
     if placed_in_place(model) is not None:
         raise RewriteError(
             f"model {model.name!r} is already placed in place by a plan; build the model again "
             "and apply the plan to that"
+        )
+    if any(isinstance(v.value, tf.distribute.DistributedValues) for v in model.variables):
+        raise RewriteError(
+            f"model {model.name!r} was built inside a tf.distribute strategy's scope (its "
+            "variables are that strategy's); build it outside every strategy's scope: "
+            "Plan.apply makes the replicas the plan asks for"
         )
 
 

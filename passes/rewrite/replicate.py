@@ -158,7 +158,8 @@ def check_replica_devices(devices: Sequence[str]) -> tuple[str, ...]:
         if spec.job not in (None, "localhost") or spec.task not in (None, 0):
             raise RewriteError(
                 f"device {name!r} is on another process; replicas here run on this process's "
-                "devices: use the cluster path (--cluster) for devices of other hosts"
+                "devices: apply the plan to a cluster's tasks (Plan.apply(model, cluster=...), "
+                "each task serving with partition worker) for devices of other processes"
             )
         key = (str(spec.device_type or "").upper(), int(spec.device_index or 0))
         if spec.device_type is None or key not in known:
