@@ -96,6 +96,8 @@ def check_own_steps(model: Any) -> None:
     :data:`OWN_STEPS`."""
     cls = type(model)
     own = vars(model) if hasattr(model, "__dict__") else {}
+    if own.get("_partitioner_in_place") is not None:  # its methods are a placement's wrappers
+        own = {}
     for name in OWN_STEPS:
         if name in own:
             who = f"model {getattr(model, 'name', '?')!r} has its own {name} (set on the object)"
