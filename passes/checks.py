@@ -28,7 +28,7 @@ import keras
 
 from partitioner.core.errors import RewriteError
 from partitioner.core.ir import Graph
-from partitioner.core.microbatch import InexactLayer, LayerFacts, inexact_reason
+from partitioner.core.microbatch import InexactKind, InexactLayer, LayerFacts, inexact_reason
 from partitioner.plan.model import Plan
 from passes.trace import Unit, fixed_batch, input_names, placement_units
 
@@ -435,4 +435,24 @@ def inexact_layers(
             why = inexact_reason(layer_facts(layer))
             if why is not None:
                 found.append((why, unit.name if layer is op else f"{unit.name}/{layer.name}"))
-    return tuple(found)
+    return (*found, *_own_step(model))
+
+
+_OWN_LOSS_STEPS = ("train_step", "compute_loss")
+
+
+def _own_step(model: Any) -> tuple[tuple[InexactLayer, str], ...]:
+    """``model`` as an inexact entry when its class computes its training loss its own way
+    (``train_step``, ``compute_loss``): each replica runs it on its share, and a loss coupling
+    the samples of a batch (a contrastive loss's in-batch negatives) sees 1/R of them (a
+    SimCLR-style step: weights off by 50-100% after one step on 2 replicas, campaign 34z)."""
+    cls = type(model)
+    owned = [n for n in _OWN_LOSS_STEPS if getattr(cls, n, None) is not getattr(keras.Model, n)]
+    if not owned:
+        return ()
+    why = (
+        f"computes its loss in its own {owned[0]}, which runs on each part of the batch: a loss "
+        "that couples a batch's samples (in-batch negatives, a contrastive loss) sees only the "
+        "part's, so its gradient differs from one device's; a mean of per-sample losses is exact"
+    )
+    return ((InexactLayer(cls.__name__, InexactKind.OWN_STEP, why), str(model.name)),)

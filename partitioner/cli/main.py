@@ -731,22 +731,52 @@ def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[in
 def _imported_by_source(model_file: str) -> list[Path]:
     """The modules beside ``model_file`` that its source imports anywhere, run or not yet (an
     ``import helper`` inside ``train_step``, which an emitted program runs: ``--emit helper.py``
-    replaced it, campaign 34y)."""
+    replaced it, campaign 34y), and those the modules found import in turn: dotted names
+    (``import sub.helper``), ``importlib.import_module("helper")`` (campaign 34z)."""
+    here = Path(model_file).parent
+    found: list[Path] = []
+    queue = [Path(model_file)]
+    while queue and len(found) < 200:
+        for name in sorted(_names_imported(queue.pop(0))):
+            for file in _module_files(here, name):
+                if file not in found:
+                    found.append(file)
+                    queue.append(file)
+    return found
+
+
+def _names_imported(source: Path) -> set[str]:
+    """The dotted module names ``source`` imports (``import``, ``from ... import``, and
+    ``import_module`` or ``__import__`` of a string)."""
     import ast
 
     try:
-        tree = ast.parse(Path(model_file).read_bytes())
+        tree = ast.parse(source.read_bytes())
     except (OSError, SyntaxError, ValueError):
-        return []
+        return set()
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    here = Path(model_file).parent
-    found = [here / f"{n}.py" for n in sorted(names)] + [here / n / "__init__.py" for n in sorted(names)]
-    return [file for file in found if file.is_file()]
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            callee = node.func.id if isinstance(node.func, ast.Name) else callee
+            if callee in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names.add(node.args[0].value)
+    return names
+
+
+def _module_files(here: Path, dotted: str) -> list[Path]:
+    """The files under ``here`` that importing ``dotted`` may run: each package on the way and
+    the module itself (``a/__init__.py``, ``a/b.py``, ``a/b/__init__.py`` for ``a.b``)."""
+    parts = [p for p in dotted.split(".") if p.isidentifier()]
+    files = []
+    for k in range(1, len(parts) + 1):
+        base = here.joinpath(*parts[:k])
+        files += [base.with_name(base.name + ".py"), base / "__init__.py"]
+    return [file for file in files if file.is_file()]
 
 
 def _check_counts(args: argparse.Namespace) -> None:

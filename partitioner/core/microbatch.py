@@ -53,6 +53,9 @@ class InexactKind(enum.Enum):
     """It draws random masks or noise per call."""
     MASKED_LOSS = "masked loss"
     """It masks time steps, and a loss over them is averaged over each part's unmasked steps."""
+    OWN_STEP = "own step"
+    """A model class with its own training step, run on each part: a loss coupling the samples
+    of a batch (in-batch negatives) sees only the part's (``passes.checks.inexact_layers``)."""
 
 
 @dataclass(frozen=True)
