@@ -438,3 +438,17 @@ def test_a_models_own_loss_step_under_replicas_is_named_not_exact() -> None:
     assert len(warned) == 1 and "in-batch negatives" in warned[0], plan.warnings
     placed = partitioner.partition(model, gpus=2, batch_size=8, strategy="placed")
     assert not [w for w in placed.warnings if "in-batch negatives" in w]  # whole batches: exact
+
+
+def test_predict_on_batch_of_replicas_gives_one_row_per_sample() -> None:
+    """34z b (D1): ``predict_on_batch`` of a model replicated (in place, or the copy) gave every
+    replica the whole batch and returned 4 times the rows, without a word."""
+    reference, model = _model(), _model()
+    replicate_in_place(model, DEVICES)
+    plain = _model(keras.Model)
+    plan = partitioner.partition(plain, gpus=4, batch_size=8, strategy="data_parallel")
+    copy = plan.apply(plain, devices=DEVICES)
+    want = reference.predict_on_batch(X)
+    for made in (model, copy):
+        np.testing.assert_allclose(made.predict_on_batch(X), want, rtol=1e-5, atol=1e-6)
+

@@ -60,6 +60,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.src import tree
 from keras.src.backend import get_keras_mask, set_keras_mask
@@ -268,8 +269,9 @@ def _metrics_variables(model: keras.Model) -> list[Any]:
 
 def _split_batches(model: keras.Model, replicas: int) -> None:
     """The model's ``train_step`` behind the check that every replica got as many rows,
-    ``fit`` refusing array batches ``replicas`` does not divide, ``train_on_batch`` giving each
-    replica its share (Keras's gives every replica the whole batch): as the copies
+    ``fit`` refusing array batches ``replicas`` does not divide, ``train_on_batch`` and
+    ``predict_on_batch`` giving each replica its share (Keras's give every replica the whole
+    batch, and predicted R times the rows, campaign 34z): as the copies
     (:class:`passes.rewrite.replicate.ReplicatedModel`), on the model's own methods."""
     step, fit, build = model.train_step, model.fit, model._maybe_symbolic_build
 
@@ -291,11 +293,16 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
     def train_on_batch(x: Any, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         return split_train_on_batch(model, replicas, x, y, *args, **kwargs)
 
+    def predict_on_batch(x: Any) -> Any:  # Keras's gave every replica the whole batch: R x rows
+        rows = int(np.shape(tree.flatten(x)[0])[0])
+        return model.predict(x, batch_size=rows, verbose=0)
+
     for name, made in (
         ("train_step", train_step),
         ("fit", fit_shares),
         ("_maybe_symbolic_build", symbolic_build),
         ("train_on_batch", train_on_batch),
+        ("predict_on_batch", predict_on_batch),
     ):
         object.__setattr__(model, name, made)
 
