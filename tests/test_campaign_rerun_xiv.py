@@ -105,9 +105,7 @@ def test_an_optimizer_held_in_a_list_averages_its_replicas_gradients() -> None:
     _same_weights(reference, model)
 
 
-@pytest.mark.parametrize(
-    "option", [{"use_ema": True}, {"gradient_accumulation_steps": 2}], ids=str
-)
+@pytest.mark.parametrize("option", [{"use_ema": True}, {"gradient_accumulation_steps": 2}], ids=str)
 def test_an_optimizer_keras_cannot_run_in_replicas_is_one_line(option: dict[str, Any]) -> None:
     """34y b (D4): an optimizer with an exponential moving average or gradient accumulation
     failed the first step with TensorFlow's "merge_call called while defining a new graph"
@@ -356,8 +354,9 @@ def test_the_emitted_program_makes_the_model_the_command_line_planned(tmp_path: 
         env={**os.environ, "PYTHONPATH": str(REPO), "TF_CONFIG": config,
              "PARTITIONER_CACHE_DIR": str(tmp_path / "c")},
     )  # fmt: skip
-    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
-    assert "placed in place on the devices of the process" in refused.stderr
+    lines = refused.stderr.strip().splitlines()  # the plan's NOT EXACT warning, then the error
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "placed in place on the devices of the process" in lines[-1]
     assert not (tmp_path / "placed.py").exists()
 
 
@@ -451,4 +450,3 @@ def test_predict_on_batch_of_replicas_gives_one_row_per_sample() -> None:
     want = reference.predict_on_batch(X)
     for made in (model, copy):
         np.testing.assert_allclose(made.predict_on_batch(X), want, rtol=1e-5, atol=1e-6)
-
