@@ -10,11 +10,44 @@ it.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from partitioner.core.errors import PartitionError
 
 __version__ = "0.1.0"
+
+
+def _check_own_packages() -> None:
+    """partitioner's other top-level packages (``passes``, ``cost_models``) are the ones beside
+    it: a project's own ``passes`` earlier on ``sys.path`` (the working directory under
+    ``python -m``, an emitted program's folder) hid them, and partitioner failed with a
+    traceback, or ran the user's modules as its own (campaign 34aa). ImportError in one line."""
+    home = Path(__file__).resolve().parent.parent
+    for name in ("cost_models", "passes"):
+        spec = importlib.util.find_spec(name)
+        where = (
+            None
+            if spec is None
+            else (spec.origin or next(iter(spec.submodule_search_locations or ()), None))
+        )
+        if where is not None and Path(where).resolve().parent not in (home, home / name):
+            raise ImportError(
+                f"partitioner's package {name!r} is hidden by {where}, found first on sys.path "
+                f"(the working directory or the program's folder): rename that {name!r}, or "
+                "run from another directory"
+            )
+
+
+try:
+    _check_own_packages()
+except ImportError as hidden:
+    if sys.argv[:1] == ["-m"]:  # ``python -m partitioner``: argv[0] while runpy finds the module
+        sys.stderr.write(f"partition: error: {hidden}\n")  # the CLI's one line, not a traceback
+        raise SystemExit(2) from None
+    raise
 
 if TYPE_CHECKING:
     from partitioner.api import load_plan, partition

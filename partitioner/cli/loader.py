@@ -410,7 +410,8 @@ def _hidden_package(exc: BaseException, path: Path) -> str | None:
         return None
     for name in OWN_PACKAGES:
         mine = (path.parent / name).is_dir() or (path.parent / f"{name}.py").is_file()
-        if mine and name in str(exc).split("'"):
+        quoted = str(exc).split("'")[1::2]  # 'passes', 'passes.mylayers' (campaign 34aa)
+        if mine and name in {q.split(".")[0] for q in quoted}:
             return name
     return None
 

@@ -720,11 +720,43 @@ def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[in
         (f"the file {paths.shown_input(Path(file))} that the model's code read", Path(file))
         for file in sorted(code.opened)
     ]
+    sources = [Path(paths.model_file), *_imported_by_source(paths.model_file)]
     found += [
         (f"the module {paths.shown_input(file)} that the model's code imports", file)
-        for file in _imported_by_source(paths.model_file)
+        for file in sources[1:]
         if file not in modules
     ]
+    found += [
+        (f"the file {paths.shown_input(file)} that the model's code names", file)
+        for file in _files_named_by_source(sources)
+    ]
+    return found
+
+
+def _files_named_by_source(sources: list[Path]) -> list[Path]:
+    """The existing files that a string in ``sources`` (the model's file and the modules it
+    imports) names, beside the source or in the working directory, run or not yet: an
+    ``open("vocab.txt")`` inside ``train_step``, which an emitted program runs (``--emit
+    vocab.txt`` replaced it, campaign 34z)."""
+    import ast
+
+    found: list[Path] = []
+    for source in sources:
+        try:
+            tree = ast.parse(source.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        names = {
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        }
+        for name in sorted(n for n in names if 0 < len(n) < 1024 and "\0" not in n)[:5000]:
+            for base in (source.parent, Path.cwd()):
+                with contextlib.suppress(OSError, ValueError):
+                    file = (base / name).resolve()
+                    if file.is_file() and file not in found:
+                        found.append(file)
     return found
 
 

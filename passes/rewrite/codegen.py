@@ -1874,7 +1874,8 @@ def _emit_in_place_module(
     lines = _in_place_header(model, plan, why, replicated)
     lines += _import_lines(True, [], placed=False)
     rewrite = "replicate_in_place" if replicated else "place_in_place"
-    lines += ["", f"from passes.rewrite.in_place import {rewrite}"]
+    lines += ["", "import partitioner  # noqa: F401  (first: no project's 'passes' hides its own)"]
+    lines += [f"from passes.rewrite.in_place import {rewrite}"]
     lines += ["from passes.trace import placement_units"] * (not replicated)
     lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}"]
     lines += [f"GLOBAL_BATCH_SIZE = {plan.batch_size}", ""]

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -184,9 +185,50 @@ class _WholeStepMirrored(tf.distribute.MirroredStrategy):
     Keras scales no loss by ``1/R``; the optimizers average the replicas' gradients instead
     (:func:`_average_gradients`; the module docstring says why)."""
 
+    def __init__(self, devices: Sequence[str], cross_device_ops: Any) -> None:
+        super().__init__(devices=list(devices), cross_device_ops=cross_device_ops)
+        self._own_reductions = 0
+        self._own_lock = threading.Lock()
+        extended = self.extended
+        for name in ("batch_reduce_to", "_replica_ctx_all_reduce"):
+            setattr(extended, name, self._only_averaged(getattr(extended, name)))
+
     @property
     def num_replicas_in_sync(self) -> int:
         return 1
+
+    @contextlib.contextmanager
+    def own_reduction(self) -> Iterator[None]:
+        """Marks a replica inside an all-reduce of partitioner's own: an averaging optimizer's
+        (:func:`_count_in`), the batch-share check's (:func:`_split_batches`)."""
+        with self._own_lock:
+            self._own_reductions += 1
+        try:
+            yield
+        finally:
+            with self._own_lock:
+                self._own_reductions -= 1
+
+    def _only_averaged(self, reduce: Callable[..., Any]) -> Callable[..., Any]:
+        """``reduce`` refusing a sum of the replicas' values outside an averaging optimizer's
+        all-reduce: an optimizer the model does not hold (a module's global, a helper
+        object's) summed the replicas' gradients, R times the step (campaign 34z). When the
+        merge runs, every replica waits inside its all-reduce, so the count is > 0 for the
+        model's optimizers."""
+
+        @functools.wraps(reduce)
+        def only_averaged(reduce_op: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._own_reductions == 0 and str(reduce_op).upper().endswith("SUM"):
+                raise RewriteError(
+                    "a step of a model data parallel in place sums the replicas' values outside "
+                    "the model's optimizers (an optimizer the model does not hold as an "
+                    "attribute, or an all_reduce of its own): hold every optimizer the step "
+                    "uses on the model (self.optimizer, self.d_optimizer) before applying the "
+                    "plan"
+                )
+            return reduce(reduce_op, *args, **kwargs)
+
+        return only_averaged
 
 
 def replicate_in_place(
@@ -203,9 +245,7 @@ def replicate_in_place(
         )
     if sample_inputs and not _built(model):
         build_keeping_state(model, sample_batch(sample_inputs, model))
-    strategy = _WholeStepMirrored(
-        devices=list(devices), cross_device_ops=default_cross_device_ops(devices)
-    )
+    strategy = _WholeStepMirrored(devices, default_cross_device_ops(devices))
     _warn_summed_losses(model, len(devices))
     _mirror(model, strategy)
     model._distribute_strategy = strategy
@@ -254,7 +294,24 @@ def _mirror(model: keras.Model, strategy: Any) -> None:
             if isinstance(made, keras.optimizers.Optimizer):
                 made._distribution_strategy = strategy
         reduce_then_clip(optimizer, 1.0 / replicas)  # the replicas' gradients averaged
+        _count_in(optimizer, strategy)
     _rekey_optimizers(model)
+
+
+def _count_in(optimizer: Any, strategy: _WholeStepMirrored) -> None:
+    """``optimizer``'s all-reduce counted as an averaging one by ``strategy``
+    (:meth:`_WholeStepMirrored._only_averaged`); once per optimizer and strategy."""
+    made = getattr(optimizer, "inner_optimizer", None) or optimizer  # a LossScaleOptimizer's
+    if getattr(made, "_partitioner_counted_by", None) is strategy:
+        return
+    reduce = made._all_reduce_sum_gradients
+
+    def counted(grads_and_vars: Any) -> Any:
+        with strategy.own_reduction():
+            return reduce(grads_and_vars)
+
+    made._all_reduce_sum_gradients = counted
+    made._partitioner_counted_by = strategy
 
 
 def _metrics_variables(model: keras.Model) -> list[Any]:
@@ -277,7 +334,9 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
 
     @functools.wraps(step)
     def train_step(data: Any) -> Any:
-        return step(equal_shares(data, replicas))
+        with model.distribute_strategy.own_reduction():
+            shares = equal_shares(data, replicas)
+        return step(shares)
 
     @functools.wraps(fit)
     def fit_shares(x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -288,7 +347,9 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
 
     def symbolic_build(*args: Any, **kwargs: Any) -> Any:
         with unequal_first_batch(replicas):
-            return build(*args, **kwargs)
+            built = build(*args, **kwargs)
+        _mirror(model, model.distribute_strategy)  # the compiled metrics it tracks now: a
+        return built  # metric made outside the scope was one variable all replicas raced on
 
     def train_on_batch(x: Any, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         return split_train_on_batch(model, replicas, x, y, *args, **kwargs)
