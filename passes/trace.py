@@ -469,12 +469,32 @@ def _built_shapes(model: keras.Model) -> list[tuple[Any, ...]] | None:
         listed = {str(k): tuple(v)[1:] for k, v in shape.items()}
         raise TraceError(
             f"subclassed model {model.name!r} takes a dict of inputs {listed} whose dtypes Keras "
-            "does not record; wrap it in a functional model, one keras.Input(shape=..., "
-            "dtype=..., name=KEY) per key, and plan that"
+            f"does not record; {_functional_advice(model)}"
         )
     if isinstance(shape, (list, tuple)) and shape and isinstance(shape[0], (list, tuple)):
         return [tuple(s) for s in shape]
     return [tuple(shape)]
+
+
+def _functional_advice(model: keras.Model) -> str:
+    """How to give a subclassed model's inputs: a functional wrapper, or, for a class with its
+    own steps (which a wrapper of class ``keras.Model`` would not keep: it trained with Keras's
+    default step, campaign 34ab), a functional model of its own class."""
+    from passes.checks import OWN_STEPS  # checks imports this module
+
+    cls = type(model)
+    own = [m for m in OWN_STEPS if getattr(cls, m, None) is not getattr(keras.Model, m, None)]
+    if not own:
+        return (
+            "wrap it in a functional model, one keras.Input(shape=..., dtype=..., name=KEY) "
+            "per key, and plan that"
+        )
+    return (
+        f"its class has its own {own[0]}, which a functional wrapper would not keep: build it "
+        f"as a functional model of its own class, {cls.__name__}(inputs={{KEY: "
+        "keras.Input(shape=..., dtype=..., name=KEY)}, outputs=...), as keras.io's models "
+        "with their own train_step do, and plan that"
+    )
 
 
 def _check_unbuilt_names(model: keras.Model, input_shape: Mapping[str, Any]) -> None:
@@ -490,8 +510,7 @@ def _check_unbuilt_names(model: keras.Model, input_shape: Mapping[str, Any]) -> 
     raise TraceError(
         f"input_shape={shown}: subclassed model {model.name!r} was never built, so Keras knows "
         f"no names or dtypes for its inputs; if its call takes a dict "
-        f"({', '.join(map(repr, keys))}), wrap it in a functional model, one "
-        "keras.Input(shape=..., dtype=..., name=KEY) per key, and plan that; if it takes one "
+        f"({', '.join(map(repr, keys))}), {_functional_advice(model)}; if it takes one "
         f"tensor, give its shape alone, e.g. input_shape={one}"
     )
 
@@ -1385,7 +1404,13 @@ def trace_model(
 ) -> TraceResult:
     """Trace one training step of ``model`` (forward, synthetic loss, backward) into a Graph."""
     with KERAS_CALL_LOCK:  # one trace at a time in a process (see KERAS_CALL_LOCK)
-        return _trace_model(model, batch_size, input_shape)
+        locked = bool(getattr(getattr(model, "_tracker", None), "locked", False))
+        try:
+            return _trace_model(model, batch_size, input_shape)
+        finally:
+            if not locked and getattr(model, "_tracker", None) is not None:
+                model._tracker.unlock()  # built here, not by the user: its code may still add
+                # state as to an unbuilt model (keras.io's GAN, in its compile: campaign 34ab)
 
 
 def _trace_model(model: keras.Model, batch_size: int, input_shape: ShapeArg | None) -> TraceResult:

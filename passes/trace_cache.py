@@ -71,7 +71,6 @@ import tensorflow as tf
 from partitioner.core.errors import PartitionError
 from partitioner.core.files import (
     check_own_entry,
-    make_cache_folder,
     open_regular,
     read_regular_text,
     system_dirs,
@@ -442,7 +441,7 @@ class TraceCache:
             return
         try:
             self._check_directory()
-            make_cache_folder(self.entries)
+            self.entries.mkdir(mode=0o700, parents=True, exist_ok=True)
             for key, (traced, forward) in self.pending.items():
                 self._write(key, traced.graph, forward)
             self._evict()

@@ -119,24 +119,28 @@ def test_compiled_metrics_of_an_own_step_report_the_whole_batch(evaluated_first:
         np.testing.assert_allclose(replicated[name], values, rtol=1e-5, err_msg=name)
 
 
-def test_a_plan_is_not_saved_into_a_cache_a_cache_dir_made(
+def test_a_plan_in_a_cache_dir_s_folder_is_kept_unless_named_like_an_entry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """34z a: ``Plan.save`` refused the default cache's folders only; a plan saved into the
-    traces folder of the ``cache_dir=`` given to ``partition()`` was replaced by the next run.
-    Every cache a run makes carries its CACHEDIR.TAG, and no output goes into its folders."""
+    """34z a: ``Plan.save`` refused the default cache's folders only. In the folders of a
+    ``cache_dir=`` given to ``partition()``, a run replaces or removes only files named like
+    its entries (a SHA-256 key): a plan saved there under its own name outlives the next runs;
+    a name like an entry's is refused, in any folder named like a cache's."""
+    monkeypatch.setattr(trace_cache, "MAX_TRACE_CACHE_BYTES", 1)  # every run evicts
     monkeypatch.setattr(trace_cache, "MIN_CACHED_TRACE_S", 0.0)  # this small trace cached too
     cache = tmp_path / "mycache"
     model = _model(keras.Model)
     plan = partitioner.partition(model, gpus=2, batch_size=8, cache_dir=cache, trace_cache=True)
-    assert sorted(p.name for p in cache.iterdir()) == ["CACHEDIR.TAG", "traces"]
-    (cache / "layers").mkdir()  # as a profiling run makes it
-    assert (cache / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f")
-    for target in (cache / "traces" / "plan.json", cache / "layers" / "plan.json"):
-        with pytest.raises(PartitionError, match="a folder of partitioner's cache"):
+    kept = plan.save(cache / "traces" / "plan.json").read_text()
+    for gpus in (2, 4):  # the same key replaced, another written, both evicted
+        partitioner.partition(model, gpus=gpus, batch_size=8, cache_dir=cache, trace_cache=True)
+    assert (cache / "traces" / "plan.json").read_text() == kept
+    (tmp_path / "layers").mkdir()
+    for folder in (cache / "traces", tmp_path / "layers"):
+        target = folder / f"{'ab' * 32}.json"
+        with pytest.raises(PartitionError, match="named like a cache entry"):
             plan.save(target)
         assert not target.exists()
-    assert plan.save(tmp_path / "plan.json").is_file()
 
 
 OPENS_IN_STEP = """
@@ -221,3 +225,188 @@ def test_a_model_importing_its_own_dotted_passes_is_named(tmp_path: Path) -> Non
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "its own package 'passes'" in done.stderr and "rename the model's package" in done.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def _regression(cls: type) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    model = cls(inputs, keras.layers.Dense(3)(hidden))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01),
+        loss="mse",
+        metrics=[keras.metrics.RootMeanSquaredError(), keras.metrics.R2Score(), "mae"],
+    )
+    return model  # type: ignore[no-any-return]
+
+
+class OwnSteps(OwnMetricsStep):
+    """keras.io's own ``test_step`` beside its ``train_step``: results of ``self.metrics``."""
+
+    def test_step(self, data: Any) -> Any:
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = self(x, training=False)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(self.compute_loss(y=y, y_pred=y_pred))
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def _metric_logs(model: keras.Model, x: Any, y: Any) -> list[dict[str, float]]:
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False).history
+    return [
+        {k: v[-1] for k, v in history.items()},
+        model.train_on_batch(x, y, return_dict=True),
+        model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True),
+    ]
+
+
+@pytest.mark.parametrize("how", ["in place, own steps", "in place", "copies"])
+def test_metrics_of_replicas_are_the_whole_batchs(how: str) -> None:
+    """34ab b (D1, D2): a metric that is no mean of its shares' values (RMSE, R2) was reported
+    as the mean of the replicas' results: ``train_on_batch`` (in place and in the copies, two
+    different wrong values), and ``fit``'s history and ``evaluate`` of a model whose own steps
+    return ``self.metrics``' results. Read across the replicas, they equal one device's."""
+    rows = np.random.default_rng(1)
+    x = rows.normal(size=(16, 6)).astype("float32")
+    y = rows.normal(size=(16, 3)).astype("float32")
+    cls = OwnSteps if how == "in place, own steps" else keras.Model
+    reference, model = _regression(cls), _regression(cls)
+    if how == "copies":
+        plan = partitioner.partition(model, gpus=4, batch_size=16, strategy="data_parallel")
+        model = plan.apply(model, devices=DEVICES)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss="mse",
+            metrics=[keras.metrics.RootMeanSquaredError(), keras.metrics.R2Score(), "mae"],
+        )
+    else:
+        replicate_in_place(model, DEVICES)
+    for want, got in zip(_metric_logs(reference, x, y), _metric_logs(model, x, y), strict=True):
+        assert set(got) == set(want)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
+
+
+JOINS_IN_STEP = """
+import os
+import keras
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+USAGE = "partition m.py --gpus 2 --emit data/placed.py"  # names the program's file
+
+
+class M(keras.Model):
+    def train_step(self, data):
+        with open(os.path.join(HERE, "data", "labels.txt")) as f:  # joined when training
+            self.names = f.read().split()
+        return super().train_step(data)
+
+
+def build_model():
+    inputs = keras.Input((8,))
+    return M(inputs, keras.layers.Dense(2, name="d")(inputs), name="m")
+"""
+
+
+@pytest.mark.slow
+def test_emit_is_refused_over_a_file_whose_name_the_model_joins(tmp_path: Path) -> None:
+    """34ab a (D3): ``--emit data/labels.txt`` replaced the file the model's ``train_step``
+    opens through ``os.path.join(HERE, "data", "labels.txt")``: no string names the whole
+    path. An existing output whose name ends a string of the model's files is refused, unless
+    partitioner wrote it (a program it emitted is replaced as before)."""
+    (tmp_path / "m.py").write_text(JOINS_IN_STEP)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "labels.txt").write_text("cat\ndog\n")
+    done = _run(tmp_path, tmp_path, *PLAN[:2], "m.py", *PLAN[2:], "--emit", "data/labels.txt")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "labels.txt" in done.stderr and "the model's code names" in done.stderr
+    assert (tmp_path / "data" / "labels.txt").read_text() == "cat\ndog\n"
+    first = _run(tmp_path, tmp_path, *PLAN[:2], "m.py", *PLAN[2:], "--emit", "data/placed.py")
+    again = _run(tmp_path, tmp_path, *PLAN[:2], "m.py", *PLAN[2:], "--emit", "data/placed.py")
+    assert first.returncode == again.returncode == 0, (first.stderr, again.stderr)
+
+
+class TwoTower(keras.Model):
+    """A keras.io-style subclassed model taking a dict, with its own ``train_step``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left, self.right = keras.layers.Dense(4), keras.layers.Dense(4)
+
+    def call(self, inputs: Any) -> Any:
+        return self.left(inputs["left"]) * self.right(inputs["right"])
+
+    def train_step(self, data: Any) -> Any:
+        return super().train_step(data)
+
+
+def test_a_dict_model_with_its_own_step_is_not_advised_a_wrapper_that_drops_it() -> None:
+    """34ab c (D2): the advice for a subclassed model taking a dict, a functional wrapper of
+    class ``keras.Model``, trained with Keras's default step instead of the model's own,
+    without a word. For such a class, the advice keeps its class (and so its step)."""
+    model = TwoTower()
+    model({"left": np.zeros((2, 4), "float32"), "right": np.zeros((2, 3), "float32")})
+    with pytest.raises(PartitionError) as raised:
+        partitioner.partition(model, gpus=2, batch_size=8)
+    message = str(raised.value)
+    assert "its class has its own train_step" in message and "TwoTower(inputs=" in message
+    assert "wrap it in a functional model" not in message
+
+
+class GanTrackers(keras.Model):
+    """keras.io's DCGAN: subclassed, never called before ``compile``, which makes the loss
+    trackers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.out = keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.out(self.hidden(x))
+
+    def compile(self, d_optimizer: Any, loss_fn: Any) -> None:  # type: ignore[override]
+        super().compile()
+        self.d_optimizer, self.loss_fn = d_optimizer, loss_fn
+        self.d_loss_metric = keras.metrics.Mean(name="d_loss")
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.d_loss_metric]
+
+    def train_step(self, data: Any) -> Any:
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.loss_fn(y, self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        self.d_loss_metric.update_state(loss)
+        return {"d_loss": self.d_loss_metric.result()}
+
+
+@pytest.mark.parametrize("how", ["planned", "placed", "replicated"])
+def test_a_compile_making_state_after_the_placement_trains(how: str) -> None:
+    """34ab c (D1): planning (its trace) and the placement build a model never called;
+    keras.io's GAN then makes its trackers in its own ``compile``, which Keras refused on a
+    built model ("You cannot add new elements of state"). It compiles and trains as the model
+    never planned does."""
+    y = RNG.normal(size=(8, 3)).astype("float32")
+    histories = []
+    for plan_it in (False, True):
+        keras.utils.set_random_seed(1)
+        model = GanTrackers()
+        if plan_it:
+            replicated = how == "replicated"
+            plan = partitioner.partition(
+                model, gpus=4 if replicated else 2, batch_size=8, input_shape=(6,),
+                strategy="data_parallel" if replicated else "placed",
+            )  # fmt: skip
+            if how != "planned":
+                assert plan.apply(model, devices=DEVICES[: plan.num_devices]) is model
+        model.compile(
+            d_optimizer=keras.optimizers.SGD(0.1), loss_fn=keras.losses.MeanSquaredError()
+        )
+        histories.append(model.fit(X, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history)
+    np.testing.assert_allclose(histories[1]["d_loss"], histories[0]["d_loss"], rtol=1e-5)

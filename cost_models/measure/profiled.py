@@ -58,7 +58,7 @@ from typing import Any
 from cost_models.devices.catalog import DeviceKind
 from cost_models.devices.datafiles import check_schema, parse_json, read_text
 from partitioner.core.errors import OutputError, PartitionError, TraceError
-from partitioner.core.files import check_own_entry, default_cache_dir, make_cache_folder
+from partitioner.core.files import check_own_entry, default_cache_dir
 from partitioner.core.ir import CostedGraph, Phase
 from partitioner.core.options import InputShape
 
@@ -349,7 +349,7 @@ def _write_entry(
             f"its directory {path.parent} is a symbolic link (to "
             f"{os.path.realpath(path.parent)}), which a cache entry is never written through"
         )
-    make_cache_folder(path.parent)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     body = {
         "schema": CACHE_SCHEMA,
         "key": key,

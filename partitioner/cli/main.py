@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -726,38 +727,75 @@ def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[in
         for file in sources[1:]
         if file not in modules
     ]
+    names = _source_strings(sources)
+    named = [*_files_named(sources, names), *_outputs_named(paths, names)]
     found += [
         (f"the file {paths.shown_input(file)} that the model's code names", file)
-        for file in _files_named_by_source(sources)
+        for file in named
     ]
     return found
 
 
-def _files_named_by_source(sources: list[Path]) -> list[Path]:
-    """The existing files that a string in ``sources`` (the model's file and the modules it
-    imports) names, beside the source or in the working directory, run or not yet: an
-    ``open("vocab.txt")`` inside ``train_step``, which an emitted program runs (``--emit
-    vocab.txt`` replaced it, campaign 34z)."""
-    import ast
-
-    found: list[Path] = []
+def _source_strings(sources: list[Path]) -> set[str]:
+    """The strings written in ``sources`` (the model's file and the modules it imports), each
+    short enough to be a path."""
+    names: set[str] = set()
     for source in sources:
         try:
             tree = ast.parse(source.read_bytes())
         except (OSError, SyntaxError, ValueError):
             continue
-        names = {
+        names.update(
             node.value
             for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        }
-        for name in sorted(n for n in names if 0 < len(n) < 1024 and "\0" not in n)[:5000]:
-            for base in (source.parent, Path.cwd()):
-                with contextlib.suppress(OSError, ValueError):
-                    file = (base / name).resolve()
-                    if file.is_file() and file not in found:
-                        found.append(file)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and 0 < len(node.value) < 1024
+            and "\0" not in node.value
+        )
+    return names
+
+
+def _files_named(sources: list[Path], names: set[str]) -> list[Path]:
+    """The existing files a string of the model's sources names, beside a source or in the
+    working directory, run or not yet: an ``open("vocab.txt")`` inside ``train_step``, which an
+    emitted program runs (``--emit vocab.txt`` replaced it, campaign 34z)."""
+    found: list[Path] = []
+    bases = sorted({source.parent for source in sources} | {Path.cwd()})
+    for name in sorted(names)[:5000]:
+        for base in bases:
+            with contextlib.suppress(OSError, ValueError):
+                file = (base / name).resolve()
+                if file.is_file() and file not in found:
+                    found.append(file)
     return found
+
+
+def _outputs_named(paths: _Paths, names: set[str]) -> list[Path]:
+    """The existing outputs whose file name a string of the model's sources ends with, unless
+    partitioner wrote them: a path the code joins at run time (``os.path.join(HERE, "data",
+    "labels.txt")``) names no file by itself (``--emit data/labels.txt`` replaced it, campaign
+    34ab)."""
+    found = []
+    for out in paths.outputs:
+        name = Path(out.path).name
+        if not os.path.isfile(out.path) or _written_by_partitioner(out.path):
+            continue
+        if any(n == name or n.endswith(("/" + name, os.sep + name)) for n in names):
+            found.append(Path(out.path))
+    return found
+
+
+def _written_by_partitioner(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds what partitioner writes: a plan (its ``schema_version`` first),
+    an emitted program or a report (``partitioner`` in its first 4 KiB)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there never blocks
+        with os.fdopen(fd, "rb") as file:
+            head = file.read(4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return False
+    return head.startswith(b'{\n  "schema_version"') or b"partitioner" in head
 
 
 def _imported_by_source(model_file: str) -> list[Path]:

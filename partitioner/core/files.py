@@ -36,7 +36,6 @@ from partitioner.core.errors import OutputError, PartitionError, UsageError
 __all__ = [
     "BUILDER_NAMES",
     "CACHE_ENTRY_FOLDERS",
-    "CACHE_TAG",
     "MAX_LINKS_FOLLOWED",
     "MODEL_MODULE_FLAG",
     "OWN_PACKAGES",
@@ -51,7 +50,6 @@ __all__ = [
     "directory_name",
     "file_kind",
     "keras_config_file",
-    "make_cache_folder",
     "module_file_of",
     "open_regular",
     "path_argument",
@@ -162,47 +160,10 @@ CACHE_ENTRY_FOLDERS = (("traces", "the trace cache"), ("layers", "the profile ca
 ``cost_models.measure.profiled``) and what each holds: files a run replaces and removes."""
 
 
-CACHE_TAG = "CACHEDIR.TAG"
-"""The file that marks a cache directory (the Cache Directory Tagging Specification,
-https://bford.info/cachedir/): backup tools skip the directory, and no output is written into a
-tagged cache's folders of entries, whichever ``cache_dir`` made it (:func:`_check_outside_cache`)."""
-
-_CACHE_TAG_TEXT = (
-    "Signature: 8a477f597d28d172789f06886806bc55\n"
-    "# This file is a cache directory tag created by partitioner.\n"
-    "# For information about cache directory tags see https://bford.info/cachedir/\n"
-)
-
-
-def make_cache_folder(folder: Path) -> None:
-    """``folder``, a cache's folder of entries (:data:`CACHE_ENTRY_FOLDERS`), made (mode 0700)
-    and its cache directory tagged (:data:`CACHE_TAG`; a plan saved into the folder of a
-    ``cache_dir=`` given to ``partition()`` was replaced by the next run, campaign 34z)."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tag = folder.parent / CACHE_TAG
-    if not tag.exists():
-        write_atomic(tag, _CACHE_TAG_TEXT)
-
-
-def _tagged_cache(directory: str) -> bool:
-    """Whether ``directory`` holds partitioner's :data:`CACHE_TAG`."""
-    try:
-        with open(os.path.join(directory, CACHE_TAG), "rb") as tag:
-            return tag.read(len(_CACHE_TAG_TEXT) + 1) == _CACHE_TAG_TEXT.encode()
-    except OSError:
-        return False
-
-
-def _check_outside_tagged_cache(path: str, shown: str) -> None:
-    """``path`` (resolved) is not in a folder of entries of a tagged cache (any cache
-    directory a run made, :func:`make_cache_folder`), nor that folder itself."""
-    names = {folder for folder, _ in CACHE_ENTRY_FOLDERS}
-    for directory in (path, os.path.dirname(path)):
-        if os.path.basename(directory) in names and _tagged_cache(os.path.dirname(directory)):
-            raise UsageError(
-                f"{shown} is in {directory}, a folder of partitioner's cache (its "
-                f"{CACHE_TAG}), whose files a run replaces and removes; give a path outside it"
-            )
+_CACHE_ENTRY_NAME = re.compile(r"\.?[0-9a-f]{64}\.json(\..*\.tmp)?")
+"""The names of the caches' entries (a SHA-256 key) and of their writers' temporary files: the
+only files a run replaces or removes in a cache's folders, whichever ``cache_dir`` it has
+(``passes.trace_cache``, ``cost_models.measure.profiled``)."""
 
 
 def _check_outside_cache(path: str, shown: str, caches: Sequence[str]) -> None:
@@ -210,8 +171,17 @@ def _check_outside_cache(path: str, shown: str, caches: Sequence[str]) -> None:
     a folder of cache entries (:data:`CACHE_ENTRY_FOLDERS`, both of each cache, whether this run
     uses it or not) nor in one. UsageError naming ``shown`` (``"--out plan.json"``) otherwise: a
     plan written there became a cache entry, replaced by the next run, or a file where the
-    cache or its folder belongs, every later run's cache failing (campaigns 34p, 34u, 34v)."""
-    _check_outside_tagged_cache(path, shown)
+    cache or its folder belongs, every later run's cache failing (campaigns 34p, 34u, 34v). In
+    any cache's folders (a ``cache_dir=`` given to ``partition()``), only a name like an entry's
+    is refused: eviction removes no other file (campaign 34z)."""
+    folder, name = os.path.split(path)
+    names = {entries for entries, _ in CACHE_ENTRY_FOLDERS}
+    if os.path.basename(folder) in names and _CACHE_ENTRY_NAME.fullmatch(name):
+        raise UsageError(
+            f"{shown} is named like a cache entry (a key, .json) in a folder named like a "
+            f"cache's ({folder}), which a run with that cache replaces or removes; give "
+            "another name"
+        )
     for cache in caches:
         if os.path.realpath(cache) == path:
             raise UsageError(

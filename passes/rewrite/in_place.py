@@ -78,6 +78,7 @@ from passes.rewrite.replicate import (
     reduce_then_clip,
     split_train_on_batch,
     unequal_first_batch,
+    whole_batch_logs,
 )
 from passes.trace import placement_units
 from passes.weightless import is_deferred
@@ -358,7 +359,11 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
         rows = int(np.shape(tree.flatten(x)[0])[0])
         return model.predict(x, batch_size=rows, verbose=0)
 
+    def metrics_or_logs(logs: Any) -> Any:
+        return whole_batch_logs(model, logs)
+
     for name, made in (
+        ("_get_metrics_result_or_logs", metrics_or_logs),
         ("train_step", train_step),
         ("fit", fit_shares),
         ("_maybe_symbolic_build", symbolic_build),
@@ -450,7 +455,8 @@ def _retrace(model: keras.Model, strategy: Any = None) -> None:
     @functools.wraps(compile_)
     def compile_without_xla(*args: Any, **kwargs: Any) -> Any:
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            made = compile_(*args, **kwargs)  # the model's own compile, whatever it takes
+            with _state_unlocked(model):
+                made = compile_(*args, **kwargs)  # the model's own compile, whatever it takes
         if strategy is not None:
             _mirror(model, strategy)
         if getattr(model, "jit_compile", False):
@@ -459,6 +465,23 @@ def _retrace(model: keras.Model, strategy: Any = None) -> None:
         return made
 
     object.__setattr__(model, "compile", compile_without_xla)
+
+
+@contextlib.contextmanager
+def _state_unlocked(model: keras.Model) -> Iterator[None]:
+    """Keras's lock on new state of a built model lifted while its own ``compile`` runs: the
+    placement built a model never called, and keras.io's GAN makes its loss trackers in its
+    ``compile`` (Keras's "You cannot add new elements of state ... already built" there,
+    campaign 34ab), which it may on a model not yet built. Locked again after."""
+    tracker: Any = getattr(model, "_tracker", None)
+    locked = tracker is not None and bool(tracker.locked)
+    if locked:
+        tracker.unlock()
+    try:
+        yield
+    finally:
+        if locked:
+            model._lock_state()
 
 
 def _differentiable(value: Any) -> bool:

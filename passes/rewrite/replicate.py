@@ -127,6 +127,7 @@ __all__ = [
     "replicate_pipeline",
     "split_train_on_batch",
     "unequal_first_batch",
+    "whole_batch_logs",
 ]
 
 _NOT_SPLIT = re.compile(r"global batch \d+ does not split[^\n\]\"']*")
@@ -289,6 +290,10 @@ class ReplicatedModel(keras.Model):
         with unequal_first_batch(self.num_replicas):
             return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
+    def _get_metrics_result_or_logs(self, logs: Any) -> Any:
+        """An epoch's logs read from the metrics across the replicas (:func:`whole_batch_logs`)."""
+        return whole_batch_logs(self, logs)
+
     def train_on_batch(
         self,
         x: Any,
@@ -355,7 +360,6 @@ def split_train_on_batch(
     ``strategy.experimental_distribute_values_from_function``."""
     from keras.src import tree
     from keras.src.trainers.data_adapters import data_adapter_utils
-    from keras.src.utils.python_utils import pythonify_logs
 
     model._assert_compile_called("train_on_batch")
     if class_weight is not None:
@@ -382,8 +386,24 @@ def split_train_on_batch(
     model.make_train_function()
     model.reset_metrics()
     with batch_errors():
-        logs = pythonify_logs(model.train_function(iter([distributed])))
+        logs = whole_batch_logs(model, model.train_function(iter([distributed])))
     return logs if return_dict else model._flatten_metrics_in_order(logs)
+
+
+def whole_batch_logs(model: keras.Model, logs: Any) -> Any:
+    """A replicated step's ``logs`` (flattened) as the model's metrics give them for the whole
+    batch, read across the replicas, when they are the metrics' results by name: Keras averages
+    what each replica returned, each its share's ``result()`` (an RMSE, an R2 score, a
+    precision is no mean of its shares' values: ``train_on_batch``, and ``fit``'s history for a
+    step returning ``{m.name: m.result() for m in self.metrics}``, differed from one device's,
+    campaign 34ab). Other logs are returned as they are."""
+    from keras.src.utils.python_utils import pythonify_logs
+
+    flat = pythonify_logs(logs) if isinstance(logs, dict) else logs
+    if not isinstance(flat, dict):
+        return flat
+    metrics = pythonify_logs(model.get_metrics_result())
+    return metrics if set(metrics) == set(flat) else flat
 
 
 def reduce_then_clip(optimizer: Any, scale: float = 1.0) -> None:
