@@ -30,7 +30,7 @@ from partitioner.core.errors import RewriteError
 from partitioner.core.ir import Graph
 from partitioner.core.microbatch import InexactKind, InexactLayer, LayerFacts, inexact_reason
 from partitioner.plan.model import Plan
-from passes.trace import Unit, fixed_batch, input_names, placement_units
+from passes.trace import OWN_STEPS, Unit, fixed_batch, input_names, placement_units
 
 __all__ = [
     "OWN_STEPS",
@@ -47,19 +47,6 @@ __all__ = [
     "opless_layers",
     "rebuild_refusal",
 ]
-
-OWN_STEPS = (
-    "train_step",
-    "compute_loss",
-    "test_step",
-    "predict_step",
-    "compute_metrics",
-    "get_metrics_result",
-    "compile",
-)
-"""The methods of ``keras.Model`` a model may override (in its class, or on the model object
-itself: ``model.train_step = types.MethodType(...)``) that the copies replace (a ``compile``
-forcing its loss too, campaign 34y)."""
 
 _LABEL = TypeVar("_LABEL")
 

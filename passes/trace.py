@@ -56,6 +56,7 @@ ShapeArg: TypeAlias = Sequence[int] | Mapping[str, Sequence[int]]
 
 __all__ = [
     "KERAS_CALL_LOCK",
+    "OWN_STEPS",
     "ShapeArg",
     "TraceResult",
     "Unit",
@@ -476,12 +477,24 @@ def _built_shapes(model: keras.Model) -> list[tuple[Any, ...]] | None:
     return [tuple(shape)]
 
 
+OWN_STEPS = (
+    "train_step",
+    "compute_loss",
+    "test_step",
+    "predict_step",
+    "compute_metrics",
+    "get_metrics_result",
+    "compile",
+)
+"""The methods of ``keras.Model`` a model may override (in its class, or on the model object
+itself: ``model.train_step = types.MethodType(...)``) that the copies replace (a ``compile``
+forcing its loss too, campaign 34y)."""
+
+
 def _functional_advice(model: keras.Model) -> str:
     """How to give a subclassed model's inputs: a functional wrapper, or, for a class with its
     own steps (which a wrapper of class ``keras.Model`` would not keep: it trained with Keras's
     default step, campaign 34ab), a functional model of its own class."""
-    from passes.checks import OWN_STEPS  # checks imports this module
-
     cls = type(model)
     own = [m for m in OWN_STEPS if getattr(cls, m, None) is not getattr(keras.Model, m, None)]
     if not own:

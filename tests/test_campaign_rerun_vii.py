@@ -69,7 +69,8 @@ def test_a_file_binary_only_past_its_first_4_kib_is_not_replaced(tmp_path: Path)
         check_replaceable(installer, "--out installer.run")
     text = tmp_path / "plan.json"
     text.write_text('{"a": 1}\n' * 10000)
-    check_replaceable(text, "--out plan.json")  # a text file is replaced whole (row 46)
+    with pytest.raises(OutputError, match=r"^--out plan.json exists and is not a file partitioner"):
+        check_replaceable(text, "--out plan.json")  # a user's text file is kept (row 234)
     check_replaceable(tmp_path / "new.json", "--out new.json")  # nothing there yet
 
 

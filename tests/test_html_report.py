@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from report_plans import RICH_MARKUP, XSS_IMG, XSS_SCRIPT, make_plan
 
 from partitioner.core.errors import OutputError
+from partitioner.core.files import marked, written_by_partitioner
 from partitioner.core.ir import EventKind, TimelineEvent
 from partitioner.core.units import format_bytes
 from partitioner.plan.model import Plan
@@ -254,7 +255,9 @@ def test_a_data_parallel_plan_does_not_show_replica_devices_as_idle() -> None:
 
 def test_write_html_report_is_atomic_and_checks_the_path(tmp_path: Path) -> None:
     path = write_html_report(PLAN, tmp_path / "report.html")
-    assert path.read_text(encoding="utf-8") == render_html(PLAN)
+    assert path.read_text(encoding="utf-8") == marked(render_html(PLAN), "<!--")
+    assert written_by_partitioner(path)
+    assert write_html_report(PLAN, path) == path  # its own report: replaced
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
     with pytest.raises(OutputError, match="does not exist"):
         write_html_report(PLAN, tmp_path / "missing" / "report.html")

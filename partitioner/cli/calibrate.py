@@ -158,6 +158,7 @@ def _run(args: argparse.Namespace) -> int:
     data = cal.topology_data()
     _check_written(data)
     from partitioner.core.files import write_atomic
+    from partitioner.core.jsonfiles import json_digest
 
     now = _check_out(args.out, args.cluster)
     if now != target:
@@ -166,6 +167,7 @@ def _run(args: argparse.Namespace) -> int:
             "as when calibration started (a symbolic link on it changed); refusing to write: "
             "run again"
         )
+    data = {**data, "digest": json_digest(data)}  # a later run may replace it (its digest)
     write_atomic(target, json.dumps(data, indent=1) + "\n", follow_symlinks=False)
     from partitioner.cli.main import print_out  # a full or closed stdout: one line, as a plan's
 

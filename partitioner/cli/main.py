@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import signal
-import stat
 import sys
 import tempfile
 import threading
@@ -54,6 +53,7 @@ from partitioner.core.files import (
     check_replaceable,
     default_caches,
     directory_name,
+    marked,
     read_input_text,
     same_file,
     write_all_atomic,
@@ -607,7 +607,6 @@ def _check_out(path: str, option: str, shown: str) -> None:
         target = check_output_path(path, option)
     except OutputError as exc:
         raise OutputError(str(exc).replace(f"{option} {path}", f"{option} {shown}", 1)) from None
-    check_replaceable(target, f"{option} {shown}")
     writable = os.access(target, os.W_OK) if target.exists() else True
     if not os.access(target.parent, os.W_OK) or not writable:
         raise OutputError(f"{option} {shown} is not writable; choose another path")
@@ -648,6 +647,7 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
                 raise UsageError(
                     f"{out.option} {shown} is {what}; refusing to overwrite it: give another path"
                 )
+        check_replaceable(Path(os.path.realpath(out.path)), f"{out.option} {shown}")
         if not out.existed and os.path.lexists(out.path):
             raise UsageError(
                 f"{out.option} {shown} did not exist when the run started, and something made it "
@@ -727,75 +727,7 @@ def _imported(paths: _Paths, code: _UserCode) -> list[tuple[str, Path | tuple[in
         for file in sources[1:]
         if file not in modules
     ]
-    names = _source_strings(sources)
-    named = [*_files_named(sources, names), *_outputs_named(paths, names)]
-    found += [
-        (f"the file {paths.shown_input(file)} that the model's code names", file)
-        for file in named
-    ]
-    return found
-
-
-def _source_strings(sources: list[Path]) -> set[str]:
-    """The strings written in ``sources`` (the model's file and the modules it imports), each
-    short enough to be a path."""
-    names: set[str] = set()
-    for source in sources:
-        try:
-            tree = ast.parse(source.read_bytes())
-        except (OSError, SyntaxError, ValueError):
-            continue
-        names.update(
-            node.value
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and 0 < len(node.value) < 1024
-            and "\0" not in node.value
-        )
-    return names
-
-
-def _files_named(sources: list[Path], names: set[str]) -> list[Path]:
-    """The existing files a string of the model's sources names, beside a source or in the
-    working directory, run or not yet: an ``open("vocab.txt")`` inside ``train_step``, which an
-    emitted program runs (``--emit vocab.txt`` replaced it, campaign 34z)."""
-    found: list[Path] = []
-    bases = sorted({source.parent for source in sources} | {Path.cwd()})
-    for name in sorted(names)[:5000]:
-        for base in bases:
-            with contextlib.suppress(OSError, ValueError):
-                file = (base / name).resolve()
-                if file.is_file() and file not in found:
-                    found.append(file)
-    return found
-
-
-def _outputs_named(paths: _Paths, names: set[str]) -> list[Path]:
-    """The existing outputs whose file name a string of the model's sources ends with, unless
-    partitioner wrote them: a path the code joins at run time (``os.path.join(HERE, "data",
-    "labels.txt")``) names no file by itself (``--emit data/labels.txt`` replaced it, campaign
-    34ab)."""
-    found = []
-    for out in paths.outputs:
-        name = Path(out.path).name
-        if not os.path.isfile(out.path) or _written_by_partitioner(out.path):
-            continue
-        if any(n == name or n.endswith(("/" + name, os.sep + name)) for n in names):
-            found.append(Path(out.path))
-    return found
-
-
-def _written_by_partitioner(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` holds what partitioner writes: a plan (its ``schema_version`` first),
-    an emitted program or a report (``partitioner`` in its first 4 KiB)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there never blocks
-        with os.fdopen(fd, "rb") as file:
-            head = file.read(4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    except OSError:
-        return False
-    return head.startswith(b'{\n  "schema_version"') or b"partitioner" in head
+    return found  # a file its code opens only when it trains: no output replaces it (row 229)
 
 
 def _imported_by_source(model_file: str) -> list[Path]:
@@ -1996,7 +1928,7 @@ def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Pl
         elif output.option == "--report":
             from partitioner.report.html import render_html
 
-            files.append((output.path, render_html(plan)))
+            files.append((output.path, marked(render_html(plan), "<!--")))  # replaceable later
         else:
             from partitioner.cli.loader import loaded_attr, split_spec
             from passes.rewrite.codegen import emit_plan_module
@@ -2006,7 +1938,7 @@ def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Pl
                 model, plan, model_source=paths.model_file, model_attr=attr,
                 cluster_addresses=_tf_config_cluster(args.topology),
             )  # fmt: skip
-            files.append((output.path, source))
+            files.append((output.path, marked(source, "#")))  # a later run may replace it
     for output in paths.outputs:  # rendering may have run the model's code (a get_config)
         _check_still_resolved(output.path, output.option, paths.shown(output.given, output.path))
     if files:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import codecs
 import errno
+import hashlib
 import importlib.util
+import json
 import os
 import re
 import secrets
@@ -30,14 +32,17 @@ import sysconfig
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from partitioner.core.errors import OutputError, PartitionError, UsageError
+from partitioner.core.jsonfiles import json_digest
 
 __all__ = [
     "BUILDER_NAMES",
     "CACHE_ENTRY_FOLDERS",
     "MAX_LINKS_FOLLOWED",
     "MODEL_MODULE_FLAG",
+    "OWN_MARK",
     "OWN_PACKAGES",
     "UnreadableInput",
     "check_links_followed",
@@ -50,6 +55,7 @@ __all__ = [
     "directory_name",
     "file_kind",
     "keras_config_file",
+    "marked",
     "module_file_of",
     "open_regular",
     "path_argument",
@@ -59,6 +65,7 @@ __all__ = [
     "system_dirs",
     "write_all_atomic",
     "write_atomic",
+    "written_by_partitioner",
 ]
 
 
@@ -174,14 +181,6 @@ def _check_outside_cache(path: str, shown: str, caches: Sequence[str]) -> None:
     cache or its folder belongs, every later run's cache failing (campaigns 34p, 34u, 34v). In
     any cache's folders (a ``cache_dir=`` given to ``partition()``), only a name like an entry's
     is refused: eviction removes no other file (campaign 34z)."""
-    folder, name = os.path.split(path)
-    names = {entries for entries, _ in CACHE_ENTRY_FOLDERS}
-    if os.path.basename(folder) in names and _CACHE_ENTRY_NAME.fullmatch(name):
-        raise UsageError(
-            f"{shown} is named like a cache entry (a key, .json) in a folder named like a "
-            f"cache's ({folder}), which a run with that cache replaces or removes; give "
-            "another name"
-        )
     for cache in caches:
         if os.path.realpath(cache) == path:
             raise UsageError(
@@ -195,6 +194,14 @@ def _check_outside_cache(path: str, shown: str, caches: Sequence[str]) -> None:
                     f"{shown} is in {what} ({directory}), whose files a run replaces and "
                     "removes; give a path outside it"
                 )
+    folder, name = os.path.split(path)
+    names = {entries for entries, _ in CACHE_ENTRY_FOLDERS}
+    if os.path.basename(folder) in names and _CACHE_ENTRY_NAME.fullmatch(name):
+        raise UsageError(
+            f"{shown} is named like a cache entry (a key, .json) in a folder named like a "
+            f"cache's ({folder}), which a run with that cache replaces or removes; give "
+            "another name"
+        )
 
 
 def check_outside_kept_files(
@@ -407,12 +414,51 @@ def binary_offset(path: str | os.PathLike[str]) -> int | None:
     return offset - pending if pending else None  # the file ends inside a character
 
 
+OWN_MARK = "written by partitioner, sha256 "
+"""The last line of a text file partitioner writes (an emitted program, an HTML report), in a
+comment of its language, before the SHA-256 of the text above it (:func:`marked`)."""
+
+_MARK_LINE = re.compile(r"(?:# |<!-- )written by partitioner, sha256 ([0-9a-f]{64})(?: -->)?")
+
+
+def marked(text: str, comment: Literal["#", "<!--"]) -> str:
+    """``text`` ending with its mark (:data:`OWN_MARK`): the proof, for a later run, that the
+    file is one partitioner wrote and may replace (:func:`written_by_partitioner`). A JSON file
+    proves it by its ``digest`` instead (:func:`~partitioner.core.jsonfiles.json_digest`)."""
+    body = text if text.endswith("\n") else text + "\n"
+    close = " -->" if comment == "<!--" else ""
+    return f"{body}{comment} {OWN_MARK}{hashlib.sha256(body.encode()).hexdigest()}{close}\n"
+
+
+def written_by_partitioner(path: str | os.PathLike[str]) -> bool:
+    """Whether the regular file ``path`` is one partitioner wrote, unchanged since: text whose
+    last line is its mark (:func:`marked`), or JSON whose ``digest`` is its data's (a plan, a
+    calibrated topology). A user's file is not, whatever its name or words: a guess by content
+    (a ``schema_version`` first, the word "partitioner") replaced a config and notes the model
+    reads (campaign 34ac)."""
+    try:
+        text = read_regular_text(path, MAX_REPLACEABLE_BYTES)
+    except (UnreadableInput, OSError):
+        return False
+    head, newline, last = text.rstrip("\n").rpartition("\n")
+    found = _MARK_LINE.fullmatch(last)
+    if found is not None:
+        digest = hashlib.sha256((head + newline).encode()).hexdigest()
+        return bool(newline) and digest == found.group(1)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("digest") == json_digest(data)
+
+
 def check_replaceable(target: Path, shown: str) -> None:
-    """An existing regular file ``target`` that holds binary data anywhere (or is larger than
-    :data:`MAX_REPLACEABLE_BYTES`) is not replaced: partitioner writes only text, and such a file
-    is the user's data, perhaps read by the model's code through native code (an h5py weights
-    file, a sqlite database), which is no import or Python ``open`` a run could see. Raises
-    :class:`OutputError` naming ``shown`` (the option and the path as the user gave them)."""
+    """An existing regular file ``target`` is replaced only if it is empty or partitioner wrote
+    it (:func:`written_by_partitioner`): anything else is the user's (a data file the model's
+    code opens only when it trains, by a path it builds at run time, which no import, ``open``
+    or name a run sees; binary data read through native code, an h5py weights file, a sqlite
+    database), and nothing the user had is overwritten. Raises :class:`OutputError` naming
+    ``shown`` (the option and the path as the user gave them)."""
     try:
         st = os.stat(target)
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
@@ -424,6 +470,8 @@ def check_replaceable(target: Path, shown: str) -> None:
         found = f"is larger ({st.st_size} bytes) than any file partitioner writes"
     elif where is not None:
         found = f"holds binary data (from byte {where}), which partitioner never writes"
+    elif not written_by_partitioner(target):
+        found = "is not a file partitioner wrote (a plan, report, program or topology file)"
     else:
         return
     raise OutputError(

@@ -12,6 +12,7 @@ Pure Python (the standard library and jsonschema).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -33,6 +34,7 @@ __all__ = [
     "data_depth",
     "error_order",
     "field_path",
+    "json_digest",
     "loads_bounded",
     "strict_validator",
 ]
@@ -254,3 +256,24 @@ def loads_bounded(text: str, origin: str, error: type[Exception], hint: str) -> 
         _check_depth(data, origin, error)
         return data
     raise error(f"{origin} is not valid JSON ({detail}); {hint}")
+
+
+def json_digest(data: Mapping[str, Any]) -> str:
+    """The SHA-256 of JSON ``data`` without its ``digest`` key: its keys sorted, no spaces,
+    every number by its value (a float equal to an integer as that integer: ``jq`` writes
+    ``0.0`` as ``0``; other floats as Python writes them, which read back to the same value).
+    A plan's ``digest`` (:func:`partitioner.plan.model.plan_digest`) and a calibrated topology
+    file's: what proves a file partitioner wrote (:func:`partitioner.core.files.written_by_partitioner`)."""
+    rest = _canonical({k: v for k, v in data.items() if k != "digest"})
+    text = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value

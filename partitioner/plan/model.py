@@ -13,7 +13,6 @@ mean the same in the plan, its file and ``Plan.apply(devices=...)``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ from partitioner.core.files import (
     write_atomic,
 )
 from partitioner.core.ir import CostedGraph, EventKind, Schedule, SolverResult, TimelineEvent
-from partitioner.core.jsonfiles import loads_bounded
+from partitioner.core.jsonfiles import json_digest, loads_bounded
 from partitioner.core.options import InputShape
 from partitioner.core.strategy import Family, Strategy
 from partitioner.plan.schema import validate_plan_data
@@ -491,10 +490,10 @@ class Plan:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the plan as JSON, atomically: the file is whole or untouched. An existing file
-        that holds binary data (the user's, never a plan) is not replaced: OutputError, as the
-        CLI's ``--out`` (:func:`~partitioner.core.files.check_replaceable`)."""
+        partitioner did not write (the user's) is not replaced: OutputError, as the CLI's
+        ``--out`` (:func:`~partitioner.core.files.check_replaceable`)."""
         path = path_argument(path, "Plan.save", "give the file name, e.g. plan.save('plan.json')")
-        check_replaceable(check_output_path(path), f"Plan.save path={path!r}")
+        target = check_output_path(path)
         module = module_file_of(path)
         if module is not None:
             raise OutputError(
@@ -504,6 +503,7 @@ class Plan:
         # as the command line refuses them for --out (rows 173, 184, 191)
         resolved, shown = os.path.realpath(path), f"Plan.save path={path!r}"
         check_outside_kept_files(resolved, shown)
+        check_replaceable(target, shown)  # last: the reasons above are more precise
         return write_atomic(path, self.to_json())
 
 
@@ -526,22 +526,9 @@ def _layer_order(
 
 
 def plan_digest(data: Mapping[str, Any]) -> str:
-    """The SHA-256 of a plan's JSON data without its ``digest``: its keys sorted, no spaces,
-    every number by its value (a float equal to an integer as that integer: ``jq`` writes
-    ``0.0`` as ``0``; other floats as Python writes them, which read back to the same value)."""
-    rest = _canonical({k: v for k, v in data.items() if k != "digest"})
-    text = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _canonical(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _canonical(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_canonical(v) for v in value]
-    return value
+    """The SHA-256 of a plan's JSON data without its ``digest``
+    (:func:`~partitioner.core.jsonfiles.json_digest`)."""
+    return json_digest(data)
 
 
 def _check_digest(data: Mapping[str, Any], origin: str) -> None:

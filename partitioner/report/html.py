@@ -47,7 +47,7 @@ from typing import Any
 import networkx as nx
 
 from partitioner.core.errors import OutputError
-from partitioner.core.files import write_atomic
+from partitioner.core.files import marked, write_atomic
 from partitioner.core.ir import EventKind, TimelineEvent
 from partitioner.core.units import format_bytes, format_seconds
 from partitioner.plan.model import Plan
@@ -786,4 +786,4 @@ def render_html(plan: Plan) -> str:
 
 def write_html_report(plan: Plan, path: str | os.PathLike[str]) -> Path:
     """Write :func:`render_html` of ``plan`` to ``path``, atomically; returns the path."""
-    return write_atomic(path, render_html(plan))
+    return write_atomic(path, marked(render_html(plan), "<!--"))  # a later run may replace it

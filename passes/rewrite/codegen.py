@@ -1811,8 +1811,8 @@ def _in_place_header(model: Any, plan: Plan, why: str, replicated: bool) -> list
     how = (
         [
             "replicate_in_place trains it data parallel through tf.distribute.MirroredStrategy,",
-            "one replica on each device of REPLICA_DEVICES: every variable (the model's, its",
-            "optimizers', its metrics') mirrored on them, the model's own train_step run by each",
+            "one replica on each device of REPLICA_DEVICES: every variable of the model and its",
+            "optimizers mirrored on them, the model's own train_step run by each",
             "replica on its share of each batch, the replicas' gradients averaged.",
         ]
         if replicated
@@ -2544,7 +2544,7 @@ def _compile_check(source: str, filename: str) -> None:
 
 def write_placed_module(path: str | os.PathLike[str], source: str) -> Path:
     """Write ``source`` to ``path`` atomically, after checking that it compiles."""
-    from partitioner.core.files import write_atomic
+    from partitioner.core.files import marked, write_atomic
 
     _compile_check(source, os.fspath(path))
-    return write_atomic(path, source)
+    return write_atomic(path, marked(source, "#"))  # a later run may replace it (its mark)

@@ -25,8 +25,8 @@ An optimizer built before the call finds its variables again (:func:`_rekey_opti
 keeps its slot variables where they were.
 
 ``replicate_in_place(model, replica_devices)`` is data parallelism of the model itself, through
-``tf.distribute.MirroredStrategy``: every variable of the model, of its optimizers (a GAN's two
-too) and of its metrics is created again inside the strategy's scope, holding its value, as a
+``tf.distribute.MirroredStrategy``: every variable of the model and of its optimizers (a GAN's two
+too) is created again inside the strategy's scope, holding its value, as a
 ``MirroredVariable`` with one copy per replica device, and the model's ``distribute_strategy`` is
 that strategy; Keras's ``fit`` then runs the model's own ``train_step`` once per replica on its
 share of each batch (``strategy.run``), and each optimizer's update all-reduces the replicas'
@@ -79,6 +79,7 @@ from passes.rewrite.replicate import (
     split_train_on_batch,
     unequal_first_batch,
     whole_batch_logs,
+    whole_batch_results,
 )
 from passes.trace import placement_units
 from passes.weightless import is_deferred
@@ -272,11 +273,14 @@ def _warn_summed_losses(model: keras.Model, replicas: int) -> None:
 
 
 def _mirror(model: keras.Model, strategy: Any) -> None:
-    """Every variable of ``model``, of its optimizers and of its metrics not yet mirrored is
-    created again in ``strategy``'s scope with its value; each optimizer bound to ``strategy``
-    and averaging its replicas' gradients."""
+    """Every variable of ``model`` and of its optimizers not yet mirrored is created again
+    in ``strategy``'s scope with its value; each optimizer bound to ``strategy`` and averaging
+    its replicas' gradients. Its metrics keep their variables, as the copies' do: one variable
+    every replica updates in turn holds the whole batch's state whatever its update (a sum, a
+    running maximum: mirrored, it was read as the sum of the replicas' maxima, campaign 34ac);
+    a metric Keras makes in the scope is its own (summed on read)."""
     optimizers = _optimizers(model)
-    state = [*model.variables, *_metrics_variables(model)]
+    state = list(model.variables)  # not its metrics' (the docstring)
     state += [v for o in optimizers for v in o.variables]
     seen: set[int] = set()
     with strategy.scope():
@@ -315,16 +319,6 @@ def _count_in(optimizer: Any, strategy: _WholeStepMirrored) -> None:
     made._partitioner_counted_by = strategy
 
 
-def _metrics_variables(model: keras.Model) -> list[Any]:
-    """The variables of ``model``'s metrics; none yet when its own ``metrics`` property reads
-    what its own ``compile`` makes (keras.io's GAN): ``compile`` later makes them in the
-    strategy's scope (:func:`_retrace`)."""
-    try:
-        return list(model.metrics_variables)
-    except AttributeError:
-        return []
-
-
 def _split_batches(model: keras.Model, replicas: int) -> None:
     """The model's ``train_step`` behind the check that every replica got as many rows,
     ``fit`` refusing array batches ``replicas`` does not divide, ``train_on_batch`` and
@@ -332,12 +326,21 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
     batch, and predicted R times the rows, campaign 34z): as the copies
     (:class:`passes.rewrite.replicate.ReplicatedModel`), on the model's own methods."""
     step, fit, build = model.train_step, model.fit, model._maybe_symbolic_build
+    test = model.test_step
 
     @functools.wraps(step)
     def train_step(data: Any) -> Any:
         with model.distribute_strategy.own_reduction():
             shares = equal_shares(data, replicas)
-        return step(shares)
+        logs = step(shares)
+        with model.distribute_strategy.own_reduction():
+            return whole_batch_results(model, logs)
+
+    @functools.wraps(test)
+    def test_step(data: Any) -> Any:
+        logs = test(data)
+        with model.distribute_strategy.own_reduction():
+            return whole_batch_results(model, logs)
 
     @functools.wraps(fit)
     def fit_shares(x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -365,6 +368,7 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
     for name, made in (
         ("_get_metrics_result_or_logs", metrics_or_logs),
         ("train_step", train_step),
+        ("test_step", test_step),
         ("fit", fit_shares),
         ("_maybe_symbolic_build", symbolic_build),
         ("train_on_batch", train_on_batch),

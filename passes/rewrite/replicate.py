@@ -128,6 +128,7 @@ __all__ = [
     "split_train_on_batch",
     "unequal_first_batch",
     "whole_batch_logs",
+    "whole_batch_results",
 ]
 
 _NOT_SPLIT = re.compile(r"global batch \d+ does not split[^\n\]\"']*")
@@ -274,8 +275,13 @@ class ReplicatedModel(keras.Model):
 
     def train_step(self, data: Any) -> Any:
         """Keras's step, after checking (in the graph, before any update) that every replica
-        got the same number of rows (:func:`equal_shares`)."""
-        return super().train_step(equal_shares(data, self.num_replicas))
+        got the same number of rows (:func:`equal_shares`); its logs the whole batch's
+        (:func:`whole_batch_results`)."""
+        return whole_batch_results(self, super().train_step(equal_shares(data, self.num_replicas)))
+
+    def test_step(self, data: Any) -> Any:
+        """Keras's step, its logs the whole batch's (:func:`whole_batch_results`)."""
+        return whole_batch_results(self, super().test_step(data))
 
     def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Keras ``fit``; arrays whose batches ``R`` does not divide are refused up front."""
@@ -388,6 +394,33 @@ def split_train_on_batch(
     with batch_errors():
         logs = whole_batch_logs(model, model.train_function(iter([distributed])))
     return logs if return_dict else model._flatten_metrics_in_order(logs)
+
+
+def whole_batch_results(model: keras.Model, logs: Any) -> Any:
+    """In a replica's step: the ``logs`` it returned, when they are the model's metrics'
+    results by name, read from the metrics across the replicas (a merge, which every replica
+    reaches), so that each batch's logs (callbacks', the progress bar's) are the whole batch's:
+    Keras averaged the replicas' own results (an AUC 0.27 for 0.47, campaign 34ac). Other
+    logs are returned as they are; so are logs outside a replica."""
+    from keras.src import tree
+
+    context = tf.distribute.get_replica_context()
+    if not isinstance(logs, dict) or context is None or tf.distribute.in_cross_replica_context():
+        return logs
+    if set(_leaf_keys(logs)) != set(_leaf_keys(model.get_metrics_result())):
+        return logs
+    read = context.merge_call(
+        lambda strategy: tree.map_structure(tf.identity, model.get_metrics_result())
+    )
+    return read
+
+
+def _leaf_keys(logs: Mapping[str, Any]) -> list[str]:
+    """The keys of ``logs`` flattened as Keras's logs are (a nested dict's own keys)."""
+    keys: list[str] = []
+    for key, value in logs.items():
+        keys += _leaf_keys(value) if isinstance(value, Mapping) else [key]
+    return keys
 
 
 def whole_batch_logs(model: keras.Model, logs: Any) -> Any:
