@@ -432,6 +432,9 @@ def test_a_users_file_is_never_replaced_and_partitioners_own_are(tmp_path: Path)
         assert (tmp_path / name).read_text() == text
     saved = plan.save(tmp_path / "plan.json")
     assert written_by_partitioner(saved) and plan.save(saved) == saved
+    doubled = saved.read_text().replace("{\n", '{\n  "model": "MY NOTES",\n', 1)
+    (tmp_path / "doubled.json").write_text(doubled)  # a key given twice: a value outside the
+    assert not written_by_partitioner(tmp_path / "doubled.json")  # digest (34ad a)
     edited = saved.read_text().replace('"batch_size": 8', '"batch_size": 16')
     saved.write_text(edited)  # edited since: the user's now
     assert not written_by_partitioner(saved)
@@ -544,3 +547,12 @@ def test_a_running_maximum_metric_in_place_is_the_whole_batchs() -> None:
             [fitted["max_abs_err"][-1], model.evaluate(x, y, batch_size=32, verbose=0)[1]]
         )
     np.testing.assert_allclose(results[1], results[0], rtol=1e-5)
+
+
+def test_a_strategy_in_a_message_is_spelled_as_the_command_line_takes_it() -> None:
+    """34aa c: the command line said ``--strategy data_parallel`` to a user who typed
+    ``--strategy data-parallel``, in the batch-size refusal's advice."""
+    from partitioner.cli.main import cli_message
+
+    said = cli_message("the replica counts strategy='data_parallel' can use: strategy='auto'")
+    assert said == "the replica counts --strategy data-parallel can use: --strategy auto"

@@ -178,6 +178,8 @@ def _as_flag(match: re.Match[str], flags: Mapping[str, str]) -> str:
     value = _flag_value(raw)
     if value is None:
         return template.replace(" {}", "").replace("{}", "")
+    if match["name"] == "strategy":  # the command line's own spelling: data-parallel
+        value = value.replace("_", "-")
     return template.format(value)
 
 

@@ -32,7 +32,7 @@ import sysconfig
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from partitioner.core.errors import OutputError, PartitionError, UsageError
 from partitioner.core.jsonfiles import json_digest
@@ -445,11 +445,19 @@ def written_by_partitioner(path: str | os.PathLike[str]) -> bool:
     if found is not None:
         digest = hashlib.sha256((head + newline).encode()).hexdigest()
         return bool(newline) and digest == found.group(1)
-    try:
-        data = json.loads(text)
+    try:  # a key given twice hides a value from the digest (campaign 34ad): the user's
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("digest") == json_digest(data)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's keys, ValueError if one is given twice."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        raise ValueError("a key given twice")
+    return data
 
 
 def check_replaceable(target: Path, shown: str) -> None:
