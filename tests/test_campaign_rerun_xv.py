@@ -556,3 +556,95 @@ def test_a_strategy_in_a_message_is_spelled_as_the_command_line_takes_it() -> No
 
     said = cli_message("the replica counts strategy='data_parallel' can use: strategy='auto'")
     assert said == "the replica counts --strategy data-parallel can use: --strategy auto"
+
+
+class OwnLossLogs(keras.Model):
+    """A step reporting its own batch's loss under the name of Keras's loss tracker."""
+
+    def train_step(self, data: Any) -> Any:
+        x, y = data[0], data[1]
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x, y, y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        logs = self.compute_metrics(x, y, y_pred)
+        logs["loss"] = loss  # this batch's, not the tracker's
+        return logs
+
+
+def test_a_value_the_step_computes_under_a_metrics_name_is_kept() -> None:
+    """34ad b (D1): the step's own batch loss, returned under the loss tracker's name, was
+    replaced by the tracker's state (0.0 for 1.26 from ``train_on_batch``): only values
+    computed from the metrics' state are read across the replicas."""
+    rows = np.random.default_rng(0)
+    x = rows.normal(size=(32, 6)).astype("float32")
+    y = rows.normal(size=(32, 3)).astype("float32")
+    results = []
+    for replicate in (False, True):
+        model = _regression(OwnLossLogs)
+        if replicate:
+            replicate_in_place(model, DEVICES)
+        results.append(_metric_logs(model, x, y) + _batch_logs(model, x, y))
+    for want, got in zip(*results, strict=True):
+        assert set(got) == set(want)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
+
+
+class VaeLogs(keras.Model):
+    """keras.io's VAE's logs: a tracker named ``total_loss`` logged as ``loss``; ``fit(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode, self.decode = keras.layers.Dense(4, activation="relu"), keras.layers.Dense(6)
+        self.total_loss_tracker = keras.metrics.Mean(name="total_loss")
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.total_loss_tracker]
+
+    def call(self, x: Any) -> Any:
+        return self.decode(self.encode(x))
+
+    def train_step(self, data: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.ops.sum(keras.ops.square(data - self(data)), axis=1))
+        grads = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        self.total_loss_tracker.update_state(loss)
+        return {"loss": self.total_loss_tracker.result()}
+
+
+def _vae() -> keras.Model:
+    keras.utils.set_random_seed(1)
+    model = VaeLogs()
+    model(np.zeros((1, 6), "float32"))
+    return model
+
+
+def test_a_trackers_result_logged_under_another_name_is_the_whole_batchs() -> None:
+    """34ad c (D1): keras.io's VAE logs its ``total_loss`` tracker as ``loss``; the replicas
+    read it at different moments and Keras averaged the reads (12.38 for 12.69). A value read
+    from one metric's variables alone is that metric's result, read across the replicas."""
+    x = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    histories = []
+    for replicate in (False, True):
+        model = _vae()
+        if replicate:
+            replicate_in_place(model, DEVICES)
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+        histories.append(model.fit(x, batch_size=8, epochs=2, verbose=0, shuffle=False).history)
+    np.testing.assert_allclose(histories[1]["loss"], histories[0]["loss"], rtol=1e-5)
+
+
+def test_fit_without_labels_and_a_compiled_loss_is_one_line() -> None:
+    """34ad c (D2): ``fit(x)`` of a model compiled with ``loss=`` (its own step ignores it)
+    failed in Keras's build of the replicated model with "None values not supported"."""
+    model = _vae()
+    replicate_in_place(model, DEVICES)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.zeros((8, 6), "float32")
+    with pytest.raises(PartitionError, match="compile it without loss= and metrics=") as raised:
+        model.fit(x, batch_size=8, verbose=0)
+    assert "\n" not in str(raised.value)

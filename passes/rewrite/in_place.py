@@ -66,7 +66,7 @@ import tensorflow as tf
 from keras.src import tree
 from keras.src.backend import get_keras_mask, set_keras_mask
 
-from partitioner.core.errors import RewriteError
+from partitioner.core.errors import RewriteError, UsageError
 from passes.checks import in_place_reason
 from passes.rewrite.device_placement import build_keeping_state, received_on, sample_batch
 from passes.rewrite.replicate import (
@@ -78,7 +78,6 @@ from passes.rewrite.replicate import (
     reduce_then_clip,
     split_train_on_batch,
     unequal_first_batch,
-    whole_batch_logs,
     whole_batch_results,
 )
 from passes.trace import placement_units
@@ -350,10 +349,10 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
             return fit(x, y, *args, **kwargs)
 
     def symbolic_build(*args: Any, **kwargs: Any) -> Any:
-        with unequal_first_batch(replicas):
+        with unequal_first_batch(replicas), _labels_needed(model):
             built = build(*args, **kwargs)
-        _mirror(model, model.distribute_strategy)  # the compiled metrics it tracks now: a
-        return built  # metric made outside the scope was one variable all replicas raced on
+        _mirror(model, model.distribute_strategy)  # optimizers the build made
+        return built
 
     def train_on_batch(x: Any, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         return split_train_on_batch(model, replicas, x, y, *args, **kwargs)
@@ -362,11 +361,7 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
         rows = int(np.shape(tree.flatten(x)[0])[0])
         return model.predict(x, batch_size=rows, verbose=0)
 
-    def metrics_or_logs(logs: Any) -> Any:
-        return whole_batch_logs(model, logs)
-
     for name, made in (
-        ("_get_metrics_result_or_logs", metrics_or_logs),
         ("train_step", train_step),
         ("test_step", test_step),
         ("fit", fit_shares),
@@ -375,6 +370,25 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
         ("predict_on_batch", predict_on_batch),
     ):
         object.__setattr__(model, name, made)
+
+
+@contextlib.contextmanager
+def _labels_needed(model: keras.Model) -> Iterator[None]:
+    """Keras's build of a replicated model from its first batch fails on a batch without labels
+    (``fit(x)``, keras.io's VAE) with "None values not supported"; one device never builds so
+    and trains (the model's own step ignores a compiled loss): one line naming what to change
+    (campaign 34ad)."""
+    try:
+        yield
+    except ValueError as exc:
+        if "None values not supported" not in str(exc):
+            raise
+        raise UsageError(
+            f"model {model.name!r} is given batches without labels (fit(x)) under data "
+            "parallelism in place, and Keras builds its compiled loss and metrics from the "
+            "first batch's labels: compile it without loss= and metrics= (its own train_step "
+            "computes its loss), or give the labels"
+        ) from None
 
 
 def _check_not_placed(model: keras.Model) -> None:

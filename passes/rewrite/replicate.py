@@ -127,7 +127,6 @@ __all__ = [
     "replicate_pipeline",
     "split_train_on_batch",
     "unequal_first_batch",
-    "whole_batch_logs",
     "whole_batch_results",
 ]
 
@@ -296,10 +295,6 @@ class ReplicatedModel(keras.Model):
         with unequal_first_batch(self.num_replicas):
             return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
-    def _get_metrics_result_or_logs(self, logs: Any) -> Any:
-        """An epoch's logs read from the metrics across the replicas (:func:`whole_batch_logs`)."""
-        return whole_batch_logs(self, logs)
-
     def train_on_batch(
         self,
         x: Any,
@@ -366,6 +361,7 @@ def split_train_on_batch(
     ``strategy.experimental_distribute_values_from_function``."""
     from keras.src import tree
     from keras.src.trainers.data_adapters import data_adapter_utils
+    from keras.src.utils.python_utils import pythonify_logs
 
     model._assert_compile_called("train_on_batch")
     if class_weight is not None:
@@ -392,51 +388,110 @@ def split_train_on_batch(
     model.make_train_function()
     model.reset_metrics()
     with batch_errors():
-        logs = whole_batch_logs(model, model.train_function(iter([distributed])))
+        logs = pythonify_logs(model.train_function(iter([distributed])))
     return logs if return_dict else model._flatten_metrics_in_order(logs)
 
 
 def whole_batch_results(model: keras.Model, logs: Any) -> Any:
-    """In a replica's step: the ``logs`` it returned, when they are the model's metrics'
-    results by name, read from the metrics across the replicas (a merge, which every replica
-    reaches), so that each batch's logs (callbacks', the progress bar's) are the whole batch's:
-    Keras averaged the replicas' own results (an AUC 0.27 for 0.47, campaign 34ac). Other
-    logs are returned as they are; so are logs outside a replica."""
-    from keras.src import tree
-
+    """In a replica's step: each value of the ``logs`` it returned that is a metric's result,
+    read from that metric across the replicas (a merge, which every replica reaches), so that
+    each batch's logs (callbacks', the progress bar's, ``train_on_batch``'s, and an epoch's,
+    which Keras takes from the last step's) are the whole batch's: Keras averaged the replicas'
+    own results (an RMSE or an AUC is no mean of its shares' values: 0.27 for 0.47, campaigns
+    34ab, 34ac). A metric's result is a value computed from state alone
+    (:func:`_state_read`) under the metric's name, or from one metric's variables alone under
+    any name (keras.io's VAE logs its ``total_loss`` tracker as ``loss``, campaign 34ad). A
+    value the step computed from its batch is kept, as one device keeps it; so are logs
+    outside a replica."""
     context = tf.distribute.get_replica_context()
     if not isinstance(logs, dict) or context is None or tf.distribute.in_cross_replica_context():
         return logs
-    if set(_leaf_keys(logs)) != set(_leaf_keys(model.get_metrics_result())):
+    owners = _variable_owners(model)
+    names = set(_flat(model.get_metrics_result()))
+    chosen: dict[str, Any] = {}
+    for key, value in _flat(logs).items():
+        read = _state_read(value)
+        metrics = {owners.get(handle) for handle in read or ()}
+        if read is not None and key in names:
+            chosen[key] = key
+        elif read and len(metrics) == 1 and None not in metrics:
+            chosen[key] = metrics.pop()
+    if not chosen:
         return logs
-    read = context.merge_call(
-        lambda strategy: tree.map_structure(tf.identity, model.get_metrics_result())
-    )
+    return _with_leaves(logs, context.merge_call(lambda _: _results_of(model, chosen)))
+
+
+def _variable_owners(model: keras.Model) -> dict[str, Any]:
+    """The metric of each variable of ``model``'s metrics, by the name of the handle this graph
+    reads it through (its capture in the step's graph)."""
+    graph = tf.compat.v1.get_default_graph()
+    captured = {id(outer): inner for outer, inner in getattr(graph, "captures", ())}
+    owners: dict[str, Any] = {}
+    for metric in model.metrics:
+        for variable in getattr(metric, "variables", ()):
+            value = getattr(variable, "value", variable)
+            for part in getattr(value, "values", None) or (value,):
+                handle = getattr(part, "handle", None)
+                inner = captured.get(id(handle))
+                if inner is not None:
+                    owners[inner.name] = metric
+    return owners
+
+
+def _results_of(model: keras.Model, chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """Across the replicas: the metrics' results by name, and the chosen metrics' own."""
+    by_name = _flat(model.get_metrics_result())
+    read = {}
+    for key, source in chosen.items():
+        result = by_name[source] if isinstance(source, str) else source.result()
+        read[key] = tf.identity(result)
     return read
 
 
-def _leaf_keys(logs: Mapping[str, Any]) -> list[str]:
-    """The keys of ``logs`` flattened as Keras's logs are (a nested dict's own keys)."""
-    keys: list[str] = []
+def _flat(logs: Mapping[str, Any]) -> dict[str, Any]:
+    """``logs`` flattened as Keras's logs are (a nested dict's own keys)."""
+    flat: dict[str, Any] = {}
     for key, value in logs.items():
-        keys += _leaf_keys(value) if isinstance(value, Mapping) else [key]
-    return keys
+        flat.update(_flat(value) if isinstance(value, Mapping) else {key: value})
+    return flat
 
 
-def whole_batch_logs(model: keras.Model, logs: Any) -> Any:
-    """A replicated step's ``logs`` (flattened) as the model's metrics give them for the whole
-    batch, read across the replicas, when they are the metrics' results by name: Keras averages
-    what each replica returned, each its share's ``result()`` (an RMSE, an R2 score, a
-    precision is no mean of its shares' values: ``train_on_batch``, and ``fit``'s history for a
-    step returning ``{m.name: m.result() for m in self.metrics}``, differed from one device's,
-    campaign 34ab). Other logs are returned as they are."""
-    from keras.src.utils.python_utils import pythonify_logs
+def _with_leaves(logs: Mapping[str, Any], leaves: Mapping[str, Any]) -> dict[str, Any]:
+    """``logs`` with the values of ``leaves`` in place of those of their keys, nesting kept."""
+    return {
+        key: _with_leaves(value, leaves) if isinstance(value, Mapping) else leaves.get(key, value)
+        for key, value in logs.items()
+    }
 
-    flat = pythonify_logs(logs) if isinstance(logs, dict) else logs
-    if not isinstance(flat, dict):
-        return flat
-    metrics = pythonify_logs(model.get_metrics_result())
-    return metrics if set(metrics) == set(flat) else flat
+
+_DATA_SOURCES = ("Placeholder", "IteratorGetNext", "OptionalGetValue", "MultiDeviceIterator")
+"""Ops a step's batch comes from (its arguments, the dataset's iterator)."""
+
+
+def _state_read(value: Any, limit: int = 5000) -> list[str] | None:
+    """The resource handles (by name) the graph tensor ``value`` reads variables through, when it
+    is computed from variables and constants alone (a metric's ``result()``), not from the
+    step's batch: its inputs, followed back to each ``ReadVariableOp`` or constant, never reach
+    a source of data (:data:`_DATA_SOURCES`) or another op without inputs. None otherwise (an
+    eager value, a graph past ``limit`` ops)."""
+    op = getattr(value, "op", None)
+    if op is None or not hasattr(op, "inputs"):
+        return None
+    seen: set[str] = set()
+    handles: list[str] = []
+    stack = [op]
+    while stack:
+        op = stack.pop()
+        if op.name in seen or op.type == "Const":
+            continue
+        seen.add(op.name)
+        if op.type == "ReadVariableOp":
+            handles.append(op.inputs[0].name)
+            continue
+        if len(seen) > limit or not op.inputs or op.type.startswith(_DATA_SOURCES):
+            return None
+        stack += [t.op for t in op.inputs]
+    return handles
 
 
 def reduce_then_clip(optimizer: Any, scale: float = 1.0) -> None:
