@@ -648,3 +648,105 @@ def test_fit_without_labels_and_a_compiled_loss_is_one_line() -> None:
     with pytest.raises(PartitionError, match="compile it without loss= and metrics=") as raised:
         model.fit(x, batch_size=8, verbose=0)
     assert "\n" not in str(raised.value)
+
+
+class DerivedLogs(keras.Model):
+    """A step logging metric results transformed, combined, and under another metric's name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.total = keras.metrics.Mean(name="total_loss")
+        self.top = keras.metrics.Mean(name="top")
+        self.auc = keras.metrics.AUC(name="auc")
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.total, self.top, self.auc]
+
+    def train_step(self, data: Any) -> Any:
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            p = self(x, training=True)
+            loss = keras.ops.mean(keras.losses.binary_crossentropy(y, p))
+        grads = tape.gradient(loss, self.trainable_variables)
+        penalty = keras.ops.sum(keras.ops.square(self.trainable_weights[0]))
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.total.update_state(loss)
+        self.top.update_state(p)
+        self.auc.update_state(y, p)
+        return {
+            "loss": self.total.result(),  # a tracker under another name: whole batch
+            "auc": self.top.result(),  # another metric's result under a metric's name
+            "total_loss": self.total.result() + penalty,  # a metric and the weights
+            "error": 1 - self.auc.result(),  # derived: averaged as tf.distribute does
+        }
+
+
+def test_only_a_metrics_own_result_is_read_across_the_replicas() -> None:
+    """34ae b (D1, D2): a logged ``total + penalty``, ``1 - auc``, or one tracker's result
+    under another metric's name was replaced by a metric's plain result (the 3.48 penalty
+    dropped, an error rate shown as the AUC). Only a value that is a metric's ``result()``
+    (the same ops on the same variables) is read across the replicas; the others are the
+    step's own values (a derived one averaged over the replicas, as tf.distribute does)."""
+    rows = np.random.default_rng(0)
+    x = rows.normal(size=(16, 5)).astype("float32")
+    y = (rows.random((16, 1)) > 0.5).astype("float32")
+    logs = []
+    for replicate in (False, True):
+        model = _classifier(DerivedLogs)
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+        if replicate:
+            replicate_in_place(model, DEVICES)
+        logs.append(model.train_on_batch(x, y, return_dict=True))
+    want, got = logs
+    for name in ("loss", "auc"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, err_msg=name)
+    penalty = want["total_loss"] - want["loss"]
+    assert penalty > 0.1 and got["total_loss"] - got["loss"] > 0.5 * penalty  # not dropped
+    assert got["error"] != pytest.approx(1 - want["error"], rel=1e-3)  # never the plain AUC
+
+
+class CountRows(keras.metrics.Sum):
+    """The rows seen."""
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+        return super().update_state(keras.ops.ones_like(y_pred[:, 0]))
+
+
+@pytest.mark.parametrize("how", ["in place", "copies"])
+def test_test_on_batch_of_replicas_counts_each_sample_once(how: str) -> None:
+    """34ae b (D4): ``test_on_batch`` gave every replica the whole batch: a count metric was
+    4 times the rows. It evaluates the batch in one step, a share per replica."""
+    rows = np.random.default_rng(0)
+    x = rows.normal(size=(16, 6)).astype("float32")
+    y = rows.normal(size=(16, 3)).astype("float32")
+    results = []
+    for replicate in (False, True):
+        model = _regression(keras.Model if how == "copies" else OwnStep)
+        if replicate and how == "copies":
+            plan = partitioner.partition(model, gpus=4, batch_size=16, strategy="data_parallel")
+            model = plan.apply(model, devices=DEVICES)
+        elif replicate:
+            replicate_in_place(model, DEVICES)
+        model.compile(optimizer="sgd", loss="mse", metrics=[CountRows(name="n"), "mae"])
+        results.append(model.test_on_batch(x, y, np.ones(16, "float32"), return_dict=True))
+    assert results[1]["n"] == results[0]["n"]
+    np.testing.assert_allclose(results[1]["mae"], results[0]["mae"], rtol=1e-5)
+
+
+def test_local_workers_keep_a_users_cluster_file_and_logs(tmp_path: Path) -> None:
+    """34ae a (D1): ``start_local_workers(n, DIR)`` replaced the user's ``DIR/cluster.json``
+    and removed their ``DIR/worker0.log``. Refused in one line before any worker starts."""
+    from partitioner.cli.worker import start_local_workers
+
+    theirs = '{"worker": ["10.0.0.5:2222"], "note": "my real cluster"}\n'
+    (tmp_path / "cluster.json").write_text(theirs)
+    with pytest.raises(PartitionError, match="is not a cluster file start_local_workers wrote"):
+        start_local_workers(1, tmp_path, timeout_s=5)
+    assert (tmp_path / "cluster.json").read_text() == theirs
+    (tmp_path / "cluster.json").unlink()
+    (tmp_path / "worker0.log").write_text("my notes\n")
+    with pytest.raises(PartitionError, match="is not a log partitioner wrote"):
+        start_local_workers(1, tmp_path, timeout_s=5)
+    assert (tmp_path / "worker0.log").read_text() == "my notes\n"
+    assert not (tmp_path / "cluster.json").exists()

@@ -97,7 +97,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import hold_native_lines, import_quietly
 from partitioner.core.errors import PartitionError, UsageError
-from partitioner.core.files import check_links_followed, file_kind, write_atomic
+from partitioner.core.files import (
+    UnreadableInput,
+    check_links_followed,
+    file_kind,
+    read_regular_text,
+    write_atomic,
+)
 from passes.cluster.loopback import (
     EarlyTie,
     close_foreign_connections,
@@ -113,6 +119,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "LOG_HEADER",
     "LocalWorkers",
     "check_bind",
     "free_ports",
@@ -692,10 +699,65 @@ def _new_log(path: Path) -> BinaryIO:
             f"cannot write the worker log {path}: it is {file_kind(mode)}; give a directory "
             "without it"
         )
+    if mode is not None and stat.S_ISREG(mode) and not _own_log(path):
+        raise UsageError(
+            f"the worker log {path} exists and is not a log partitioner wrote (its first line "
+            f"{LOG_HEADER.strip()!r}); refusing to remove it (it may be your file): give a "
+            "directory without it"
+        )
     if mode is not None:
         path.unlink()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    return os.fdopen(os.open(path, flags, 0o666), "wb")
+    log = os.fdopen(os.open(path, flags, 0o666), "wb")
+    log.write(LOG_HEADER.encode())
+    log.flush()
+    return log
+
+
+LOG_HEADER = "# partition worker log, written by partitioner\n"
+"""The first line of every worker log :func:`start_local_workers` writes: a later call removes
+only such a file (a user's ``worker0.log`` there was deleted, campaign 34ae)."""
+
+
+def _own_log(path: Path) -> bool:
+    """Whether the regular file ``path`` is empty or starts with :data:`LOG_HEADER`."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(LOG_HEADER))
+    except OSError:
+        return False
+    return head in (b"", LOG_HEADER.encode())
+
+
+def _check_own_files(cluster_file: Path, num_tasks: int) -> None:
+    """The cluster file and the logs :func:`start_local_workers` writes are new or its own:
+    refused before any worker starts, not after the first."""
+    _check_own_cluster_file(cluster_file)
+    for task in range(num_tasks):
+        log = cluster_file.parent / f"worker{task}.log"
+        if log.is_file() and not log.is_symlink() and not _own_log(log):
+            _new_log(log)  # raises the one line
+
+
+def _check_own_cluster_file(path: Path) -> None:
+    """``path`` is new, empty, or a cluster file :func:`start_local_workers` wrote (one job
+    ``worker`` of 127.0.0.1 addresses): a user's ``cluster.json`` there was replaced
+    (campaign 34ae). UsageError otherwise."""
+    if not os.path.lexists(path) or (path.is_file() and path.stat().st_size == 0):
+        return
+    try:
+        data = json.loads(read_regular_text(path, 1 << 20))
+        own = list(data) == ["worker"] and all(
+            isinstance(a, str) and a.startswith("127.0.0.1:") for a in data["worker"]
+        )
+    except (UnreadableInput, ValueError, TypeError, AttributeError):
+        own = False
+    if not own:
+        raise UsageError(
+            f"{path} exists and is not a cluster file start_local_workers wrote (one job "
+            "'worker' on 127.0.0.1); refusing to replace it (it may be your cluster): give a "
+            "directory without it"
+        )
 
 
 def start_local_workers(
@@ -719,6 +781,7 @@ def start_local_workers(
     directory.mkdir(parents=True, exist_ok=True)
     addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks))
     cluster_file = directory / "cluster.json"
+    _check_own_files(cluster_file, num_tasks)
     write_atomic(cluster_file, json.dumps({"worker": list(addresses)}), follow_symlinks=False)
     workers = LocalWorkers(cluster_file, addresses)
     child_env = dict(os.environ if env is None else env)

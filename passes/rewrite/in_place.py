@@ -77,6 +77,7 @@ from passes.rewrite.replicate import (
     equal_shares,
     reduce_then_clip,
     split_train_on_batch,
+    test_as_one_batch,
     unequal_first_batch,
     whole_batch_results,
 )
@@ -357,6 +358,11 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
     def train_on_batch(x: Any, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         return split_train_on_batch(model, replicas, x, y, *args, **kwargs)
 
+    def test_on_batch(
+        x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False
+    ) -> Any:  # Keras's gave every replica the whole batch: each sample counted R times
+        return test_as_one_batch(model, x, y, sample_weight, return_dict)
+
     def predict_on_batch(x: Any) -> Any:  # Keras's gave every replica the whole batch: R x rows
         rows = int(np.shape(tree.flatten(x)[0])[0])
         return model.predict(x, batch_size=rows, verbose=0)
@@ -368,6 +374,7 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
         ("_maybe_symbolic_build", symbolic_build),
         ("train_on_batch", train_on_batch),
         ("predict_on_batch", predict_on_batch),
+        ("test_on_batch", test_on_batch),
     ):
         object.__setattr__(model, name, made)
 

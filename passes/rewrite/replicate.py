@@ -126,6 +126,7 @@ __all__ = [
     "replicate_model",
     "replicate_pipeline",
     "split_train_on_batch",
+    "test_as_one_batch",
     "unequal_first_batch",
     "whole_batch_results",
 ]
@@ -309,6 +310,13 @@ class ReplicatedModel(keras.Model):
             self, self.num_replicas, x, y, sample_weight, class_weight, return_dict
         )
 
+    def test_on_batch(
+        self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False
+    ) -> Any:
+        """``evaluate`` of ``x`` as one batch, a share per replica: Keras's gives every replica
+        the whole batch, counting each sample ``R`` times (campaign 34ae)."""
+        return test_as_one_batch(self, x, y, sample_weight, return_dict)
+
     def predict_on_batch(self, x: Any) -> Any:
         """``predict`` of ``x`` as one batch, a share per replica: Keras's gives every replica
         the whole batch and returns ``R`` times the rows (campaign 34z)."""
@@ -392,33 +400,77 @@ def split_train_on_batch(
     return logs if return_dict else model._flatten_metrics_in_order(logs)
 
 
+def test_as_one_batch(
+    model: keras.Model, x: Any, y: Any, sample_weight: Any, return_dict: bool
+) -> Any:
+    """``test_on_batch`` of a replicated model: ``evaluate`` of the batch in one step, which
+    gives each replica its share and returns what ``test_on_batch`` returns."""
+    rows = int(np.shape(_first_leaf(x))[0])
+    return model.evaluate(
+        x, y, sample_weight=sample_weight, batch_size=rows, verbose=0, return_dict=return_dict
+    )
+
+
 def whole_batch_results(model: keras.Model, logs: Any) -> Any:
-    """In a replica's step: each value of the ``logs`` it returned that is a metric's result,
-    read from that metric across the replicas (a merge, which every replica reaches), so that
-    each batch's logs (callbacks', the progress bar's, ``train_on_batch``'s, and an epoch's,
-    which Keras takes from the last step's) are the whole batch's: Keras averaged the replicas'
-    own results (an RMSE or an AUC is no mean of its shares' values: 0.27 for 0.47, campaigns
-    34ab, 34ac). A metric's result is a value computed from state alone
-    (:func:`_state_read`) under the metric's name, or from one metric's variables alone under
-    any name (keras.io's VAE logs its ``total_loss`` tracker as ``loss``, campaign 34ad). A
-    value the step computed from its batch is kept, as one device keeps it; so are logs
+    """In a replica's step: each value of the ``logs`` it returned that *is* a metric's result
+    (the same ops on the same variables as the metric's ``result()``, :func:`_signature`, under
+    any key) read from that metric across the replicas (a merge, which every replica reaches),
+    so that each batch's logs (callbacks', the progress bar's, ``train_on_batch``'s, and an
+    epoch's, which Keras takes from the last step's) are the whole batch's: Keras averaged the
+    replicas' own results (an RMSE or an AUC is no mean of its shares' values: 0.27 for 0.47,
+    campaigns 34ab, 34ac; keras.io's VAE logs its ``total_loss`` tracker as ``loss``, 34ad).
+    Any other value (the step's own batch loss, ``1 - accuracy``, a sum of two metrics) is
+    kept, and averaged over the replicas as tf.distribute does (campaign 34ae); so are logs
     outside a replica."""
     context = tf.distribute.get_replica_context()
     if not isinstance(logs, dict) or context is None or tf.distribute.in_cross_replica_context():
         return logs
     owners = _variable_owners(model)
-    names = set(_flat(model.get_metrics_result()))
+    by_name = _flat(model.get_metrics_result())
     chosen: dict[str, Any] = {}
     for key, value in _flat(logs).items():
         read = _state_read(value)
-        metrics = {owners.get(handle) for handle in read or ()}
-        if read is not None and key in names:
-            chosen[key] = key
-        elif read and len(metrics) == 1 and None not in metrics:
-            chosen[key] = metrics.pop()
+        if not read:
+            continue
+        metrics = {owners.get(handle) for handle in read}
+        candidates: list[tuple[Any, Any]] = []
+        metric: Any = next(iter(metrics)) if len(metrics) == 1 else None
+        if metric is not None:
+            candidates.append((metric, metric.result()))
+        if key in by_name:
+            candidates.append((key, by_name[key]))
+        mine = _signature(value)
+        for source, result in candidates:
+            if not isinstance(result, dict) and _signature(result) == mine:
+                chosen[key] = source
+                break
     if not chosen:
         return logs
     return _with_leaves(logs, context.merge_call(lambda _: _results_of(model, chosen)))
+
+
+def _signature(value: Any, limit: int = 5000) -> Any:
+    """The ops that compute the graph tensor ``value`` from variables and constants, as a
+    nested tuple: a variable read by the handle it reads, a constant by its value."""
+    memo: dict[tuple[str, int], Any] = {}
+
+    def of(tensor: Any) -> Any:
+        op, key = tensor.op, (tensor.op.name, tensor.value_index)
+        if key not in memo:
+            if len(memo) > limit:
+                raise RecursionError("too many ops")
+            if op.type == "ReadVariableOp":
+                memo[key] = ("read", op.inputs[0].name)
+            elif op.type == "Const":
+                memo[key] = ("const", op.get_attr("value").SerializeToString())
+            else:
+                memo[key] = (op.type, tensor.value_index, tuple(of(t) for t in op.inputs))
+        return memo[key]
+
+    try:
+        return of(value)
+    except (RecursionError, AttributeError, ValueError):
+        return object()  # equal to nothing
 
 
 def _variable_owners(model: keras.Model) -> dict[str, Any]:
