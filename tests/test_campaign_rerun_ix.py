@@ -254,7 +254,7 @@ def test_a_worker_log_never_empties_a_hard_linked_file_nor_waits_on_a_fifo(
     """Campaign 34j a (L1a, L1b): ``start_local_workers`` truncated a hard link at
     ``DIR/worker0.log`` (the user's file it shares emptied and overwritten) and waited for ever
     to open a FIFO there. The log is a new file; a FIFO is one line."""
-    from partitioner.cli.worker import _new_log
+    from partitioner.cli.worker import LOG_HEADER, _new_log
     from partitioner.core.errors import UsageError
 
     victim = tmp_path / "victim.txt"
@@ -263,7 +263,8 @@ def test_a_worker_log_never_empties_a_hard_linked_file_nor_waits_on_a_fifo(
     os.link(victim, log)
     with _new_log(log) as f:
         f.write(b"partition worker ready\n")
-    assert victim.read_text() == "user data\n" and log.read_bytes() == b"partition worker ready\n"
+    assert victim.read_text() == "user data\n"
+    assert log.read_bytes() == LOG_HEADER.encode() + b"partition worker ready\n"
     fifo = tmp_path / "worker1.log"
     os.mkfifo(fifo)
     with pytest.raises(UsageError) as info:

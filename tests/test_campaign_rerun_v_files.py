@@ -173,7 +173,7 @@ def test_local_workers_cluster_file_is_never_written_through_a_link(tmp_path: Pa
 
 def test_local_worker_logs_are_never_written_through_a_link(tmp_path: Path) -> None:
     """The same for each worker's log (``worker<i>.log``, opened by ``_new_log``)."""
-    from partitioner.cli.worker import _new_log
+    from partitioner.cli.worker import LOG_HEADER, _new_log
 
     work = tmp_path / "work"
     work.mkdir()
@@ -183,7 +183,7 @@ def test_local_worker_logs_are_never_written_through_a_link(tmp_path: Path) -> N
         out.write(b"log line\n")
     assert log_victim.read_text() == VICTIM
     assert not (work / "worker0.log").is_symlink()
-    assert (work / "worker0.log").read_bytes() == b"log line\n"
+    assert (work / "worker0.log").read_bytes() == LOG_HEADER.encode() + b"log line\n"
 
 
 # -- D3: outputs resolved before the model's code runs ---------------------------------------------

@@ -649,13 +649,13 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
                 raise UsageError(
                     f"{out.option} {shown} is {what}; refusing to overwrite it: give another path"
                 )
-        check_replaceable(Path(os.path.realpath(out.path)), f"{out.option} {shown}")
         if not out.existed and os.path.lexists(out.path):
             raise UsageError(
                 f"{out.option} {shown} did not exist when the run started, and something made it "
                 "while the run went on (the model's code, or another process); refusing to "
                 "overwrite it: give another path"
             )
+        check_replaceable(Path(os.path.realpath(out.path)), f"{out.option} {shown}")
         seen.append(out)
 
 

@@ -720,8 +720,11 @@ only such a file (a user's ``worker0.log`` there was deleted, campaign 34ae)."""
 
 
 def _own_log(path: Path) -> bool:
-    """Whether the regular file ``path`` is empty or starts with :data:`LOG_HEADER`."""
+    """Whether the regular file ``path`` may be removed: empty, starting with
+    :data:`LOG_HEADER`, or one of several hard links (its data stays under the others)."""
     try:
+        if os.lstat(path).st_nlink > 1:
+            return True
         with open(path, "rb") as file:
             head = file.read(len(LOG_HEADER))
     except OSError:
@@ -743,7 +746,9 @@ def _check_own_cluster_file(path: Path) -> None:
     """``path`` is new, empty, or a cluster file :func:`start_local_workers` wrote (one job
     ``worker`` of 127.0.0.1 addresses): a user's ``cluster.json`` there was replaced
     (campaign 34ae). UsageError otherwise."""
-    if not os.path.lexists(path) or (path.is_file() and path.stat().st_size == 0):
+    if not os.path.lexists(path) or path.is_symlink():
+        return  # new, or a link: the link itself is replaced, never what it leads to
+    if path.is_file() and path.stat().st_size == 0:
         return
     try:
         data = json.loads(read_regular_text(path, 1 << 20))
