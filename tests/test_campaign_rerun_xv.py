@@ -5,6 +5,7 @@ step opens named by ``--emit``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -750,3 +751,28 @@ def test_local_workers_keep_a_users_cluster_file_and_logs(tmp_path: Path) -> Non
         start_local_workers(1, tmp_path, timeout_s=5)
     assert (tmp_path / "worker0.log").read_text() == "my notes\n"
     assert not (tmp_path / "cluster.json").exists()
+
+
+ARGPARSE_MODEL = """
+import argparse
+import keras
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--units", type=int, default=4)
+args = parser.parse_args()
+
+
+def build_model():
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(args.units, name="d")])
+"""
+
+
+@pytest.mark.slow
+def test_a_model_file_parsing_its_arguments_at_import_sees_its_own(tmp_path: Path) -> None:
+    """34ae c (D1): a model file calling ``parse_args()`` at import read ``partition``'s own
+    command line and exited ("unrecognized arguments"), blamed on a ``sys.exit`` the user never
+    wrote. Its code sees ``sys.argv == [model file]``, as ``python model.py`` gives it."""
+    (tmp_path / "m.py").write_text(ARGPARSE_MODEL)
+    done = _run(tmp_path, tmp_path, *PLAN[:2], "m.py", *PLAN[2:], "--out", "p.json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "p.json").read_text())["batch_size"] == 8

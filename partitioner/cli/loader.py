@@ -351,12 +351,15 @@ def _model_directory_on_path(path: Path) -> Iterator[None]:
     """The model file's directory first on ``sys.path`` while its code runs (the import and the
     builder, which may import a sibling module itself), as ``python model.py`` has it; taken
     off again after, so a user's file named like a module (``types.py``) shadows nothing of the
-    run's own."""
+    run's own. ``sys.argv`` is ``[model file]`` meanwhile, as ``python model.py`` gives it: a
+    file parsing its arguments at import read ``partition``'s own (campaign 34ae)."""
     directory = str(path.resolve().parent)
     sys.path.insert(0, directory)
+    argv, sys.argv = sys.argv, [str(path)]
     try:
         yield
     finally:
+        sys.argv = argv
         if directory in sys.path:
             sys.path.remove(directory)
 
