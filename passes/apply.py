@@ -616,9 +616,32 @@ def apply_plan(
     # One sample per input, in ``model.inputs`` order; the rewrites call the model with its own
     # structure (a dict of inputs too).
     sample = [_sample_array(s) for s in specs]
+    _built_and_checked(plan, model, sample)
     if strategy is not None:
         return _replicated(plan, strategy, model, device_strings, sample, handle, step_timeout_s)
     return _one_replica(plan, model, device_strings, sample, handle, step_timeout_s)
+
+
+def _built_and_checked(plan: Plan, model: Any, sample: Sequence[Any]) -> None:
+    """A model whose weights are made only when it is built (a subclassed model never called)
+    built here on the sample batch, as every rewrite would build it, and its weight shapes
+    checked against the plan's fingerprint then: a plan for ``Net(16)`` applied to ``Net(256)``
+    passed, the unbuilt model having no shapes to compare (campaign 34ae). Keras's lock on new
+    state stays off, as for a model the trace built (its own ``compile`` may add some)."""
+    layers = model._flatten_layers()
+    if model.built and all(getattr(layer, "built", True) for layer in layers):
+        return
+    from passes.rewrite.device_placement import build_keeping_state, sample_batch
+
+    locked = bool(getattr(getattr(model, "_tracker", None), "locked", False))
+    try:
+        build_keeping_state(model, sample_batch(sample, model))
+    except Exception:  # a model that cannot be built so: the rewrites say why
+        return
+    finally:
+        if not locked and getattr(model, "_tracker", None) is not None:
+            model._tracker.unlock()
+    _check_fingerprint(plan, model)
 
 
 def _check_here(in_place: str, handle: Any) -> None:

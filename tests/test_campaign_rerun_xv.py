@@ -776,3 +776,35 @@ def test_a_model_file_parsing_its_arguments_at_import_sees_its_own(tmp_path: Pat
     done = _run(tmp_path, tmp_path, *PLAN[:2], "m.py", *PLAN[2:], "--out", "p.json")
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "p.json").read_text())["batch_size"] == 8
+
+
+class WideNet(keras.Model):
+    """keras.io-style: layers in a list and a dict, a custom layer without get_config; its
+    ``build`` (Keras's default) makes no weights: only a call does."""
+
+    def __init__(self, units: int) -> None:
+        super().__init__(name="net")
+        self.stack = [keras.layers.Dense(units, name=f"d{i}") for i in range(2)]
+        self.head = {"o": keras.layers.Dense(1, name="o")}
+
+    def call(self, x: Any) -> Any:
+        for layer in self.stack:
+            x = layer(x)
+        return self.head["o"](x)
+
+
+def test_a_plan_is_checked_against_weights_the_apply_itself_builds() -> None:
+    """34ae c (D2): a plan for ``Net(16)`` applied to ``Net(256)`` built only by ``apply``
+    (``model.build`` made no weights) passed the fingerprint: nothing to compare yet. The
+    model is built on the sample batch first, then checked; the model it was made for
+    applies."""
+    planned = WideNet(16)
+    planned.build((None, 8))
+    plan = partitioner.partition(planned, gpus=2, batch_size=8, strategy="placed", input_shape=(8,))
+    wider = WideNet(256)
+    wider.build((None, 8))
+    with pytest.raises(PartitionError, match=r"layer 'd0' has weights of shapes \[\(8, 256\)"):
+        plan.apply(wider, devices=DEVICES[:2])
+    same = WideNet(16)
+    same.build((None, 8))
+    assert plan.apply(same, devices=DEVICES[:2]) is not None
