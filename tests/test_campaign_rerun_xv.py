@@ -808,3 +808,55 @@ def test_a_plan_is_checked_against_weights_the_apply_itself_builds() -> None:
     same = WideNet(16)
     same.build((None, 8))
     assert plan.apply(same, devices=DEVICES[:2]) is not None
+
+
+def test_a_deeply_nested_users_json_is_not_partitioners(tmp_path: Path) -> None:
+    """34af a (D2): a user's JSON nested 600 deep passed ``json.loads`` and overflowed the
+    stack in the digest: "internal error: RecursionError" instead of the refusal."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a":' + "[" * 600 + "]" * 600 + "}")
+    assert not written_by_partitioner(deep)
+
+
+WRITES_WHILE_EMITTED = """
+import os
+import traceback
+import keras
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Scale(keras.layers.Layer):
+    def __init__(self, factor=2.0, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x):
+        return x * self.factor
+
+    def get_config(self):
+        if any("codegen" in frame.filename for frame in traceback.extract_stack()):
+            with open(os.path.join(HERE, "journal.txt"), "a") as f:
+                f.write("a record\\n")
+        return {**super().get_config(), "factor": self.factor}
+
+
+def build_model():
+    inputs = keras.Input((16,))
+    hidden = Scale(name="s")(keras.layers.Dense(32, name="d1")(inputs))
+    return keras.Model(inputs, keras.layers.Dense(4, name="d2")(hidden))
+"""
+
+
+@pytest.mark.slow
+def test_an_output_the_models_code_writes_while_the_program_is_made_is_kept(
+    tmp_path: Path,
+) -> None:
+    """34af a (D1): a ``get_config`` run while the program was made wrote ``journal.txt``,
+    the ``--emit`` path, after the last check; the program replaced it, exit 0. Every output
+    is checked again right before the write."""
+    (tmp_path / "m.py").write_text(WRITES_WHILE_EMITTED)
+    done = _run(tmp_path, tmp_path, *PLAN[:2], "m.py", *PLAN[2:], "--emit", "journal.txt")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "did not exist when the run started" in done.stderr
+    assert (tmp_path / "journal.txt").read_text().startswith("a record\n")

@@ -649,14 +649,21 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
                 raise UsageError(
                     f"{out.option} {shown} is {what}; refusing to overwrite it: give another path"
                 )
-        if not out.existed and os.path.lexists(out.path):
-            raise UsageError(
-                f"{out.option} {shown} did not exist when the run started, and something made it "
-                "while the run went on (the model's code, or another process); refusing to "
-                "overwrite it: give another path"
-            )
-        check_replaceable(Path(os.path.realpath(out.path)), f"{out.option} {shown}")
+        _check_still_ours(out, shown)
         seen.append(out)
+
+
+def _check_still_ours(out: _Output, shown: str) -> None:
+    """Right before the write: ``out`` is still new, or still a file partitioner wrote (the
+    model's code run while rendering, a ``get_config``, may have made or edited it since the
+    checks: replaced, campaign 34af)."""
+    if not out.existed and os.path.lexists(out.path):
+        raise UsageError(
+            f"{out.option} {shown} did not exist when the run started, and something made it "
+            "while the run went on (the model's code, or another process); refusing to "
+            "overwrite it: give another path"
+        )
+    check_replaceable(Path(os.path.realpath(out.path)), f"{out.option} {shown}")
 
 
 def _check_outside_own_files(paths: _Paths, out: _Output, shown: str) -> None:
@@ -1942,7 +1949,9 @@ def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Pl
             )  # fmt: skip
             files.append((output.path, marked(source, "#")))  # a later run may replace it
     for output in paths.outputs:  # rendering may have run the model's code (a get_config)
-        _check_still_resolved(output.path, output.option, paths.shown(output.given, output.path))
+        shown = paths.shown(output.given, output.path)
+        _check_still_resolved(output.path, output.option, shown)
+        _check_still_ours(output, shown)
     if files:
         # Resolved paths: a link appearing at one now is replaced itself, never written through.
         write_all_atomic(files, follow_symlinks=False)

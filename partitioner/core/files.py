@@ -447,9 +447,9 @@ def written_by_partitioner(path: str | os.PathLike[str]) -> bool:
         return bool(newline) and digest == found.group(1)
     try:  # a key given twice hides a value from the digest (campaign 34ad): the user's
         data = json.loads(text, object_pairs_hook=_unique_keys)
-    except (ValueError, RecursionError):
+        return isinstance(data, dict) and data.get("digest") == json_digest(data)
+    except (ValueError, RecursionError):  # deep nesting: json_digest recurses too (34af)
         return False
-    return isinstance(data, dict) and data.get("digest") == json_digest(data)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
