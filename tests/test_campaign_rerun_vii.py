@@ -103,7 +103,7 @@ def test_a_file_read_relative_to_a_directory_descriptor_is_not_replaced(
     proc = run_cli(
         ["m.py", "--gpus", "2", "--no-strategies", "--out", "dep/settings.txt"], tmp_path
     )
-    one_line_error(proc, "--out dep/settings.txt is the file dep/settings.txt that the model")
+    one_line_error(proc, "--out dep/settings.txt exists and is not a file partitioner wrote")
     assert snapshot(tmp_path) == before
 
 
@@ -118,7 +118,7 @@ def test_a_file_read_through_a_link_is_protected_where_it_was_read(tmp_path: Pat
         "from tiny import build_model\n"
     )
     proc = run_cli(["m.py", "--gpus", "2", "--no-strategies", "--out", "dirA/x.txt"], tmp_path)
-    one_line_error(proc, "--out dirA/x.txt is the file dirA/x.txt that the model's code read")
+    one_line_error(proc, "--out dirA/x.txt exists and is not a file partitioner wrote")
     assert (tmp_path / "dirA" / "x.txt").read_text() == "A data\n"
 
 
@@ -441,7 +441,7 @@ def test_a_file_read_through_a_path_object_or_a_forked_child_is_not_replaced(
     write_tree(tmp_path, {"m.py": read + TINY, "dep/settings.txt": "lr = 0.1\n"})
     before = snapshot(tmp_path)
     proc = run_cli(["m.py", "--gpus", "2", "--out", "dep/settings.txt"], tmp_path)
-    one_line_error(proc, "--out dep/settings.txt is the file dep/settings.txt that the model")
+    one_line_error(proc, "--out dep/settings.txt exists and is not a file partitioner wrote")
     assert snapshot(tmp_path) == before
 
 
@@ -825,7 +825,12 @@ def test_a_file_read_stays_protected_under_another_name(
     A3, C5). A read records the file's identity (device, inode) too."""
     write_tree(tmp_path, {"m.py": "import os\n" + moves + TINY, "settings.txt": "lr = 0.1\n"})
     proc = run_cli(["m.py", "--gpus", "2", "--out", out], tmp_path)
-    one_line_error(proc, f"--out {out} is the file the model's code read as {named}")
+    said = (  # there at the start: not partitioner's (row 234); made by the model: read as
+        f"--out {out} exists and is not a file partitioner wrote"
+        if out == "settings.txt"
+        else f"--out {out} is the file the model's code read as {named}"
+    )
+    one_line_error(proc, said)
     assert (tmp_path / out).read_text() == "lr = 0.1\n"
 
 

@@ -14,9 +14,14 @@ import pytest
 
 import partitioner
 from partitioner.core.errors import UsageError
+from partitioner.core.files import marked
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST = REPO / "examples" / "mnist_mlp.py"
+
+
+OLD = marked("old\n", "#")
+"""An earlier output partitioner wrote: a run replaces it, a failed run keeps it."""
 
 
 def _partition(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
@@ -164,7 +169,7 @@ def test_a_model_ignoring_sigterm_is_still_stopped_by_it(tmp_path: Path) -> None
         "    time.sleep(30)\n"
         "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, name='d')])\n"
     )
-    (tmp_path / "plan.json").write_text("old")
+    (tmp_path / "plan.json").write_text(OLD)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PARTITIONER_CACHE_DIR": str(tmp_path / "c")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "partitioner", "slow.py", "--gpus", "2", "--out", "plan.json"],
@@ -176,7 +181,7 @@ def test_a_model_ignoring_sigterm_is_still_stopped_by_it(tmp_path: Path) -> None
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "interrupted" in err, (proc.returncode, err)
-    assert (tmp_path / "plan.json").read_text() == "old"
+    assert (tmp_path / "plan.json").read_text() == OLD
 
 
 def test_an_empty_sequential_is_said_to_have_no_layers() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from partitioner.cli.main import cli_message
+from partitioner.core.files import marked
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST = REPO / "examples" / "mnist_mlp.py"
@@ -67,7 +68,7 @@ class GoodRun:
 def good_run(tmp_path_factory: pytest.TempPathFactory) -> GoodRun:
     """``partition examples/mnist_mlp.py --gpus 2 --out plan.json`` over an existing file."""
     out = tmp_path_factory.mktemp("good") / "plan.json"
-    out.write_text("sentinel: not a plan\n")
+    out.write_text(marked("sentinel: not a plan\n", "#"))  # one partitioner wrote (row 234)
     proc = run_cli([MNIST.relative_to(REPO), "--gpus", "2", "--out", out])
     return GoodRun(proc=proc, out=out)
 
@@ -293,7 +294,7 @@ BAD_CASES: dict[str, tuple[list[str], list[str]]] = {
     "strategy-pipeline-one-layer": (
         ["{d}/unknown_dim.py", "--input-shape", "5,8", "--gpus", "3", "--strategy", "pipeline",
          "--out", "{d}/plan.json"],
-        ["--strategy pipeline", "1 layer", "--strategy data_parallel"],
+        ["--strategy pipeline", "1 layer", "--strategy data-parallel"],
     ),
     "layer-name-not-a-tf-scope": (
         ["{d}/badname.py", "--gpus", "2", "--out", "{d}/plan.json"],

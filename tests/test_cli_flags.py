@@ -38,7 +38,7 @@ def test_flags_cover_every_api_option() -> None:
         ("(device_type=, gpus=)", "(--device-type, --gpus)"),
         ("solver='auto' instead", "--solver auto instead"),
         ("strategy='auto' needs compare_strategies=True", "--strategy auto needs --strategies"),
-        ("strategy='data_parallel' does not fit", "--strategy data_parallel does not fit"),
+        ("strategy='data_parallel' does not fit", "--strategy data-parallel does not fit"),
         ("unchanged: --out x.json, random_seed=3, a.gpus=2", "unchanged: --out x.json, random_seed=3, a.gpus=2"),
     ],
 )  # fmt: skip
