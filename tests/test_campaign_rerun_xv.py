@@ -6,6 +6,7 @@ step opens named by ``--emit``."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -530,6 +531,14 @@ def test_each_batchs_logs_of_replicas_are_the_whole_batchs(how: str) -> None:
             np.testing.assert_allclose(other[name], value, rtol=1e-5, err_msg=name)
 
 
+def _unplaced_then_replicated(make: Any) -> Iterator[keras.Model]:
+    """``make()`` as it is, then ``make()`` replicated in place on :data:`DEVICES`."""
+    yield make()
+    model = make()
+    replicate_in_place(model, DEVICES)
+    yield model
+
+
 def test_a_running_maximum_metric_in_place_is_the_whole_batchs() -> None:
     """34ac c (D1): in place, the maximum's variable was mirrored and read as the sum of the
     four replicas' maxima (66.0 for 50.6); it keeps one variable, as in the copies."""
@@ -538,10 +547,7 @@ def test_a_running_maximum_metric_in_place_is_the_whole_batchs() -> None:
     x[:8] *= 10
     y = rows.normal(size=(32, 1)).astype("float32")
     results = []
-    for replicate in (False, True):
-        model = _classifier(OwnStep)
-        if replicate:
-            replicate_in_place(model, DEVICES)
+    for model in _unplaced_then_replicated(lambda: _classifier(OwnStep)):
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=[MaxAbsError()])
         fitted = model.fit(x, y, batch_size=32, verbose=0, shuffle=False).history
         results.append(
@@ -582,10 +588,7 @@ def test_a_value_the_step_computes_under_a_metrics_name_is_kept() -> None:
     x = rows.normal(size=(32, 6)).astype("float32")
     y = rows.normal(size=(32, 3)).astype("float32")
     results = []
-    for replicate in (False, True):
-        model = _regression(OwnLossLogs)
-        if replicate:
-            replicate_in_place(model, DEVICES)
+    for model in _unplaced_then_replicated(lambda: _regression(OwnLossLogs)):
         results.append(_metric_logs(model, x, y) + _batch_logs(model, x, y))
     for want, got in zip(*results, strict=True):
         assert set(got) == set(want)
