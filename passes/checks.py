@@ -111,6 +111,7 @@ def check_rebuildable(model: Any) -> None:
             for u in placement_units(model)
             if isinstance(u.operation, keras.Layer)
         ]
+        targets[:0] = _nested_subclassed(model)
     else:
         targets = [(getattr(model, "name", "model"), model)]
     for name, layer in targets:
@@ -122,6 +123,26 @@ def check_rebuildable(model: Any) -> None:
                 f"which copying it onto a device needs ({type(exc).__name__}: {one_line(exc)}); "
                 f"{_rebuild_advice(layer)}, or plan a model without it"
             ) from None
+
+
+def _nested_subclassed(model: Any) -> list[tuple[str, Any]]:
+    """The outermost subclassed models nested in the graph model ``model`` (through nested
+    Functional and Sequential models): copying rebuilds each of them whole from its config."""
+    from passes.rewrite.device_placement import _is_graph_model
+
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    stack = [model]
+    while stack:
+        for layer in stack.pop().layers:
+            if id(layer) in seen or not isinstance(layer, keras.Model):
+                continue
+            seen.add(id(layer))
+            if _is_graph_model(layer):
+                stack.append(layer)
+            else:
+                found.append((layer.name, layer))
+    return found
 
 
 def _rebuild_advice(layer: Any) -> str:
