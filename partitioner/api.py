@@ -1525,7 +1525,9 @@ def _advice(
     advice: list[str] = []
     if n > 1 and pipeline is not None:
         fits_one = total <= limit and Family.DATA_PARALLEL not in (*refused, *scored)
-        advice += _pipeline_advice(evaluation, single_s, pipeline, fits_one=fits_one)
+        advice += _pipeline_advice(
+            evaluation, single_s, pipeline, fits_one=fits_one, batch=costed.graph.batch_size
+        )
     elif n > 1 and total <= limit:
         fits = (
             f"The model fits one {costed.topology.devices[0].device_type} "
@@ -1557,9 +1559,15 @@ def _over_memory(over: Sequence[DeviceLoad]) -> tuple[str, ...]:
 
 
 def _pipeline_advice(
-    evaluation: PlanEvaluation, single_s: float | None, pipeline: PipelineInfo, *, fits_one: bool
+    evaluation: PlanEvaluation,
+    single_s: float | None,
+    pipeline: PipelineInfo,
+    *,
+    fits_one: bool,
+    batch: int,
 ) -> list[str]:
-    """A pipelined plan against one device, data parallelism, and its bubbles."""
+    """A pipelined plan against one device, data parallelism, and its bubbles (more
+    micro-batches only where a larger count divides the ``batch``)."""
     advice = []
     m = pipeline.num_microbatches
     if single_s is not None:
@@ -1576,10 +1584,15 @@ def _pipeline_advice(
             "(tf.distribute.MirroredStrategy) needs no split and is worth comparing."
         )
     if max(pipeline.bubble_fraction, default=0.0) > 0.3:
-        advice.append(
-            f"Bubbles reach {max(pipeline.bubble_fraction):.0%} of the step on some device; "
-            f"more micro-batches (--microbatches, now {m}) shrink them."
-        )
+        head = f"Bubbles reach {max(pipeline.bubble_fraction):.0%} of the step on some device; "
+        if any(batch % more == 0 for more in range(m + 1, batch + 1)):
+            advice.append(f"{head}more micro-batches (--microbatches, now {m}) shrink them.")
+        else:
+            rows = f"{batch // m} row" + ("s" if batch // m > 1 else "")
+            advice.append(
+                f"{head}no more micro-batches divide the batch of {batch} ({m} micro-batches of "
+                f"{rows}): a larger batch (--batch-size) or fewer stages shrink them."
+            )
     return advice
 
 

@@ -57,3 +57,24 @@ def test_a_nested_subclassed_model_without_config_is_placed_in_place() -> None:
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
     for got, want in zip(placed.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_pipeline_advice_asks_for_more_micro_batches_only_where_they_divide_the_batch() -> None:
+    """34ag b (D2): a batch of 7 over 3 stages ran as 7 micro-batches of 1, and the advice
+    asked for more micro-batches, which the batch refuses. It names the batch instead; a batch
+    with a larger divisor still gets the advice."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((32,))
+    hidden = inputs
+    for _ in range(3):
+        hidden = keras.layers.Dense(64, activation="relu")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(4)(hidden))
+
+    def bubbles(batch: int, microbatches: int) -> str:
+        plan = partitioner.partition(
+            model, gpus=3, batch_size=batch, pipeline=True, num_microbatches=microbatches
+        )
+        return next(a for a in plan.advice if a.startswith("Bubbles reach"))
+
+    assert "no more micro-batches divide the batch of 7 (7 micro-batches of 1 row)" in bubbles(7, 7)
+    assert "more micro-batches (--microbatches, now 2) shrink them" in bubbles(8, 2)
