@@ -39,6 +39,18 @@ def _check_own_packages() -> None:
                 f"(the working directory or the program's folder): rename that {name!r}, or "
                 "run from another directory"
             )
+    for name in _NEEDED_PACKAGES:  # a file named like one (an emitted numpy.py) hides it
+        spec = importlib.util.find_spec(name) if name not in sys.modules else None
+        if spec is not None and spec.origin and spec.submodule_search_locations is None:
+            raise ImportError(
+                f"the package {name!r} that partitioner needs is hidden by {spec.origin}, found "
+                "first on sys.path (the working directory or the program's folder): rename that "
+                "file, or run from another directory"
+            )
+
+
+_NEEDED_PACKAGES = ("keras", "networkx", "numpy", "rich", "tensorflow")
+"""Packages partitioner imports: a file of one's name earlier on ``sys.path`` hides it."""
 
 
 try:

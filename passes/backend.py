@@ -11,6 +11,7 @@ imports Keras only inside that function, so it can report an import that fails.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 
 from partitioner.core.errors import UsageError
@@ -25,10 +26,31 @@ def check_keras_backend() -> None:
     try:
         import keras
     except ImportError as exc:  # the chosen backend's package is not installed
+        hiding, first = _hiding_file(), (str(exc).splitlines() or [""])[0][:120]
+        if hiding is not None:  # an emitted or user file named like the package, first on the path
+            raise UsageError(
+                f"the file {hiding} hides the package of the same name that partitioner and the "
+                f"model import ({first}): rename or move it"
+            ) from None
         raise UsageError(_message(f"{exc}")) from None
+    if not hasattr(keras, "__path__"):  # a module named keras, not the package
+        raise UsageError(
+            f"the file {getattr(keras, '__file__', None) or 'keras'} hides the package keras that "
+            "partitioner and the model import: rename or move it"
+        )
     chosen = keras.backend.backend()
     if chosen != "tensorflow":
         raise UsageError(_message(f"Keras runs on {chosen!r}"))
+
+
+def _hiding_file() -> str | None:
+    """The file found first on the import path for Keras, NumPy or TensorFlow when it is no
+    package (a ``keras.py`` in the model's directory); None if they are packages."""
+    for name in ("keras", "numpy", "tensorflow"):
+        spec = importlib.machinery.PathFinder.find_spec(name)
+        if spec is not None and spec.origin and spec.submodule_search_locations is None:
+            return spec.origin
+    return None
 
 
 def _message(detail: str) -> str:

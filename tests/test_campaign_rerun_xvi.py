@@ -3,13 +3,28 @@ model holding a subclassed model that cannot be rebuilt from its config."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
+import pytest
+import tensorflow as tf
 
 import partitioner
+from partitioner.core.errors import OutputError, PartitionError
+from partitioner.core.files import check_not_hiding_a_module, written_by_partitioner
 from passes.checks import in_place_reason
+from passes.rewrite.codegen import emit_plan_module, write_placed_module
+from passes.rewrite.in_place import replicate_in_place
+from tests.emitted import import_emitted
+from tests.test_campaign_rerun_xiv import REPO, OwnStep
 
 DEVICES = [f"/device:CPU:{i}" for i in range(4)]
 RNG = np.random.default_rng(0)
@@ -78,3 +93,222 @@ def test_pipeline_advice_asks_for_more_micro_batches_only_where_they_divide_the_
 
     assert "no more micro-batches divide the batch of 7 (7 micro-batches of 1 row)" in bubbles(7, 7)
     assert "more micro-batches (--microbatches, now 2) shrink them" in bubbles(8, 2)
+
+
+class StateLogged(keras.Model):
+    """A step logging a metric's result beside its own state variables (``count``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = keras.layers.Dense(8, activation="relu")
+        self.head = keras.layers.Dense(2)
+        self.tracker = keras.metrics.Mean(name="tracked")
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.hidden(x))
+
+    def train_step(self, data: Any) -> Any:
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((self(x, training=True) - y) ** 2)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result(), "count": self.tracker.count}
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.tracker]
+
+
+def _state_logged() -> keras.Model:
+    keras.utils.set_random_seed(1)
+    model = StateLogged()
+    model(X[:1])
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    return model
+
+
+def test_a_logged_metric_state_variable_of_replicas_is_named_not_exact(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """34ag b (D1): the step logged its tracker's ``count`` beside its result; under 4 replicas
+    in place every replica updates the tracker, so the count was 4 times one device's, without
+    a word. The result is still the whole batch's; the count is named NOT EXACT, once."""
+    reference, model = _state_logged(), _state_logged()
+    replicate_in_place(model, DEVICES)
+    with caplog.at_level(logging.WARNING, logger="passes.rewrite.replicate"):
+        logs = model.fit(X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False).history
+    expected = reference.fit(X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False).history
+    np.testing.assert_allclose(logs["loss"], expected["loss"], rtol=1e-5)
+    warned = [r.getMessage() for r in caplog.records if "NOT EXACT" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "'count'" in warned[0] and "each of the 4 replicas updates the metric" in warned[0]
+    assert "'loss'" not in warned[0]
+
+
+def test_an_interrupt_during_a_write_of_several_files_leaves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """34ag a (D1): a Ctrl-C (or a full disk) after the plan was staged and before the report
+    was left a hidden ``.plan.json.*.tmp``: the staged files were only removed when every one
+    had been staged. A signal is held until the files are as they were, then raised; a
+    failure on a later file removes the earlier ones' staged copies."""
+    import partitioner.core.files as files
+
+    (tmp_path / "old.json").write_text("kept")
+    staged = files._stage
+
+    def staged_then_interrupted(target: Path, text: str, private: bool = False) -> str:
+        tmp = staged(target, text, private)
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C between two files
+        return tmp
+
+    monkeypatch.setattr(files, "_stage", staged_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_all_atomic([(tmp_path / "old.json", "new"), (tmp_path / "r.html", "x")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
+    assert (tmp_path / "old.json").read_text() == "kept"
+    monkeypatch.setattr(files, "_stage", staged)
+    with pytest.raises(TypeError):  # the second file's text is no text
+        files.write_all_atomic([(tmp_path / "p.json", "{}\n"), (tmp_path / "r.html", None)])  # type: ignore[list-item]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
+
+
+def test_local_workers_replace_only_their_own_cluster_file(tmp_path: Path) -> None:
+    """34ag a (D2): a user's own loopback ``cluster.json`` (one job ``worker`` on 127.0.0.1,
+    the README's form) was taken for the one start_local_workers writes, by its content, and
+    replaced. Their file now carries a digest: a hand-written one is refused, theirs replaced."""
+    from partitioner.cli.worker import start_local_workers
+
+    theirs = '{"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}'
+    (tmp_path / "cluster.json").write_text(theirs)
+    with pytest.raises(PartitionError, match="is not a cluster file start_local_workers wrote"):
+        start_local_workers(0, tmp_path)
+    assert (tmp_path / "cluster.json").read_text() == theirs
+    (tmp_path / "cluster.json").unlink()
+    for _ in range(2):  # its own file, again
+        start_local_workers(0, tmp_path).stop()
+    assert written_by_partitioner(tmp_path / "cluster.json")
+    assert json.loads((tmp_path / "cluster.json").read_text())["cluster"] == {"worker": []}
+
+
+def test_an_output_named_like_a_module_python_imports_is_refused(tmp_path: Path) -> None:
+    """34ag a (D3): ``--emit keras.py`` was written, and every later run in that folder (the
+    model, the emitted program importing itself as keras, partitioner) failed; the error then
+    blamed Keras's backend setting. A ``.py`` output named like a module found elsewhere on the
+    path is refused; other names are written."""
+    for name in ("keras.py", "numpy.py", "colorsys.py", "sys.py"):
+        with pytest.raises(OutputError, match=f"is named like the module '{name[:-3]}'"):
+            check_not_hiding_a_module(str(tmp_path / name), f"--emit {name}")
+    for name in ("placed.py", "keras.json", "keras_plan.py", "plan.json"):
+        check_not_hiding_a_module(str(tmp_path / name), f"--emit {name}")
+
+
+@pytest.mark.parametrize("hidden", ["numpy", "keras"])
+def test_a_file_hiding_a_package_partitioner_needs_is_one_line(tmp_path: Path, hidden: str) -> None:
+    """34ag a (D3): a ``numpy.py`` in the working directory gave ``python -m partitioner`` a
+    30-line traceback, and a ``keras.py`` Keras's backend advice. Both name the file."""
+    (tmp_path / f"{hidden}.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "partitioner", "devices"], capture_output=True, text=True,
+        cwd=tmp_path, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"hidden by {tmp_path / hidden}.py" in done.stderr, done.stderr
+
+
+def test_a_string_model_data_parallel_in_place_trains_as_one_device() -> None:
+    """34ag c (D1): Keras builds a replicated model from the first batch averaged over the
+    replicas, and no mean takes strings: a ``StringLookup`` model with its own ``train_step``
+    planned data parallel failed its first ``fit`` with TensorFlow's ``AddN`` error. It is built
+    from the first replica's share, and trains as one device."""
+
+    def made() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        words = keras.Input((), dtype="string")
+        ids = keras.layers.StringLookup(vocabulary=["a", "b", "c"])(words)
+        logits = keras.layers.Dense(2)(keras.layers.Embedding(5, 4)(ids))
+        model = OwnStep(words, logits)
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(True))
+        return model
+
+    x, y = np.array(["a", "b", "c", "z"] * 2, dtype=object), np.array([0, 1, 0, 1] * 2)
+    reference, model = made(), made()
+    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="data_parallel")
+    assert plan.apply(model, devices=DEVICES[:2]) is model
+    got = model.fit(x, y, batch_size=8, verbose=0, shuffle=False).history["loss"]
+    want = reference.fit(x, y, batch_size=8, verbose=0, shuffle=False).history["loss"]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class NeedsTraining(keras.Model):
+    """keras.io's ``call(self, x, training)``: ``training`` required, Keras's fit passes it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.first = keras.layers.Dense(4)
+        self.second = keras.layers.Dense(2)
+
+    def call(self, x: Any, training: Any) -> Any:
+        return self.second(self.first(x))
+
+
+def test_a_call_requiring_training_is_rebuilt_and_emitted(tmp_path: Path) -> None:
+    """34ag c (D2): ``plan.apply`` and both emitted programs called the rebuilt model without
+    ``training``, which its ``call`` requires: a bare TypeError. They pass ``training=False``."""
+    source = tmp_path / "needs_training.py"
+    source.write_text(
+        "import keras\nfrom tests.test_campaign_rerun_xvi import NeedsTraining\n\n\n"
+        "def build_model():\n    model = NeedsTraining(name='needs')\n"
+        "    model(keras.ops.zeros((1, 6)), training=False)\n    return model\n"
+    )
+    model = NeedsTraining(name="needs")
+    model(X[:1], training=False)
+    for strategy in ("placed", "data_parallel"):
+        plan = partitioner.partition(model, gpus=2, batch_size=8, strategy=strategy)
+        applied = plan.apply(model, devices=DEVICES[:2])
+        assert applied(X, training=False).shape == (8, 2)
+        program = write_placed_module(
+            tmp_path / f"{strategy}_program.py",
+            emit_plan_module(model, plan, devices=DEVICES[:2], model_source=source),
+        )
+        module = import_emitted(program)
+        built = module.build_model() if strategy == "placed" else _in_scope(module)
+        assert built(X, training=False).shape == (8, 2)
+
+
+def _in_scope(module: Any) -> Any:
+    with module.make_strategy().scope():
+        return module.build_model()
+
+
+def test_the_emitted_in_place_program_refuses_another_model(tmp_path: Path) -> None:
+    """34ag c (D3): the in-place program's ``build_model(model)`` matched layers by position
+    and placed any model of as many layers (512-wide for a plan of 16). It checks each layer's
+    class and weight shapes against the plan's, by position."""
+    source = tmp_path / "own_step.py"
+    source.write_text(
+        "import keras\nfrom tests.test_campaign_rerun_xvi import own_step_model\n\n\n"
+        "def build_model():\n    return own_step_model(16)\n"
+    )
+    model = own_step_model(16)
+    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="placed")
+    text = emit_plan_module(model, plan, devices=DEVICES[:2], model_source=source)
+    module = import_emitted(write_placed_module(tmp_path / "placed_program.py", text))
+    assert module.build_model() is not None
+    with pytest.raises(ValueError, match=r"has weights of shapes \[\(6, 512\)"):
+        module.build_model(own_step_model(512))
+
+
+def own_step_model(width: int) -> keras.Model:
+    """A functional model of ``OwnStep`` (its own ``train_step``: placed in place)."""
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(width, activation="relu")(inputs)
+    model = OwnStep(inputs, keras.layers.Dense(2)(hidden))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model

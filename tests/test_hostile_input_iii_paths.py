@@ -269,23 +269,29 @@ def test_a_symlink_to_a_module_the_model_imports_is_refused(tmp_path: Path) -> N
 
 
 def test_outputs_beside_the_model_and_named_like_stdlib_modules_are_written(tmp_path: Path) -> None:
-    """``--out plan.json`` next to a model that imports its own module, and ``--emit colorsys.py``
-    for a model that imports the standard library's colorsys: neither is the model's module."""
+    """``--out plan.json`` next to a model that imports its own module, and ``--report
+    colorsys.html`` for a model that imports the standard library's colorsys: neither is the
+    model's module (a ``.py`` named like one, ``--emit colorsys.py``, would be imported in its
+    place: refused, campaign 34ag)."""
     files = {"model.py": "import colorsys  # noqa: F401\n" + USES_CUSTOM_LAYERS,
              "customlayers.py": CUSTOM_LAYERS}  # fmt: skip
     write_tree(tmp_path, files)
     proc = run_cli(
         ["model.py", "--gpus", "2", "--no-strategies", "--out", "plan.json",
-         "--emit", "colorsys.py"],
+         "--report", "colorsys.html", "--emit", "colorsys_placed.py"],
         cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "plan.json").read_text())["schema_version"] == 2
-    assert "tf.device" in (tmp_path / "colorsys.py").read_text()
+    assert "tf.device" in (tmp_path / "colorsys_placed.py").read_text()
+    assert "<html" in (tmp_path / "colorsys.html").read_text().lower()
     assert "Plan written to plan.json\n" in proc.stdout, proc.stdout
-    assert "written to colorsys.py\n" in proc.stdout, proc.stdout
+    assert "written to colorsys.html\n" in proc.stdout, proc.stdout
     for name, text in files.items():
         assert (tmp_path / name).read_text() == text
+    refused = run_cli(["model.py", "--gpus", "2", "--emit", "colorsys.py"], cwd=tmp_path)
+    assert refused.returncode == 2 and "named like the module 'colorsys'" in refused.stderr
+    assert not (tmp_path / "colorsys.py").exists()
 
 
 # -- the loader's list of the user's modules (in-process, no TensorFlow) ---------------------------

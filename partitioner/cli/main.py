@@ -49,6 +49,7 @@ from partitioner.core.errors import (
 )
 from partitioner.core.files import (
     check_links_followed,
+    check_not_hiding_a_module,
     check_output_path,
     check_replaceable,
     default_caches,
@@ -639,6 +640,7 @@ def _check_outputs(paths: _Paths, inputs: Sequence[tuple[str, Path | tuple[int, 
         shown = paths.shown(out.given, out.path)
         _check_out(out.path, out.option, shown)
         _check_outside_own_files(paths, out, shown)
+        check_not_hiding_a_module(out.path, f"{out.option} {shown}")
         for earlier in seen:
             if same_file(out.path, earlier.path):
                 raise UsageError(

@@ -98,12 +98,12 @@ from partitioner.cli.parsing import OneLineParser
 from partitioner.cli.quiet import hold_native_lines, import_quietly
 from partitioner.core.errors import PartitionError, UsageError
 from partitioner.core.files import (
-    UnreadableInput,
     check_links_followed,
     file_kind,
-    read_regular_text,
     write_atomic,
+    written_by_partitioner,
 )
+from partitioner.core.jsonfiles import json_digest
 from passes.cluster.loopback import (
     EarlyTie,
     close_foreign_connections,
@@ -743,26 +743,28 @@ def _check_own_files(cluster_file: Path, num_tasks: int) -> None:
 
 
 def _check_own_cluster_file(path: Path) -> None:
-    """``path`` is new, empty, or a cluster file :func:`start_local_workers` wrote (one job
-    ``worker`` of 127.0.0.1 addresses): a user's ``cluster.json`` there was replaced
-    (campaign 34ae). UsageError otherwise."""
+    """``path`` is new, empty, or a cluster file :func:`start_local_workers` wrote, unchanged
+    (:func:`_cluster_text`, its digest): a user's ``cluster.json`` there was replaced (campaign
+    34ae), and so was one a user wrote by hand for local workers (one job ``worker`` on
+    127.0.0.1, which a guess by content took for partitioner's, 34ag). UsageError otherwise."""
     if not os.path.lexists(path) or path.is_symlink():
         return  # new, or a link: the link itself is replaced, never what it leads to
     if path.is_file() and path.stat().st_size == 0:
         return
-    try:
-        data = json.loads(read_regular_text(path, 1 << 20))
-        own = list(data) == ["worker"] and all(
-            isinstance(a, str) and a.startswith("127.0.0.1:") for a in data["worker"]
-        )
-    except (UnreadableInput, ValueError, TypeError, AttributeError):
-        own = False
-    if not own:
+    if not written_by_partitioner(path):
         raise UsageError(
-            f"{path} exists and is not a cluster file start_local_workers wrote (one job "
-            "'worker' on 127.0.0.1); refusing to replace it (it may be your cluster): give a "
+            f"{path} exists and is not a cluster file start_local_workers wrote (unchanged, "
+            "with its digest); refusing to replace it (it may be your cluster): give a "
             "directory without it"
         )
+
+
+def _cluster_text(addresses: Sequence[str]) -> str:
+    """The cluster file of local workers at ``addresses``: TF_CONFIG's form, which
+    ``--cluster`` reads, with a ``digest`` of its data (ignored by the readers) that proves
+    partitioner wrote it (:func:`~partitioner.core.files.written_by_partitioner`)."""
+    data: dict[str, Any] = {"cluster": {"worker": list(addresses)}}
+    return json.dumps({**data, "digest": json_digest(data)}) + "\n"
 
 
 def start_local_workers(
@@ -787,7 +789,7 @@ def start_local_workers(
     addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks))
     cluster_file = directory / "cluster.json"
     _check_own_files(cluster_file, num_tasks)
-    write_atomic(cluster_file, json.dumps({"worker": list(addresses)}), follow_symlinks=False)
+    write_atomic(cluster_file, _cluster_text(addresses), follow_symlinks=False)
     workers = LocalWorkers(cluster_file, addresses)
     child_env = dict(os.environ if env is None else env)
     child_env.pop("TF_CONFIG", None)

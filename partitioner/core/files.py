@@ -17,20 +17,24 @@ file the product reads goes through it.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import os
 import re
 import secrets
 import shutil
+import signal
 import site
 import stat
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +50,7 @@ __all__ = [
     "OWN_PACKAGES",
     "UnreadableInput",
     "check_links_followed",
+    "check_not_hiding_a_module",
     "check_output_path",
     "check_outside_kept_files",
     "check_own_entry",
@@ -488,6 +493,31 @@ def check_replaceable(target: Path, shown: str) -> None:
     )
 
 
+def check_not_hiding_a_module(target: str, shown: str) -> None:
+    """A ``.py`` output ``target`` is named like no module Python finds elsewhere on its path
+    (Keras, NumPy, the standard library's ``colorsys``): a program is imported from its own
+    directory first, so the file would be imported in that module's place by the model beside
+    it, by the emitted program itself and by every later run there (``--emit keras.py`` made
+    them all fail, campaign 34ag). Raises :class:`OutputError` naming ``shown``."""
+    name, extension = os.path.splitext(os.path.basename(target))
+    if extension != ".py" or not name.isidentifier():
+        return
+    folder = os.path.dirname(os.path.realpath(target))
+    elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) != folder]
+    if name in sys.builtin_module_names:
+        where = "built into Python"
+    else:
+        spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
+        if spec is None:
+            return
+        where = f"from {spec.origin or next(iter(spec.submodule_search_locations or ()), '?')}"
+    raise OutputError(
+        f"{shown} is named like the module {name!r} that Python imports {where}; as {name}.py "
+        "it would be imported in that module's place (by the model beside it, by an emitted "
+        f"program itself, by every later run there): give another name, e.g. {name}_plan.py"
+    )
+
+
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     """Whether ``a`` and ``b`` name one file (through links, hard links, ``..``)."""
     try:
@@ -606,30 +636,64 @@ def write_all_atomic(
     private: bool = False,
 ) -> None:
     """Write each ``(path, text)``: every file whole, or, on any failure, none of them (files
-    already replaced get their old content back; new ones are removed). ``follow_symlinks``:
+    already replaced get their old content back; new ones are removed). A Ctrl-C or SIGTERM
+    arriving meanwhile is held until the files are as they were, then acted on (campaign
+    34ag: one landing between two files left a staged ``.plan.json.*.tmp``). ``follow_symlinks``:
     as :func:`check_output_path`; ``private``: as :func:`write_atomic`."""
     follow = follow_symlinks
     targets = [check_output_path(path, follow_symlinks=follow) for path, _ in files]
     staged: list[str] = []
     done: list[tuple[Path, str | None]] = []
+    with _interrupts_held() as arrived:
+        try:
+            for target, (_, text) in zip(targets, files):
+                staged.append(_stage(target, text, private))
+            for target, tmp in zip(targets, staged):
+                check_output_path(target, follow_symlinks=follow)
+                backup = _backup(target) if len(files) > 1 else None
+                done.append((target, backup))  # before the rename: undone whatever happens
+                try:
+                    os.replace(tmp, target)
+                except OSError as exc:
+                    raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
+            if arrived:
+                raise KeyboardInterrupt  # caught below: nothing kept; the signal acts on exit
+        except BaseException as exc:
+            _undo(done)
+            for tmp in staged:
+                Path(tmp).unlink(missing_ok=True)
+            if arrived and isinstance(exc, KeyboardInterrupt):
+                return  # the held signal is raised on leaving the block
+            raise
+        finally:
+            for _, backup in done:
+                if backup is not None:
+                    Path(backup).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM recorded (in the list yielded), not acted on, while the block runs;
+    then the first one is raised again under the handlers that were in place. Only in the main
+    thread with Python handlers installed (where Python runs its handlers); elsewhere a no-op."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    arrived: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield arrived
+        return
+    handlers = {s: signal.getsignal(s) for s in signals}
+    if any(h is None for h in handlers.values()):  # installed outside Python: left alone
+        yield arrived
+        return
+    for s in signals:
+        signal.signal(s, lambda signum, _frame: arrived.append(signum))
     try:
-        staged = [_stage(target, text, private) for target, (_, text) in zip(targets, files)]
-        for target, tmp in zip(targets, staged):
-            check_output_path(target, follow_symlinks=follow)
-            backup = _backup(target) if len(files) > 1 else None
-            try:
-                os.replace(tmp, target)
-            except OSError as exc:
-                raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
-            done.append((target, backup))
-    except BaseException:
-        _undo(done)
-        for tmp in staged:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-    for _, backup in done:
-        if backup is not None:
-            Path(backup).unlink(missing_ok=True)
+        yield arrived
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 class UnreadableInput(PartitionError):

@@ -1411,8 +1411,10 @@ def build_model() -> keras.Model:
     if type(model).build is keras.layers.Layer.build:
         # Keras's default first build traces call() symbolically and creates the variables later,
         # outside every device scope; running call() eagerly first builds each layer in its scope.
-        model.call(sample_batch())
-    model(sample_batch())
+        # training=False where call() takes it: a call(self, x, training) requires it.
+        takes = "training" in inspect.signature(model.call).parameters
+        model.call(sample_batch(), **({"training": False} if takes else {}))
+    model(sample_batch(), training=False)
     return model'''
 
 # The emitted copy of passes.rewrite.device_placement's received_on (the module runs without
@@ -1625,7 +1627,8 @@ def emit_placed_module(
         _subclassed_checks(model, emitter)
     loads_source = emitter.uses_source or not graph_model
     lines = _header(model, layer_devices, stages, graph_model)
-    lines += _import_lines(loads_source, imports, placed=True)
+    more = [] if graph_model else ["import inspect"]  # _SUBCLASSED_BUILD's
+    lines += _import_lines(loads_source, imports, more, placed=True)
     lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}", ""]
     if loads_source:
         lines += _source_lines(model, emitter)
@@ -1780,20 +1783,45 @@ def original_model() -> keras.Model:
 
 _IN_PLACE_PLACED = '''
 
+def check_layers(model: keras.Model) -> None:
+    """ValueError unless ``model``'s layers are, in order, of the classes and (where built) the
+    weight shapes of LAYER_SIGNATURES: the model the plan was made for."""
+    units = placement_units(model)
+    if len(units) != len(LAYER_DEVICES):
+        raise ValueError(
+            f"the model has {len(units)} layers but LAYER_DEVICES names {len(LAYER_DEVICES)}; "
+            "has MODEL_SOURCE changed? Re-plan the model"
+        )
+    for unit, planned in zip(units, LAYER_DEVICES):
+        kind, shapes = LAYER_SIGNATURES.get(planned, (None, None))
+        layer = unit.operation
+        if kind is not None and type(layer).__qualname__ != kind:
+            raise ValueError(
+                f"layer {unit.name!r} is a {type(layer).__qualname__}, where the plan's layer "
+                f"{planned!r} is a {kind}: this program was made for another model; re-plan it"
+            )
+        got = [tuple(int(d) for d in w.shape) for w in layer.weights]
+        if shapes is not None and getattr(layer, "built", True) and got != shapes:
+            raise ValueError(
+                f"layer {unit.name!r} has weights of shapes {got}, where the plan's layer "
+                f"{planned!r} has {shapes}: this program was made for another model; re-plan it"
+            )
+
+
 def build_model(model: keras.Model | None = None) -> keras.Model:
     """``model`` (by default original_model()) placed as the plan says, in place: each layer's
-    variables, forward ops and backward ops on its device of LAYER_DEVICES. Returns ``model``."""
+    variables, forward ops and backward ops on its device of LAYER_DEVICES, once its layers are
+    checked against the plan's (check_layers: before it is built, and after). Returns
+    ``model``."""
     model = original_model() if model is None else model
+    check_layers(model)
     names = [unit.name for unit in placement_units(model)]
-    if len(names) != len(LAYER_DEVICES):
-        raise ValueError(
-            f"the model has {len(names)} layers but LAYER_DEVICES names {len(LAYER_DEVICES)}; "
-            "has MODEL_SOURCE changed?"
-        )
     devices = dict(LAYER_DEVICES)
     if set(names) != set(devices):  # Keras names layers anew in every build: by position
         devices = dict(zip(names, LAYER_DEVICES.values()))
-    return place_in_place(model, devices, sample_inputs())
+    placed = place_in_place(model, devices, sample_inputs())
+    check_layers(placed)
+    return placed
 '''
 
 _IN_PLACE_REPLICATED = '''
@@ -1804,6 +1832,24 @@ def build_model(model: keras.Model | None = None) -> keras.Model:
     model = original_model() if model is None else model
     return replicate_in_place(model, REPLICA_DEVICES, sample_inputs())
 '''
+
+
+def _layer_signature_lines(plan: Plan, units: Sequence[Unit]) -> list[str]:
+    """``LAYER_SIGNATURES``: each layer's class and weight shapes from the plan's fingerprint
+    (a layer not built when planned: no shapes), which the in-place program's ``check_layers``
+    compares by position (a program for ``Net(16)`` placed any model of as many layers,
+    campaign 34ag)."""
+    fingerprint = plan.fingerprint
+    classes = dict(fingerprint.layer_classes) if fingerprint is not None else {}
+    weights = dict(fingerprint.layer_weights) if fingerprint is not None else {}
+    lines = ["# Each layer's class and weight shapes (None: not checked), as the plan was made."]
+    lines += ["LAYER_SIGNATURES: dict[str, tuple[str | None, list[tuple[int, ...]] | None]] = {"]
+    for unit in units:
+        kind = classes.get(unit.name)
+        shapes = weights.get(unit.name)
+        shown = None if shapes is None else [tuple(s) for s in shapes]
+        lines += [f"{INDENT}{_flat_literal(unit.name)}: ({_flat_literal(kind)}, {shown!r}),"]
+    return [*lines, "}", ""]
 
 
 def _in_place_header(model: Any, plan: Plan, why: str, replicated: bool) -> list[str]:
@@ -1897,6 +1943,7 @@ def _emit_in_place_module(
             for u in units
         ]
         lines += ["}", ""]
+        lines += _layer_signature_lines(plan, units)
     lines += _sample_lines(
         model,
         plan.input_shape,
@@ -1976,7 +2023,7 @@ def build_model() -> keras.Model:
     for part in MODEL_CLASS.split("."):
         model_class = getattr(model_class, part)
     model = model_class.from_config(MODEL_CONFIG)
-    model(sample_batch())
+    model(sample_batch(), training=False)
     return model'''
 
 _TRAIN = '''

@@ -203,7 +203,7 @@ def _rebuild_subclassed(
     for unit, source, device in zip(placement_units(copy), units, devices):
         _pin(unit.operation, device)
         carry_assets(unit.operation, source.operation, source.name, device)
-    copy(model_input(model, sample))
+    copy(model_input(model, sample), training=False)  # a call(self, x, training) requires it
     return copy
 
 
@@ -355,7 +355,7 @@ def build_keeping_state(copy: keras.Model, batch: Any) -> None:
     variables) back the values it had: a layer whose ``call`` updates its own variable (a step
     counter) would otherwise start one call ahead of the original (campaign 34r)."""
     state = [(v, v.numpy()) for v in copy.non_trainable_weights if not is_deferred(v)]
-    copy(batch)
+    copy(batch, training=False)  # a call(self, x, training) requires it
     for variable, value in state:
         variable.assign(value)
 

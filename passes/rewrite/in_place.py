@@ -350,7 +350,7 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
             return fit(x, y, *args, **kwargs)
 
     def symbolic_build(*args: Any, **kwargs: Any) -> Any:
-        with unequal_first_batch(replicas), _labels_needed(model):
+        with unequal_first_batch(replicas, model.distribute_strategy), _labels_needed(model):
             built = build(*args, **kwargs)
         _mirror(model, model.distribute_strategy)  # optimizers the build made
         return built

@@ -293,7 +293,7 @@ class ReplicatedModel(keras.Model):
     def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> Any:
         """Keras builds the model from the first batch averaged over the replicas, which fails
         on unequal shares before the step's own check could run: say so in one line."""
-        with unequal_first_batch(self.num_replicas):
+        with unequal_first_batch(self.num_replicas, self.distribute_strategy):
             return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def train_on_batch(
@@ -338,9 +338,23 @@ def equal_shares(data: Any, replicas: int) -> Any:
 
 
 @contextlib.contextmanager
-def unequal_first_batch(replicas: int) -> Iterator[None]:
-    """Keras's symbolic build of a replicated model averages the first batch over the replicas,
-    which fails on unequal shares before the step's own check could run: one line instead."""
+def unequal_first_batch(replicas: int, strategy: Any) -> Iterator[None]:
+    """Keras's symbolic build of a replicated model averages the first batch over the replicas
+    (``strategy.reduce``), which fails on unequal shares before the step's own check could run:
+    one line instead. A batch holding strings (which no mean takes: TensorFlow's ``AddN`` error
+    for a ``StringLookup`` model's first ``fit``, campaign 34ag) is built from the first
+    replica's share instead, of the shapes and dtypes the mean would have."""
+    from keras.src import tree
+
+    reduce = strategy.reduce
+
+    def first_share_of_strings(reduce_op: Any, value: Any, axis: Any = None) -> Any:
+        shares = tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], value)
+        if any(getattr(t, "dtype", None) == tf.string for t in tree.flatten(shares)):
+            return shares
+        return reduce(reduce_op, value, axis=axis)
+
+    strategy.reduce = first_share_of_strings
     try:
         yield
     except tf.errors.InvalidArgumentError as exc:
@@ -352,6 +366,8 @@ def unequal_first_batch(replicas: int) -> Iterator[None]:
             f"(shares of {' and '.join(shapes) or 'unequal'} rows): use a batch size (and a "
             f"dataset length) that is a multiple of {replicas}"
         ) from None
+    finally:
+        del strategy.reduce  # the class's own again
 
 
 def split_train_on_batch(
@@ -421,32 +437,73 @@ def whole_batch_results(model: keras.Model, logs: Any) -> Any:
     campaigns 34ab, 34ac; keras.io's VAE logs its ``total_loss`` tracker as ``loss``, 34ad).
     Any other value (the step's own batch loss, ``1 - accuracy``, a sum of two metrics) is
     kept, and averaged over the replicas as tf.distribute does (campaign 34ae); so are logs
-    outside a replica."""
+    outside a replica. A kept value that reads a metric's variables (its ``count`` itself,
+    ``count * 1.0``) is not one device's, as every replica updates the metric: a NOT EXACT
+    warning names it (campaign 34ag: a count 4 times one device's)."""
     context = tf.distribute.get_replica_context()
     if not isinstance(logs, dict) or context is None or tf.distribute.in_cross_replica_context():
         return logs
     owners = _variable_owners(model)
     by_name = _flat(model.get_metrics_result())
     chosen: dict[str, Any] = {}
+    state: list[str] = []
     for key, value in _flat(logs).items():
-        read = _state_read(value)
+        read = _state_read(_as_tensor(value))
         if not read:
             continue
-        metrics = {owners.get(handle) for handle in read}
-        candidates: list[tuple[Any, Any]] = []
-        metric: Any = next(iter(metrics)) if len(metrics) == 1 else None
-        if metric is not None:
-            candidates.append((metric, metric.result()))
-        if key in by_name:
-            candidates.append((key, by_name[key]))
-        mine = _signature(value)
-        for source, result in candidates:
-            if not isinstance(result, dict) and _signature(result) == mine:
-                chosen[key] = source
-                break
+        source = _metric_result_of(value, read, owners, by_name.get(key), key)
+        if source is not None:
+            chosen[key] = source
+        elif any(handle in owners for handle in read):
+            state.append(key)
+    _warn_state_logged(model, state)
     if not chosen:
         return logs
     return _with_leaves(logs, context.merge_call(lambda _: _results_of(model, chosen)))
+
+
+def _warn_state_logged(model: keras.Model, keys: Sequence[str]) -> None:
+    """The NOT EXACT warning for logged ``keys`` reading a metric's variables, once a model and
+    key (every replica's step traces the same logs)."""
+    warned: set[str] = vars(model).setdefault("_partitioner_state_logs_warned", set())
+    new = [key for key in keys if key not in warned]
+    if not new:
+        return
+    warned.update(new)
+    replicas = len(model.distribute_strategy.extended.worker_devices)  # in place: "1 in sync"
+    logger.warning(
+        "NOT EXACT: the step's logs %s read a metric's variables but are not its result(): "
+        "each of the %d replicas updates the metric, so they are not one device's (a count is "
+        "%d times one device's); log the metric's result() instead",
+        ", ".join(repr(k) for k in new), replicas, replicas,
+    )  # fmt: skip
+
+
+def _as_tensor(value: Any) -> Any:
+    """A logged variable (a metric's ``count`` itself) as a read of it in this graph; any other
+    value as it is."""
+    if isinstance(value, (keras.Variable, tf.Variable)):
+        return tf.identity(getattr(value, "value", value))
+    return value
+
+
+def _metric_result_of(
+    value: Any, read: Sequence[str], owners: Mapping[str, Any], named: Any, key: str
+) -> Any:
+    """The metric (or the name of the metric result ``named`` under ``key``) whose ``result()``
+    the logged ``value``, reading the variables ``read``, is; None if none is."""
+    metrics = {owners.get(handle) for handle in read}
+    candidates: list[tuple[Any, Any]] = []
+    metric: Any = next(iter(metrics)) if len(metrics) == 1 else None
+    if metric is not None:
+        candidates.append((metric, metric.result()))
+    if named is not None:
+        candidates.append((key, named))
+    mine = _signature(value)
+    for source, result in candidates:
+        if not isinstance(result, dict) and _signature(result) == mine:
+            return source
+    return None
 
 
 def _signature(value: Any, limit: int = 5000) -> Any:
@@ -607,7 +664,7 @@ def _copy_in_scope(model: keras.Model, sample_inputs: Sequence[Any]) -> keras.Mo
         else:
             copy = model.__class__.from_config(model.get_config())
         carry_assets(copy, model, model.name)  # a lookup's vocabulary, before the first call
-        copy(sample_batch(sample_inputs, model))
+        copy(sample_batch(sample_inputs, model), training=False)
     except RewriteError:
         raise
     except Exception as exc:
