@@ -51,7 +51,7 @@ TOL = 1e-5
 COMPUTE_OPS = frozenset({"MatMul", "BatchMatMulV2", "Conv2D", "DepthwiseConv2dNative"})
 # What an emitted module may import: nothing of partitioner, so it runs on its own.
 ALLOWED_IMPORTS = frozenset(
-    {"__future__", "os", "sys", "functools", "importlib.machinery", "importlib.util", "typing",
+    {"__future__", "os", "sys", "functools", "importlib.machinery", "importlib.util", "inspect", "typing",
      "keras", "numpy",
      "tensorflow", "keras.src.ops.numpy", "keras.src.backend"}
 )
