@@ -386,7 +386,8 @@ def check_applyable(model: Any, plan: Plan) -> None:
         if u.name in labels
     }
     try:
-        order = [stage.device for stage in _split(model, by_unit).stages]
+        prefer = [f"device {d}" for d in expected or ()]
+        order = [stage.device for stage in _split(model, by_unit, prefer).stages]
     except RewriteError as exc:
         raise RewriteError(f"the plan cannot be pipelined: {one_line(exc, 400)}") from None
     if expected is not None and order != [f"device {d}" for d in expected]:

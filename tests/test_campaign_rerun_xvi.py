@@ -147,13 +147,23 @@ def test_a_logged_metric_state_variable_of_replicas_is_named_not_exact(
     assert "'loss'" not in warned[0]
 
 
+class _Hangup(Exception):
+    """What this test's SIGHUP handler raises (its default would end the test process)."""
+
+
+def _hangup(signum: int, frame: object) -> None:
+    raise _Hangup
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
 def test_an_interrupt_during_a_write_of_several_files_leaves_none(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
 ) -> None:
     """34ag a (D1): a Ctrl-C (or a full disk) after the plan was staged and before the report
     was left a hidden ``.plan.json.*.tmp``: the staged files were only removed when every one
-    had been staged. A signal is held until the files are as they were, then raised; a
-    failure on a later file removes the earlier ones' staged copies."""
+    had been staged; 34ah a (D2): a SIGHUP (a closed terminal) was not held at all. A signal is
+    held until the files are as they were, then raised; a failure on a later file removes the
+    earlier ones' staged copies."""
     import partitioner.core.files as files
 
     (tmp_path / "old.json").write_text("kept")
@@ -161,12 +171,16 @@ def test_an_interrupt_during_a_write_of_several_files_leaves_none(
 
     def staged_then_interrupted(target: Path, text: str, private: bool = False) -> str:
         tmp = staged(target, text, private)
-        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C between two files
+        os.kill(os.getpid(), signum)  # as Ctrl-C, or a hang-up, between two files
         return tmp
 
     monkeypatch.setattr(files, "_stage", staged_then_interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        files.write_all_atomic([(tmp_path / "old.json", "new"), (tmp_path / "r.html", "x")])
+    before = signal.signal(signal.SIGHUP, _hangup)
+    try:
+        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else _Hangup):
+            files.write_all_atomic([(tmp_path / "old.json", "new"), (tmp_path / "r.html", "x")])
+    finally:
+        signal.signal(signal.SIGHUP, before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
     assert (tmp_path / "old.json").read_text() == "kept"
     monkeypatch.setattr(files, "_stage", staged)
@@ -203,6 +217,9 @@ def test_an_output_named_like_a_module_python_imports_is_refused(tmp_path: Path)
             check_not_hiding_a_module(str(tmp_path / name), f"--emit {name}")
     for name in ("placed.py", "keras.json", "keras_plan.py", "plan.json"):
         check_not_hiding_a_module(str(tmp_path / name), f"--emit {name}")
+    (tmp_path / "mylib").mkdir()  # 34ah a (D1): a namespace package the model imports from
+    with pytest.raises(OutputError, match=r"from the directory .*mylib beside it"):
+        check_not_hiding_a_module(str(tmp_path / "mylib.py"), "--emit mylib.py")
 
 
 @pytest.mark.parametrize("hidden", ["numpy", "keras"])
@@ -312,3 +329,106 @@ def own_step_model(width: int) -> keras.Model:
     model = OwnStep(inputs, keras.layers.Dense(2)(hidden))
     model.compile(keras.optimizers.SGD(0.1), "mse")
     return model
+
+
+def test_the_data_parallel_copy_compiles_with_keras_positional_arguments() -> None:
+    """34ah b (D3): ``compile("sgd", "mse")`` on the data-parallel copy was a TypeError
+    (``takes from 1 to 2 positional arguments``), where Keras and the other rewrites take it."""
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(8)(inputs)))
+    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="data_parallel")
+    copy = plan.apply(model, devices=DEVICES[:2])
+    copy.compile(keras.optimizers.SGD(0.1), "mse", None, ["mae"])
+    logs = copy.fit(X, Y, batch_size=8, epochs=1, verbose=0).history
+    assert set(logs) == {"loss", "mae"}
+    with pytest.raises(TypeError, match="multiple values for argument 'loss'"):
+        copy.compile("sgd", "mse", loss="mae")
+
+
+def _two_heads() -> keras.Model:
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((6,), name="x")
+    trunk = keras.layers.Dense(16, activation="relu", name="d1")(inputs)
+    deeper = keras.layers.Dense(16, activation="relu", name="d2")(trunk)
+    heads = {
+        "cls": keras.layers.Dense(1, name="cls")(deeper),
+        "reg": keras.layers.Dense(2, name="reg")(trunk),
+    }
+    model = keras.Model(inputs, heads, name="two_heads")
+    model.compile(keras.optimizers.SGD(0.1), {"cls": "mse", "reg": "mse"})
+    return model
+
+
+def test_a_two_headed_model_pipelines_in_the_plans_stage_order() -> None:
+    """34ah b (D1): a trunk with two heads on four devices: the plan's stage order put ``cls``
+    before ``reg``, both ready once the trunk ran, and the rewrite, taking Keras's order of
+    them, refused it as "not the dataflow order" for every solver. The rewrite takes the plan's
+    order among stages the dataflow leaves unordered, and trains as the unplaced model."""
+    x = RNG.normal(size=(24, 6)).astype("float32")
+    y = {"cls": RNG.normal(size=(24, 1)), "reg": RNG.normal(size=(24, 2))}
+    reference, model = _two_heads(), _two_heads()
+    plan = partitioner.partition(model, gpus=4, batch_size=24, pipeline=True, solver="even")
+    assert plan.pipeline is not None and len(plan.pipeline.stage_devices) == 4
+    piped = plan.apply(model, devices=DEVICES)
+    piped.compile(keras.optimizers.SGD(0.1), {"cls": "mse", "reg": "mse"})
+    got = piped.train_on_batch(x, y, return_dict=True)
+    want = reference.train_on_batch(x, y, return_dict=True)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    for a, b in zip(piped.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_slicing_its_tensors_is_emitted(tmp_path: Path) -> None:
+    """34ah a (D3): ``x[:, :, None]`` in a functional model (Keras's ``GetItem`` with slices)
+    failed ``--emit`` for the whole run ("an argument of type slice cannot be written as Python
+    code"). Slices and ``...`` are written as code, and the program computes the model's
+    outputs."""
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, name="d0")(inputs)
+    picked = hidden[:, :, None][..., 0:1, :]
+    model = keras.Model(inputs, keras.layers.Dense(2, name="d1")(keras.layers.Flatten()(picked)))
+    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="placed")
+    text = emit_plan_module(model, plan, devices=DEVICES[:2])
+    assert "slice(0, 1, None)" in text and "Ellipsis" in text
+    built = import_emitted(write_placed_module(tmp_path / "sliced.py", text)).build_model()
+    built.set_weights(model.get_weights())
+    np.testing.assert_allclose(built(X), model(X), rtol=1e-5, atol=1e-6)
+
+
+def _cnn() -> keras.Model:
+    inputs = keras.Input((16, 16, 3))
+    hidden = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    hidden = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(hidden))
+    return keras.Model(inputs, keras.layers.Dense(4)(hidden))
+
+
+def _embedding() -> keras.Model:
+    ids = keras.Input((12,), dtype="int32")
+    hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 8)(ids))
+    return keras.Model(ids, keras.layers.Dense(3)(hidden))
+
+
+def _mlp() -> keras.Model:
+    inputs = keras.Input((64,))
+    hidden = keras.layers.Dense(256, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(10)(hidden))
+
+
+@pytest.mark.parametrize(("build", "rel"), [(_mlp, 1e-9), (_cnn, 1e-9), (_embedding, 1e-2)])
+def test_a_model_is_priced_alike_with_and_without_its_weights(build: Any, rel: float) -> None:
+    """34ah b (D2): on CPUs, a model built without its weights (the command line's way) was
+    priced about 4% below the same model with them (the Python API's): the step with weights
+    reads each variable through a resource handle, and every op is priced a dispatch there;
+    the weightless trace had none. Both steps now have the same ops, and the same plan; a
+    variable the step reads twice (an Embedding's table) is one read in the weightless trace,
+    one dispatch (under 1%) apart."""
+    with partitioner.without_weights():
+        weightless = build()
+    plans = [
+        partitioner.partition(m, gpus=2, device_type="cpu", batch_size=8, strategy="single")
+        for m in (weightless, build())
+    ]
+    a, b = (p.step_time_s for p in plans)
+    assert a == pytest.approx(b, rel=rel), (a, b)

@@ -495,17 +495,24 @@ def check_replaceable(target: Path, shown: str) -> None:
 
 def check_not_hiding_a_module(target: str, shown: str) -> None:
     """A ``.py`` output ``target`` is named like no module Python finds elsewhere on its path
-    (Keras, NumPy, the standard library's ``colorsys``): a program is imported from its own
-    directory first, so the file would be imported in that module's place by the model beside
-    it, by the emitted program itself and by every later run there (``--emit keras.py`` made
-    them all fail, campaign 34ag). Raises :class:`OutputError` naming ``shown``."""
+    (Keras, NumPy, the standard library's ``colorsys``), no package directory beside it (a
+    namespace package ``mylib/`` the model imports from, 34ah) and no module this run imported:
+    a program is imported from its own directory first, so the file would be imported in that
+    module's place by the model beside it, by the emitted program itself and by every later run
+    there (``--emit keras.py`` made them all fail, campaign 34ag). Raises :class:`OutputError`
+    naming ``shown``."""
     name, extension = os.path.splitext(os.path.basename(target))
     if extension != ".py" or not name.isidentifier():
         return
     folder = os.path.dirname(os.path.realpath(target))
     elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) != folder]
+    imported = sys.modules.get(name)
     if name in sys.builtin_module_names:
         where = "built into Python"
+    elif os.path.isdir(os.path.join(folder, name)):  # a package there, a namespace one too
+        where = f"from the directory {os.path.join(folder, name)} beside it"
+    elif imported is not None and getattr(imported, "__file__", None) != os.path.realpath(target):
+        where = "in this run (the model's code imported it)"
     else:
         spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
         if spec is None:
@@ -673,10 +680,12 @@ def write_all_atomic(
 
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM recorded (in the list yielded), not acted on, while the block runs;
-    then the first one is raised again under the handlers that were in place. Only in the main
-    thread with Python handlers installed (where Python runs its handlers); elsewhere a no-op."""
-    signals = (signal.SIGINT, signal.SIGTERM)
+    """SIGINT, SIGTERM, SIGHUP (a closed terminal, 34ah) and SIGQUIT recorded (in the list
+    yielded), not acted on, while the block runs; then the first one is raised again under the
+    handlers that were in place (a default one ends the process, its files as they were).
+    Only in the main thread with Python handlers installed (where Python runs its handlers);
+    elsewhere a no-op."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     arrived: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield arrived

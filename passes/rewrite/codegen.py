@@ -800,6 +800,11 @@ class _GraphWriter:
             return "{" + ", ".join(
                 f"{_flat_literal(k)}: {self.expr(v, tensors, what)}" for k, v in value.items()
             ) + "}"
+        if isinstance(value, slice):  # x[:, :, None] (campaign 34ah: refused as no code)
+            parts = (value.start, value.stop, value.step)
+            return "slice(" + ", ".join(self.expr(v, tensors, what) for v in parts) + ")"
+        if value is Ellipsis:
+            return "Ellipsis"
         try:
             return _flat_literal(value)
         except _Unrepresentable as exc:

@@ -184,15 +184,19 @@ def _execution_order(functional: Any) -> list[Any]:
     return order
 
 
-def _split(inner: keras.Model, device_of_unit: Mapping[int, str]) -> _StageSplit:
-    """Group the inner model's graph nodes by device and order the devices as stages."""
+def _split(
+    inner: keras.Model, device_of_unit: Mapping[int, str], prefer: Sequence[str] = ()
+) -> _StageSplit:
+    """Group the inner model's graph nodes by device and order the devices as stages: in
+    dataflow order, ``prefer``'s order (the plan's) among devices the dataflow leaves unordered
+    (two heads of one trunk)."""
     functional = _graph_of(inner)
     nodes = _execution_order(functional)
     node_device = [_node_device(functional, inner, node, device_of_unit) for node in nodes]
     producer_device = {
         id(t): device for node, device in zip(nodes, node_device) for t in node.outputs
     }
-    order = _device_order(nodes, node_device, producer_device)
+    order = _device_order(nodes, node_device, producer_device, prefer)
     stage_of_device = {d: k for k, d in enumerate(order)}
     node_stage = [stage_of_device[d] for d in node_device]
     producer_stage = {i: stage_of_device[d] for i, d in producer_device.items()}
@@ -245,15 +249,21 @@ def _node_device(
 
 
 def _device_order(
-    nodes: Sequence[Any], node_device: Sequence[str], producer_device: Mapping[int, str]
+    nodes: Sequence[Any],
+    node_device: Sequence[str],
+    producer_device: Mapping[int, str],
+    prefer: Sequence[str] = (),
 ) -> list[str]:
-    """The devices in stage order: the dataflow's topological order, first-reached first.
+    """The devices in stage order: the dataflow's topological order, the earliest in ``prefer``
+    first among the ready, then the first reached (a two-headed model's heads on two devices
+    are ready together: the plan's order of them was refused as not the dataflow's, 34ah).
 
     RewriteError when the devices feed each other in a cycle.
     """
-    first_seen: dict[str, int] = {}
+    rank = {device: k for k, device in enumerate(prefer)}
+    first_seen: dict[str, tuple[int, int]] = {}
     for device in node_device:
-        first_seen.setdefault(device, len(first_seen))
+        first_seen.setdefault(device, (rank.get(device, len(rank)), len(first_seen)))
     witness: dict[tuple[str, str], str] = {}
     for node, device in zip(nodes, node_device):
         for t in node.input_tensors:
@@ -502,6 +512,7 @@ class PipelinedModel(SplitBatchTraining, PlacedModel):
         schedule: Schedule = Schedule.ONE_F_ONE_B,
         enforce_order: bool = True,
         warnings: Sequence[str] = (),
+        stage_order: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(inner, layer_devices, **kwargs)
@@ -510,7 +521,7 @@ class PipelinedModel(SplitBatchTraining, PlacedModel):
             id(u.operation): d
             for u, d in zip(placement_units(inner), (layer_devices or {}).values())
         }
-        split = _split(inner, device_of_unit)
+        split = _split(inner, device_of_unit, stage_order)
         order = pipeline_order(schedule, len(split.stages), num_microbatches)
         object.__setattr__(self, "_split", split)
         object.__setattr__(self, "_order", order)
@@ -984,6 +995,7 @@ def pipeline_model(
         schedule=schedule,
         enforce_order=enforce_order,
         warnings=warnings,
+        stage_order=tuple(stage_devices or ()),
         name=f"{model.name}_pipelined",
     )
     if stage_devices is not None and tuple(stage_devices) != pipelined.stage_devices:

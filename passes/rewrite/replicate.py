@@ -79,6 +79,7 @@ device string TensorFlow does not know, a device in two replicas.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -261,10 +262,20 @@ class ReplicatedModel(keras.Model):
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         return self.inner(inputs, training=training)
 
-    def compile(self, optimizer: Any = "rmsprop", **kwargs: Any) -> None:
+    def compile(self, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> None:
         """Keras ``compile`` inside the strategy's scope, so that the optimizer's variables are
         mirrored too. Keras's TensorFlow optimizer binds the strategy it was created under; one
-        made outside this scope is re-made from its config inside it."""
+        made outside this scope is re-made from its config inside it. Keras's arguments after
+        the optimizer (``loss``, ``loss_weights``, ...) may be given by position, as Keras takes
+        them (``compile("sgd", "mse")`` was a TypeError, campaign 34ah)."""
+        names = inspect.signature(keras.Model.compile).parameters
+        after = [n for n in names if n not in ("self", "optimizer", "kwargs")]
+        if len(args) > len(after):
+            raise TypeError(f"compile() takes at most {len(after) + 1} positional arguments")
+        for name, value in zip(after, args):
+            if name in kwargs:
+                raise TypeError(f"compile() got multiple values for argument {name!r}")
+            kwargs[name] = value
         with self.distribute_strategy.scope():
             if isinstance(optimizer, keras.optimizers.Optimizer) and (
                 getattr(optimizer, "_distribution_strategy", None) is not self.distribute_strategy
