@@ -304,19 +304,21 @@ def _in_scope(module: Any) -> Any:
         return module.build_model()
 
 
-def test_the_emitted_in_place_program_refuses_another_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["placed", "data_parallel"])
+def test_the_emitted_in_place_program_refuses_another_model(tmp_path: Path, strategy: str) -> None:
     """34ag c (D3): the in-place program's ``build_model(model)`` matched layers by position
-    and placed any model of as many layers (512-wide for a plan of 16). It checks each layer's
-    class and weight shapes against the plan's, by position."""
+    and placed any model of as many layers (512-wide for a plan of 16); 34ah c (D1): the data
+    parallel one replicated any model. Both check each layer's class and weight shapes against
+    the plan's, by position."""
     source = tmp_path / "own_step.py"
     source.write_text(
         "import keras\nfrom tests.test_campaign_rerun_xvi import own_step_model\n\n\n"
         "def build_model():\n    return own_step_model(16)\n"
     )
     model = own_step_model(16)
-    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="placed")
+    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy=strategy)
     text = emit_plan_module(model, plan, devices=DEVICES[:2], model_source=source)
-    module = import_emitted(write_placed_module(tmp_path / "placed_program.py", text))
+    module = import_emitted(write_placed_module(tmp_path / f"{strategy}_program.py", text))
     assert module.build_model() is not None
     with pytest.raises(ValueError, match=r"has weights of shapes \[\(6, 512\)"):
         module.build_model(own_step_model(512))

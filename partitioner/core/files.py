@@ -624,14 +624,15 @@ def _backup(target: Path) -> str | None:
     return backup
 
 
-def _undo(done: Sequence[tuple[Path, str | None]]) -> None:
-    """Put back what the renames in ``done`` replaced; remove the files they made."""
-    for target, backup in reversed(done):
+def _undo(done: Sequence[tuple[Path, str | None, bool]]) -> None:
+    """Put back what the renames in ``done`` (``(target, backup, made)``) replaced; remove the
+    files they made (``made``); a file replaced without a backup stays whole-new."""
+    for target, backup, made in reversed(done):
         try:
-            if backup is None:
-                target.unlink(missing_ok=True)
-            else:
+            if backup is not None:
                 os.replace(backup, target)
+            elif made:
+                target.unlink(missing_ok=True)
         except OSError:
             pass
 
@@ -643,26 +644,32 @@ def write_all_atomic(
     private: bool = False,
 ) -> None:
     """Write each ``(path, text)``: every file whole, or, on any failure, none of them (files
-    already replaced get their old content back; new ones are removed). A Ctrl-C or SIGTERM
-    arriving meanwhile is held until the files are as they were, then acted on (campaign
-    34ag: one landing between two files left a staged ``.plan.json.*.tmp``). ``follow_symlinks``:
+    already replaced get their old content back; new ones are removed). A Ctrl-C, SIGTERM or
+    SIGHUP arriving meanwhile is held until the files are as they were (one file already
+    replaced alone stays whole-new), then acted on (campaign 34ag: one landing between two
+    files left a staged ``.plan.json.*.tmp``). ``follow_symlinks``:
     as :func:`check_output_path`; ``private``: as :func:`write_atomic`."""
     follow = follow_symlinks
     targets = [check_output_path(path, follow_symlinks=follow) for path, _ in files]
     staged: list[str] = []
-    done: list[tuple[Path, str | None]] = []
+    done: list[tuple[Path, str | None, bool]] = []
     with _interrupts_held() as arrived:
         try:
             for target, (_, text) in zip(targets, files):
                 staged.append(_stage(target, text, private))
             for target, tmp in zip(targets, staged):
                 check_output_path(target, follow_symlinks=follow)
+                if arrived:
+                    raise KeyboardInterrupt  # caught below: nothing more is replaced
                 backup = _backup(target) if len(files) > 1 else None
-                done.append((target, backup))  # before the rename: undone whatever happens
+                made = not os.path.lexists(target)
                 try:
                     os.replace(tmp, target)
                 except OSError as exc:
+                    if backup is not None:
+                        Path(backup).unlink(missing_ok=True)
                     raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
+                done.append((target, backup, made))  # signals are held: nothing between
             if arrived:
                 raise KeyboardInterrupt  # caught below: nothing kept; the signal acts on exit
         except BaseException as exc:
@@ -673,7 +680,7 @@ def write_all_atomic(
                 return  # the held signal is raised on leaving the block
             raise
         finally:
-            for _, backup in done:
+            for _, backup, _made in done:
                 if backup is not None:
                     Path(backup).unlink(missing_ok=True)
 

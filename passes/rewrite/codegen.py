@@ -1786,19 +1786,18 @@ def original_model() -> keras.Model:
             sys.path.remove(directory)
 '''
 
-_IN_PLACE_PLACED = '''
+_CHECK_LAYERS = '''
 
 def check_layers(model: keras.Model) -> None:
     """ValueError unless ``model``'s layers are, in order, of the classes and (where built) the
     weight shapes of LAYER_SIGNATURES: the model the plan was made for."""
     units = placement_units(model)
-    if len(units) != len(LAYER_DEVICES):
+    if len(units) != len(LAYER_SIGNATURES):
         raise ValueError(
-            f"the model has {len(units)} layers but LAYER_DEVICES names {len(LAYER_DEVICES)}; "
-            "has MODEL_SOURCE changed? Re-plan the model"
+            f"the model has {len(units)} layers where the plan's has {len(LAYER_SIGNATURES)}: "
+            "this program was made for another model (has MODEL_SOURCE changed?); re-plan it"
         )
-    for unit, planned in zip(units, LAYER_DEVICES):
-        kind, shapes = LAYER_SIGNATURES.get(planned, (None, None))
+    for unit, (planned, (kind, shapes)) in zip(units, LAYER_SIGNATURES.items()):
         layer = unit.operation
         if kind is not None and type(layer).__qualname__ != kind:
             raise ValueError(
@@ -1811,7 +1810,9 @@ def check_layers(model: keras.Model) -> None:
                 f"layer {unit.name!r} has weights of shapes {got}, where the plan's layer "
                 f"{planned!r} has {shapes}: this program was made for another model; re-plan it"
             )
+'''
 
+_IN_PLACE_PLACED = '''
 
 def build_model(model: keras.Model | None = None) -> keras.Model:
     """``model`` (by default original_model()) placed as the plan says, in place: each layer's
@@ -1833,9 +1834,13 @@ _IN_PLACE_REPLICATED = '''
 
 def build_model(model: keras.Model | None = None) -> keras.Model:
     """``model`` (by default original_model()) trained data parallel, in place: one replica on
-    each device of REPLICA_DEVICES, its own train_step kept. Returns ``model``."""
+    each device of REPLICA_DEVICES, its own train_step kept, once its layers are checked
+    against the plan's (check_layers: before it is built, and after). Returns ``model``."""
     model = original_model() if model is None else model
-    return replicate_in_place(model, REPLICA_DEVICES, sample_inputs())
+    check_layers(model)
+    replicated = replicate_in_place(model, REPLICA_DEVICES, sample_inputs())
+    check_layers(replicated)
+    return replicated
 '''
 
 
@@ -1927,7 +1932,7 @@ def _emit_in_place_module(
     rewrite = "replicate_in_place" if replicated else "place_in_place"
     lines += ["", "import partitioner  # noqa: F401  (first: no project's 'passes' hides its own)"]
     lines += [f"from passes.rewrite.in_place import {rewrite}"]
-    lines += ["from passes.trace import placement_units"] * (not replicated)
+    lines += ["from passes.trace import placement_units"]
     lines += ["", f"MODEL_NAME = {_flat_literal(str(model.name))}"]
     lines += [f"GLOBAL_BATCH_SIZE = {plan.batch_size}", ""]
     lines += _source_lines(model, _Emitter(os.fspath(model_source)))
@@ -1948,7 +1953,7 @@ def _emit_in_place_module(
             for u in units
         ]
         lines += ["}", ""]
-        lines += _layer_signature_lines(plan, units)
+    lines += _layer_signature_lines(plan, placement_units(model))
     lines += _sample_lines(
         model,
         plan.input_shape,
@@ -1956,7 +1961,7 @@ def _emit_in_place_module(
         plan.share_batch_size,
         "when it is not built yet",
     )
-    text = "\n".join(lines) + "\n" + _SOURCE_LOADER + "\n" + _IN_PLACE_BODY
+    text = "\n".join(lines) + "\n" + _SOURCE_LOADER + "\n" + _IN_PLACE_BODY + _CHECK_LAYERS
     text += "\n" + (_IN_PLACE_REPLICATED if replicated else _IN_PLACE_PLACED)
     _compile_check(text, "<emitted module>")
     return text
