@@ -434,3 +434,56 @@ def test_a_model_is_priced_alike_with_and_without_its_weights(build: Any, rel: f
     ]
     a, b = (p.step_time_s for p in plans)
     assert a == pytest.approx(b, rel=rel), (a, b)
+
+
+class PerSampleLogged(keras.Model):
+    """A step logging each sample's loss beside the batch's mean (hard-example mining)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.head = keras.layers.Dense(2)
+
+    def call(self, x: Any) -> Any:
+        return self.head(x)
+
+    def train_step(self, data: Any) -> Any:
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            per_sample = keras.ops.mean((self(x, training=True) - y) ** 2, axis=-1)
+            loss = keras.ops.mean(per_sample)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss, "per_sample": per_sample}
+
+
+def test_a_per_sample_log_of_replicas_is_the_whole_batchs_rows() -> None:
+    """34ai c (D1): the step's per-sample losses came back as 4 rows for a batch of 8 under 2
+    replicas, each the mean of two unrelated samples (Keras averages the replicas' logs). They
+    are gathered from the replicas in batch order: the 8 rows one device gives."""
+
+    def made() -> keras.Model:
+        keras.utils.set_random_seed(5)
+        model = PerSampleLogged()
+        model(X[:1])
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+        return model
+
+    reference, model = made(), made()
+    replicate_in_place(model, DEVICES[:2])
+    got = model.train_on_batch(X, Y, return_dict=True)
+    want = reference.train_on_batch(X, Y, return_dict=True)
+    assert np.shape(got["per_sample"]) == (8,)
+    np.testing.assert_allclose(got["per_sample"], want["per_sample"], rtol=1e-5)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+
+
+def test_batch_normalization_under_replicas_is_named_for_the_replicas_shares() -> None:
+    """34ai b (unclear): a data-parallel plan's note on BatchNormalization spoke of
+    micro-batches and "the unpipelined model" where no pipeline runs."""
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="data_parallel")
+    note = next(n for n in (*plan.advice, *plan.warnings) if "BatchNormalization" in n)
+    assert "a replica's share" in note and "unpipelined" not in note, note

@@ -67,26 +67,27 @@ class InexactLayer:
     why: str
 
 
-_MASKS = "draws its random masks per micro-batch"
+_MASKS = "draws its random masks per part of the batch (a micro-batch, a replica's share)"
 _MASKED = (
     "masks time steps, and a loss over them is averaged over each micro-batch's (each "
     "replica's) unmasked steps, not the whole batch's, so the gradients differ when the parts "
     "hold different numbers of them"
 )
-_NOISE = "draws its random noise per micro-batch"
+_NOISE = "draws its random noise per part of the batch (a micro-batch, a replica's share)"
 
 INEXACT_LAYERS: tuple[InexactLayer, ...] = (
     InexactLayer(
         "BatchNormalization",
         InexactKind.BATCH_STATISTICS,
-        "normalises over each micro-batch's samples, not the whole batch, so its outputs, "
-        "gradients and moving statistics differ from the unpipelined model's",
+        "normalises over each part of the batch (a micro-batch, a replica's share), not the "
+        "whole batch, so its outputs, gradients and moving statistics differ from one device's "
+        "step on the whole batch",
     ),
     InexactLayer(
         "Dropout",
         InexactKind.RANDOMNESS,
-        "draws its random masks per micro-batch, so they differ from the unpipelined model's "
-        "(the same in distribution)",
+        "draws its random masks per part of the batch (a micro-batch, a replica's share), so "
+        "they differ from one device's step on the whole batch (the same in distribution)",
     ),
     InexactLayer("SpatialDropout1D", InexactKind.RANDOMNESS, _MASKS),
     InexactLayer("SpatialDropout2D", InexactKind.RANDOMNESS, _MASKS),

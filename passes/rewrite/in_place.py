@@ -334,13 +334,13 @@ def _split_batches(model: keras.Model, replicas: int) -> None:
             shares = equal_shares(data, replicas)
         logs = step(shares)
         with model.distribute_strategy.own_reduction():
-            return whole_batch_results(model, logs)
+            return whole_batch_results(model, logs, shares)
 
     @functools.wraps(test)
     def test_step(data: Any) -> Any:
         logs = test(data)
         with model.distribute_strategy.own_reduction():
-            return whole_batch_results(model, logs)
+            return whole_batch_results(model, logs, data)
 
     @functools.wraps(fit)
     def fit_shares(x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:

@@ -288,11 +288,12 @@ class ReplicatedModel(keras.Model):
         """Keras's step, after checking (in the graph, before any update) that every replica
         got the same number of rows (:func:`equal_shares`); its logs the whole batch's
         (:func:`whole_batch_results`)."""
-        return whole_batch_results(self, super().train_step(equal_shares(data, self.num_replicas)))
+        shares = equal_shares(data, self.num_replicas)
+        return whole_batch_results(self, super().train_step(shares), shares)
 
     def test_step(self, data: Any) -> Any:
         """Keras's step, its logs the whole batch's (:func:`whole_batch_results`)."""
-        return whole_batch_results(self, super().test_step(data))
+        return whole_batch_results(self, super().test_step(data), data)
 
     def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Keras ``fit``; arrays whose batches ``R`` does not divide are refused up front."""
@@ -438,7 +439,7 @@ def test_as_one_batch(
     )
 
 
-def whole_batch_results(model: keras.Model, logs: Any) -> Any:
+def whole_batch_results(model: keras.Model, logs: Any, data: Any = None) -> Any:
     """In a replica's step: each value of the ``logs`` it returned that *is* a metric's result
     (the same ops on the same variables as the metric's ``result()``, :func:`_signature`, under
     any key) read from that metric across the replicas (a merge, which every replica reaches),
@@ -450,7 +451,9 @@ def whole_batch_results(model: keras.Model, logs: Any) -> Any:
     kept, and averaged over the replicas as tf.distribute does (campaign 34ae); so are logs
     outside a replica. A kept value that reads a metric's variables (its ``count`` itself,
     ``count * 1.0``) is not one device's, as every replica updates the metric: a NOT EXACT
-    warning names it (campaign 34ag: a count 4 times one device's)."""
+    warning names it (campaign 34ag: a count 4 times one device's). A value of one row per
+    sample of the replica's share (``data``: a per-sample loss) is gathered from the replicas
+    in batch order, as one device has it (Keras averaged the shares row by row, 34ai)."""
     context = tf.distribute.get_replica_context()
     if not isinstance(logs, dict) or context is None or tf.distribute.in_cross_replica_context():
         return logs
@@ -468,9 +471,30 @@ def whole_batch_results(model: keras.Model, logs: Any) -> Any:
         elif any(handle in owners for handle in read):
             state.append(key)
     _warn_state_logged(model, state)
+    logs = _per_sample_gathered(logs, context, data, set(chosen))
     if not chosen:
         return logs
     return _with_leaves(logs, context.merge_call(lambda _: _results_of(model, chosen)))
+
+
+def _per_sample_gathered(logs: Any, context: Any, data: Any, kept: set[str]) -> Any:
+    """``logs`` with each value of one row per sample of the replica's share ``data`` (its
+    rows, from the batch, not from variables alone) gathered from every replica along the
+    batch: each replica then holds the whole batch's rows, which Keras's mean over the
+    replicas keeps. Values in ``kept`` (metrics' results) are left."""
+    if data is None:
+        return logs
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    rows = getattr(_first_leaf(x), "shape", None)
+    share = rows[0] if rows is not None and len(rows) else None
+    gathered: dict[str, Any] = {}
+    for key, value in _flat(logs).items():
+        shape = getattr(value, "shape", None)
+        if key in kept or not isinstance(value, tf.Tensor) or shape is None or not shape.rank:
+            continue
+        if (shape[0] is None or shape[0] == share) and _state_read(value) is None:
+            gathered[key] = context.all_gather(value, axis=0)
+    return _with_leaves(logs, gathered) if gathered else logs
 
 
 def _warn_state_logged(model: keras.Model, keys: Sequence[str]) -> None:
