@@ -217,6 +217,9 @@ def test_an_output_named_like_a_module_python_imports_is_refused(tmp_path: Path)
             check_not_hiding_a_module(str(tmp_path / name), f"--emit {name}")
     for name in ("placed.py", "keras.json", "keras_plan.py", "plan.json"):
         check_not_hiding_a_module(str(tmp_path / name), f"--emit {name}")
+    for name in ("keras.pyc", "json.cpython-311-x86_64-linux-gnu.so", "__init__.py"):  # 34ai
+        with pytest.raises(OutputError, match=r"is named like the module|makes .* a package"):
+            check_not_hiding_a_module(str(tmp_path / name), f"--out {name}")
     (tmp_path / "mylib").mkdir()  # 34ah a (D1): a namespace package the model imports from
     with pytest.raises(OutputError, match=r"from the directory .*mylib beside it"):
         check_not_hiding_a_module(str(tmp_path / "mylib.py"), "--emit mylib.py")
@@ -487,3 +490,15 @@ def test_batch_normalization_under_replicas_is_named_for_the_replicas_shares() -
     plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="data_parallel")
     note = next(n for n in (*plan.advice, *plan.warnings) if "BatchNormalization" in n)
     assert "a replica's share" in note and "unpipelined" not in note, note
+
+
+def test_plan_save_refuses_a_name_that_hides_a_module(tmp_path: Path) -> None:
+    """34ai a (D1): ``plan.save("json.py")`` wrote the plan where every later program in that
+    folder imported it as ``json``; the command line refused ``--out json.py``. So does
+    ``Plan.save``, with the same line."""
+    plan = partitioner.partition(_mlp(), gpus=2, batch_size=8, strategy="placed")
+    for name in ("json.py", "keras.py", "numpy.pyc"):
+        with pytest.raises(OutputError, match=f"is named like the module '{name.split('.')[0]}'"):
+            plan.save(tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+    plan.save(tmp_path / "plan.json")

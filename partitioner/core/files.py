@@ -494,17 +494,26 @@ def check_replaceable(target: Path, shown: str) -> None:
 
 
 def check_not_hiding_a_module(target: str, shown: str) -> None:
-    """A ``.py`` output ``target`` is named like no module Python finds elsewhere on its path
+    """An output ``target`` Python would import as a module (``.py``, ``.pyc``, an extension
+    module's suffix; not ``__init__``, which makes its folder a package) is named like no module
+    Python finds elsewhere on its path
     (Keras, NumPy, the standard library's ``colorsys``), no package directory beside it (a
     namespace package ``mylib/`` the model imports from, 34ah) and no module this run imported:
     a program is imported from its own directory first, so the file would be imported in that
     module's place by the model beside it, by the emitted program itself and by every later run
     there (``--emit keras.py`` made them all fail, campaign 34ag). Raises :class:`OutputError`
     naming ``shown``."""
-    name, extension = os.path.splitext(os.path.basename(target))
-    if extension != ".py" or not name.isidentifier():
+    base = os.path.basename(target)
+    suffix = next((s for s in importlib.machinery.all_suffixes() if base.endswith(s)), None)
+    name = base[: -len(suffix)] if suffix else ""  # .py, .pyc, an extension module's .so
+    if not name.isidentifier():
         return
     folder = os.path.dirname(os.path.realpath(target))
+    if name == "__init__":
+        raise OutputError(
+            f"{shown} is the file that makes {folder} a package ({base}); refusing to write "
+            "over it or in its place: give another name"
+        )
     elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) != folder]
     imported = sys.modules.get(name)
     if name in sys.builtin_module_names:
@@ -519,7 +528,7 @@ def check_not_hiding_a_module(target: str, shown: str) -> None:
             return
         where = f"from {spec.origin or next(iter(spec.submodule_search_locations or ()), '?')}"
     raise OutputError(
-        f"{shown} is named like the module {name!r} that Python imports {where}; as {name}.py "
+        f"{shown} is named like the module {name!r} that Python imports {where}; as {base} "
         "it would be imported in that module's place (by the model beside it, by an emitted "
         f"program itself, by every later run there): give another name, e.g. {name}_plan.py"
     )

@@ -24,6 +24,7 @@ from typing import Any
 
 from partitioner.core.errors import OutputError, PartitionError, PlanError
 from partitioner.core.files import (
+    check_not_hiding_a_module,
     check_output_path,
     check_outside_kept_files,
     check_replaceable,
@@ -503,6 +504,7 @@ class Plan:
         # as the command line refuses them for --out (rows 173, 184, 191)
         resolved, shown = os.path.realpath(path), f"Plan.save path={path!r}"
         check_outside_kept_files(resolved, shown)
+        check_not_hiding_a_module(resolved, shown)  # rows 251, 258 (campaign 34ai)
         check_replaceable(target, shown)  # last: the reasons above are more precise
         return write_atomic(path, self.to_json())
 
