@@ -694,14 +694,26 @@ def write_all_atomic(
                     Path(backup).unlink(missing_ok=True)
 
 
+_HELD_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+                 "SIGVTALRM", "SIGPROF", "SIGXCPU")
+    if hasattr(signal, name)
+)  # fmt: skip
+"""The signals :func:`write_all_atomic` holds: every one whose default action ends the process
+(a batch scheduler's SIGUSR1 or SIGALRM warning, ``ulimit -t``'s SIGXCPU: 34aj) but SIGKILL and
+SIGSTOP, which no process can hold, and SIGPIPE and SIGXFSZ, which Python ignores."""
+
+
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[list[int]]:
-    """SIGINT, SIGTERM, SIGHUP (a closed terminal, 34ah) and SIGQUIT recorded (in the list
-    yielded), not acted on, while the block runs; then the first one is raised again under the
-    handlers that were in place (a default one ends the process, its files as they were).
+    """The signals of :data:`_HELD_SIGNALS` (Ctrl-C, SIGTERM, SIGHUP of a closed terminal,
+    34ah) recorded (in the list yielded), not acted on, while the block runs; then the first
+    one is raised again under the handlers that were in place (a default one ends the process,
+    its files as they were).
     Only in the main thread with Python handlers installed (where Python runs its handlers);
     elsewhere a no-op."""
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    signals = _HELD_SIGNALS
     arrived: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield arrived
