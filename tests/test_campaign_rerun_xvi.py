@@ -458,13 +458,17 @@ class PerSampleLogged(keras.Model):
             loss = keras.ops.mean(per_sample)
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-        return {"loss": loss, "per_sample": per_sample}
+        column_mean = keras.ops.mean(self(x), axis=0)  # 2 columns, a share of 4 rows
+        return {"loss": loss, "per_sample": per_sample, "column_mean": column_mean}
 
 
-def test_a_per_sample_log_of_replicas_is_the_whole_batchs_rows() -> None:
+def test_a_per_sample_log_of_replicas_is_named_not_exact(caplog: pytest.LogCaptureFixture) -> None:
     """34ai c (D1): the step's per-sample losses came back as 4 rows for a batch of 8 under 2
-    replicas, each the mean of two unrelated samples (Keras averages the replicas' logs). They
-    are gathered from the replicas in batch order: the 8 rows one device gives."""
+    replicas, each the mean of two unrelated samples (Keras averages the replicas' logs),
+    without a word. Gathering them instead (34aj b) took column means for rows, as a shape
+    does not say which a value is: a value with as many rows as a share is named NOT EXACT,
+    once; a value reduced over the batch of other length (the mean prediction per column) is
+    one device's, and not named."""
 
     def made() -> keras.Model:
         keras.utils.set_random_seed(5)
@@ -475,10 +479,13 @@ def test_a_per_sample_log_of_replicas_is_the_whole_batchs_rows() -> None:
 
     reference, model = made(), made()
     replicate_in_place(model, DEVICES[:2])
-    got = model.train_on_batch(X, Y, return_dict=True)
+    with caplog.at_level(logging.WARNING, logger="passes.rewrite.replicate"):
+        got = model.train_on_batch(X, Y, return_dict=True)
+        model.train_on_batch(X, Y, return_dict=True)
     want = reference.train_on_batch(X, Y, return_dict=True)
-    assert np.shape(got["per_sample"]) == (8,)
-    np.testing.assert_allclose(got["per_sample"], want["per_sample"], rtol=1e-5)
+    warned = [r.getMessage() for r in caplog.records if "NOT EXACT" in r.getMessage()]
+    assert len(warned) == 1 and "'per_sample'" in warned[0] and "'column_mean'" not in warned[0]
+    np.testing.assert_allclose(got["column_mean"], want["column_mean"], rtol=1e-5)
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
 
 
@@ -504,3 +511,82 @@ def test_plan_save_refuses_a_name_that_hides_a_module(tmp_path: Path) -> None:
             plan.save(tmp_path / name)
     assert list(tmp_path.iterdir()) == []
     plan.save(tmp_path / "plan.json")
+
+
+def _masked_mean_model() -> keras.Model:
+    """An own-step functional model with a bool mask input and ``keras.ops`` on its tensors."""
+    keras.utils.set_random_seed(7)
+    ids = keras.Input((6,), dtype="int32", name="ids")
+    keep = keras.Input((6,), dtype="bool", name="keep")
+    embedded = keras.layers.Embedding(50, 8, name="emb")(ids)
+    weights = keras.ops.expand_dims(keras.ops.cast(keep, "float32"), -1)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(embedded * weights)
+    model = OwnStep({"ids": ids, "keep": keep}, keras.layers.Dense(1, name="out")(pooled))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def test_a_bool_input_model_replicated_in_place_trains_and_is_emitted(tmp_path: Path) -> None:
+    """34aj c: a bool mask input failed the first ``fit`` of the model replicated in place
+    (TensorFlow's ``AddN`` error: Keras builds from the replicas' mean of the first batch, and
+    row 253 took the first share for strings only) (D2); and its emitted in-place program
+    failed in its own layer check on the ``keras.ops`` nodes, which have no ``weights`` (D1)."""
+    rng = np.random.default_rng(0)
+    x = {"ids": rng.integers(0, 50, (16, 6)).astype("int32"), "keep": rng.random((16, 6)) > 0.3}
+    y = rng.normal(size=(16, 1)).astype("float32")
+    reference, model = _masked_mean_model(), _masked_mean_model()
+    plan = partitioner.partition(model, gpus=4, batch_size=16, strategy="data_parallel")
+    assert plan.apply(model, devices=DEVICES) is model
+    got = model.fit(x, y, batch_size=16, verbose=0, shuffle=False).history["loss"]
+    want = reference.fit(x, y, batch_size=16, verbose=0, shuffle=False).history["loss"]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    source = tmp_path / "masked.py"
+    source.write_text(
+        "from tests.test_campaign_rerun_xvi import _masked_mean_model as build_model\n"
+    )
+    for strategy in ("placed", "data_parallel"):
+        fresh = _masked_mean_model()
+        plan = partitioner.partition(fresh, gpus=2, batch_size=16, strategy=strategy)
+        text = emit_plan_module(fresh, plan, devices=DEVICES[:2], model_source=source)
+        module = import_emitted(write_placed_module(tmp_path / f"{strategy}_masked.py", text))
+        assert module.build_model() is not None
+
+
+def _two_losses() -> keras.Model:
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((10,), name="x")
+    trunk = keras.layers.Dense(16, activation="tanh", name="t1")(inputs)
+    trunk = keras.layers.Dense(16, activation="tanh", name="t2")(trunk)
+    heads = {
+        "cls": keras.layers.Dense(3, name="cls")(keras.layers.Dense(16, name="a")(trunk)),
+        "reg": keras.layers.Dense(1, name="reg")(keras.layers.Dense(16, name="b")(trunk)),
+    }
+    return keras.Model(inputs, heads)
+
+
+def _compiled(model: keras.Model) -> keras.Model:
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05),
+        loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+        loss_weights={"cls": 0.3, "reg": 2.0},
+    )
+    return model
+
+
+def test_a_hybrid_plan_logs_each_outputs_loss() -> None:
+    """34aj b (D2): replicas of a pipeline (``strategy="hybrid"``) logged ``loss`` but not
+    ``cls_loss`` and ``reg_loss``: the replicas' own loss trackers saw their shares, the
+    model's none. Each output's loss is the whole batch's, as one device logs it."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 10)).astype("float32")
+    y = {"cls": rng.integers(0, 3, 16), "reg": rng.normal(size=(16, 1)).astype("float32")}
+    model = _two_losses()
+    reference = _compiled(_two_losses())
+    plan = partitioner.partition(model, gpus=4, batch_size=16, strategy="hybrid")
+    assert plan.strategy is not None and plan.strategy.replicas > 1 and plan.strategy.stages > 1
+    hybrid = _compiled(plan.apply(model, devices=DEVICES))
+    got = hybrid.fit(x, y, batch_size=16, epochs=2, verbose=0).history
+    want = reference.fit(x, y, batch_size=16, epochs=2, verbose=0).history
+    assert set(got) == set(want) == {"loss", "cls_loss", "reg_loss"}
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5)

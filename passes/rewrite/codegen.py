@@ -1804,7 +1804,8 @@ def check_layers(model: keras.Model) -> None:
                 f"layer {unit.name!r} is a {type(layer).__qualname__}, where the plan's layer "
                 f"{planned!r} is a {kind}: this program was made for another model; re-plan it"
             )
-        got = [tuple(int(d) for d in w.shape) for w in layer.weights]
+        weights = getattr(layer, "weights", None) or []  # a keras.ops node has none
+        got = [tuple(int(d) for d in w.shape) for w in weights]
         if shapes is not None and getattr(layer, "built", True) and got != shapes:
             raise ValueError(
                 f"layer {unit.name!r} has weights of shapes {got}, where the plan's layer "

@@ -353,16 +353,17 @@ def equal_shares(data: Any, replicas: int) -> Any:
 def unequal_first_batch(replicas: int, strategy: Any) -> Iterator[None]:
     """Keras's symbolic build of a replicated model averages the first batch over the replicas
     (``strategy.reduce``), which fails on unequal shares before the step's own check could run:
-    one line instead. A batch holding strings (which no mean takes: TensorFlow's ``AddN`` error
-    for a ``StringLookup`` model's first ``fit``, campaign 34ag) is built from the first
-    replica's share instead, of the shapes and dtypes the mean would have."""
+    one line instead. A batch holding strings or bools (which no mean takes: TensorFlow's
+    ``AddN`` error for a ``StringLookup`` model's first ``fit``, campaign 34ag; a bool mask,
+    34aj) is built from the first replica's share instead, of the shapes and dtypes the mean
+    would have."""
     from keras.src import tree
 
     reduce = strategy.reduce
 
     def first_share_of_strings(reduce_op: Any, value: Any, axis: Any = None) -> Any:
         shares = tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], value)
-        if any(getattr(t, "dtype", None) == tf.string for t in tree.flatten(shares)):
+        if any(not _averageable(getattr(t, "dtype", None)) for t in tree.flatten(shares)):
             return shares
         return reduce(reduce_op, value, axis=axis)
 
@@ -380,6 +381,13 @@ def unequal_first_batch(replicas: int, strategy: Any) -> Iterator[None]:
         ) from None
     finally:
         del strategy.reduce  # the class's own again
+
+
+def _averageable(dtype: Any) -> bool:
+    """Whether a mean over the replicas takes values of ``dtype``: numbers do; strings and
+    bools (a mask input: TensorFlow's ``AddN`` error, campaign 34aj) do not."""
+    dtype = tf.as_dtype(dtype) if dtype is not None else None
+    return dtype is None or dtype.is_floating or dtype.is_integer or dtype.is_complex
 
 
 def split_train_on_batch(
@@ -451,9 +459,8 @@ def whole_batch_results(model: keras.Model, logs: Any, data: Any = None) -> Any:
     kept, and averaged over the replicas as tf.distribute does (campaign 34ae); so are logs
     outside a replica. A kept value that reads a metric's variables (its ``count`` itself,
     ``count * 1.0``) is not one device's, as every replica updates the metric: a NOT EXACT
-    warning names it (campaign 34ag: a count 4 times one device's). A value of one row per
-    sample of the replica's share (``data``: a per-sample loss) is gathered from the replicas
-    in batch order, as one device has it (Keras averaged the shares row by row, 34ai)."""
+    warning names it (campaign 34ag: a count 4 times one device's), and so is a value with as
+    many rows as the replica's share ``data`` (:func:`_warn_per_sample`)."""
     context = tf.distribute.get_replica_context()
     if not isinstance(logs, dict) or context is None or tf.distribute.in_cross_replica_context():
         return logs
@@ -471,30 +478,44 @@ def whole_batch_results(model: keras.Model, logs: Any, data: Any = None) -> Any:
         elif any(handle in owners for handle in read):
             state.append(key)
     _warn_state_logged(model, state)
-    logs = _per_sample_gathered(logs, context, data, set(chosen))
+    _warn_per_sample(model, logs, data, set(chosen))
     if not chosen:
         return logs
     return _with_leaves(logs, context.merge_call(lambda _: _results_of(model, chosen)))
 
 
-def _per_sample_gathered(logs: Any, context: Any, data: Any, kept: set[str]) -> Any:
-    """``logs`` with each value of one row per sample of the replica's share ``data`` (its
-    rows, from the batch, not from variables alone) gathered from every replica along the
-    batch: each replica then holds the whole batch's rows, which Keras's mean over the
-    replicas keeps. Values in ``kept`` (metrics' results) are left."""
+def _warn_per_sample(model: keras.Model, logs: Any, data: Any, kept: set[str]) -> None:
+    """The NOT EXACT warning for each logged value computed from the batch with as many rows as
+    the replica's share ``data`` (or rows unknown until it runs): Keras averages the replicas'
+    values element by element, which is one device's value for a value the step reduced over
+    its batch (a column mean) but not for one row per sample (a per-sample loss: 4 rows for a
+    batch of 8, each the mean of two unrelated samples, campaign 34ai). Gathering such values
+    instead took column means for rows (34aj): their shape alone does not say which they are.
+    Values in ``kept`` (metrics' results) are left."""
     if data is None:
-        return logs
+        return
     x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
     rows = getattr(_first_leaf(x), "shape", None)
     share = rows[0] if rows is not None and len(rows) else None
-    gathered: dict[str, Any] = {}
+    keys = []
     for key, value in _flat(logs).items():
         shape = getattr(value, "shape", None)
         if key in kept or not isinstance(value, tf.Tensor) or shape is None or not shape.rank:
             continue
         if (shape[0] is None or shape[0] == share) and _state_read(value) is None:
-            gathered[key] = context.all_gather(value, axis=0)
-    return _with_leaves(logs, gathered) if gathered else logs
+            keys.append(key)
+    warned: set[str] = vars(model).setdefault("_partitioner_row_logs_warned", set())
+    new = [key for key in keys if key not in warned]
+    if new:
+        warned.update(new)
+        logger.warning(
+            "NOT EXACT: the step's logs %s have a row per sample of a replica's share, or a "
+            "value the step reduced over its batch of as many entries: Keras averages the "
+            "replicas' values entry by entry, which is one device's value for the latter, but "
+            "not for one row per sample (each entry then averages %d unrelated samples); "
+            "reduce it over the batch in the step, or log it outside fit",
+            ", ".join(repr(k) for k in new), len(model.distribute_strategy.extended.worker_devices),
+        )  # fmt: skip
 
 
 def _warn_state_logged(model: keras.Model, keys: Sequence[str]) -> None:
@@ -935,6 +956,10 @@ class ReplicatedPipeline(SplitBatchTraining):
         if self.trainable_weights:
             self._apply_gradients(self._all_reduce([res.gradients for res in results], divisor))
         with tf.device(self.replicas[0].output_device):
+            if getattr(self, "_compile_loss", None) is not None:
+                # each output's loss tracker (cls_loss, reg_loss): the replicas' trackers saw
+                # their shares only, and this model's none (dropped from the logs, 34aj)
+                self._compile_loss(y, y_pred, sample_weight)
             return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _divisor(self) -> float | None:
