@@ -116,13 +116,21 @@ def check_rebuildable(model: Any) -> None:
         targets = [(getattr(model, "name", "model"), model)]
     for name, layer in targets:
         try:
-            _fresh_copy(layer)
+            fresh = _fresh_copy(layer)
         except Exception as exc:
             raise RewriteError(
                 f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its config, "
                 f"which copying it onto a device needs ({type(exc).__name__}: {one_line(exc)}); "
                 f"{_rebuild_advice(layer)}, or plan a model without it"
             ) from None
+        dropped = _dropped_by_config(layer, fresh)
+        if dropped is not None:
+            raise RewriteError(
+                f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its config, "
+                f"which copying it onto a device needs (rebuilt, it has {dropped}: its "
+                "get_config leaves that argument out); add it to get_config, or plan a model "
+                "without it"
+            )
 
 
 def _nested_subclassed(model: Any) -> list[tuple[str, Any]]:
@@ -143,6 +151,33 @@ def _nested_subclassed(model: Any) -> list[tuple[str, Any]]:
             else:
                 found.append((layer.name, layer))
     return found
+
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _dropped_by_config(layer: Any, fresh: Any) -> str | None:
+    """For a layer of the user's own class: the first plain attribute (a number, a string, a
+    tuple of them) that its rebuild from ``get_config`` (``fresh``) holds at another value, as
+    ``alpha=1.0 where the layer has alpha=3.0`` (a config that leaves a constructor argument
+    out rebuilt the layer with its default, and the copy computed another function without a
+    word, campaign 34ak); None when they agree. Keras's own layers are left out: their
+    configs are whole, and some settle attributes in ``build``."""
+    if type(layer).__module__.split(".")[0] == "keras":
+        return None
+    mine, theirs = vars(layer), vars(fresh)
+    for key, value in mine.items():
+        if key.startswith("_") or key not in theirs or not _plain(value):
+            continue
+        if _plain(theirs[key]) and theirs[key] != value:
+            return f"{key}={theirs[key]!r} where the layer has {key}={value!r}"
+    return None
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(isinstance(v, _PLAIN) for v in value)
+    return isinstance(value, _PLAIN)
 
 
 def _rebuild_advice(layer: Any) -> str:

@@ -222,6 +222,10 @@ def test_an_output_named_like_a_module_python_imports_is_refused(tmp_path: Path)
     for name in ("keras.pyc", "json.cpython-311-x86_64-linux-gnu.so", "__init__.py"):  # 34ai
         with pytest.raises(OutputError, match=r"is named like the module|makes .* a package"):
             check_not_hiding_a_module(str(tmp_path / name), f"--out {name}")
+    (tmp_path / "helpers.py").write_text("def act(x):\n    return x\n")  # 34ak a (D1)
+    for name in ("helpers.so", "helpers.cpython-311-x86_64-linux-gnu.so", "helpers.pyc"):
+        with pytest.raises(OutputError, match=r"from .*helpers\.py beside it"):
+            check_not_hiding_a_module(str(tmp_path / name), f"--out {name}")
     (tmp_path / "mylib").mkdir()  # 34ah a (D1): a namespace package the model imports from
     with pytest.raises(OutputError, match=r"from the directory .*mylib beside it"):
         check_not_hiding_a_module(str(tmp_path / "mylib.py"), "--emit mylib.py")
@@ -590,3 +594,61 @@ def test_a_hybrid_plan_logs_each_outputs_loss() -> None:
     assert set(got) == set(want) == {"loss", "cls_loss", "reg_loss"}
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5)
+
+
+def test_a_users_file_written_while_the_outputs_are_staged_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """34ak a (D2): the checks ran before the outputs were staged (seconds for a large report),
+    and a user's file written at ``--out`` meanwhile was replaced. Each target is checked again
+    right before its rename: refused, the user's file kept, nothing staged left."""
+    import partitioner.core.files as files
+
+    plan_path = tmp_path / "p.json"
+    staged = files._stage
+
+    def staged_then_written(target: Path, text: str, private: bool = False) -> str:
+        tmp = staged(target, text, private)
+        plan_path.write_text("USER RESULTS 42\n")  # another process, while the run stages
+        return tmp
+
+    monkeypatch.setattr(files, "_stage", staged_then_written)
+    with pytest.raises(OutputError, match="is not a file partitioner wrote"):
+        files.write_all_atomic([(plan_path, "{}\n"), (tmp_path / "r.html", "x")], only_ours=True)
+    assert plan_path.read_text() == "USER RESULTS 42\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+
+
+class ForgetfulGate(keras.layers.Layer):
+    """keras.io's common bug: ``get_config`` leaves the ``alpha`` argument out."""
+
+    def __init__(self, units: int, alpha: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.units, self.alpha = units, alpha
+
+    def build(self, shape: Any) -> None:
+        self.kernel = self.add_weight(shape=(shape[-1], self.units))
+
+    def call(self, x: Any) -> Any:
+        return keras.ops.matmul(x, self.kernel) * self.alpha
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "units": self.units}
+
+
+def test_a_layer_whose_config_forgets_an_argument_is_placed_in_place() -> None:
+    """34ak c (D1): a custom layer's ``get_config`` left ``alpha=3.0`` out, the copies rebuilt
+    it with ``alpha=1.0``, and the placed, data-parallel and emitted models computed another
+    function without a word. The rebuild's attributes are compared: the layer is named, and
+    the model is placed in place, computing what it did."""
+    keras.utils.set_random_seed(8)
+    inputs = keras.Input((6,))
+    gated = ForgetfulGate(4, alpha=3.0, name="gate")(keras.layers.Dense(8)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(gated))
+    reason = in_place_reason(model)
+    assert reason is not None and "'gate'" in reason, reason
+    before = np.asarray(model(X))
+    plan = partitioner.partition(model, gpus=2, batch_size=8, strategy="placed")
+    placed = plan.apply(model, devices=DEVICES[:2])
+    assert placed is model
+    np.testing.assert_allclose(np.asarray(placed(X)), before, rtol=1e-5, atol=1e-6)

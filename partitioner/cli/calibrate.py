@@ -168,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
             "run again"
         )
     data = {**data, "digest": json_digest(data)}  # a later run may replace it (its digest)
-    write_atomic(target, json.dumps(data, indent=1) + "\n", follow_symlinks=False)
+    write_atomic(target, json.dumps(data, indent=1) + "\n", follow_symlinks=False, only_ours=True)
     from partitioner.cli.main import print_out  # a full or closed stdout: one line, as a plan's
 
     return print_out(_summary(data, args.out, time.monotonic() - started), "the summary", [args.out])

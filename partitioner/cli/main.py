@@ -1956,4 +1956,4 @@ def _write_outputs(args: argparse.Namespace, paths: _Paths, model: Any, plan: Pl
         _check_still_ours(output, shown)
     if files:
         # Resolved paths: a link appearing at one now is replaced itself, never written through.
-        write_all_atomic(files, follow_symlinks=False)
+        write_all_atomic(files, follow_symlinks=False, only_ours=True)

@@ -789,7 +789,7 @@ def start_local_workers(
     addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks))
     cluster_file = directory / "cluster.json"
     _check_own_files(cluster_file, num_tasks)
-    write_atomic(cluster_file, _cluster_text(addresses), follow_symlinks=False)
+    write_atomic(cluster_file, _cluster_text(addresses), follow_symlinks=False, only_ours=True)
     workers = LocalWorkers(cluster_file, addresses)
     child_env = dict(os.environ if env is None else env)
     child_env.pop("TF_CONFIG", None)

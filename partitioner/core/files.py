@@ -516,10 +516,13 @@ def check_not_hiding_a_module(target: str, shown: str) -> None:
         )
     elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) != folder]
     imported = sys.modules.get(name)
+    sibling = _module_beside(folder, name, base)
     if name in sys.builtin_module_names:
         where = "built into Python"
     elif os.path.isdir(os.path.join(folder, name)):  # a package there, a namespace one too
         where = f"from the directory {os.path.join(folder, name)} beside it"
+    elif sibling is not None:  # helpers.py beside --out helpers.so: which one is imported
+        where = f"from {sibling} beside it"
     elif imported is not None and getattr(imported, "__file__", None) != os.path.realpath(target):
         where = "in this run (the model's code imported it)"
     else:
@@ -532,6 +535,17 @@ def check_not_hiding_a_module(target: str, shown: str) -> None:
         "it would be imported in that module's place (by the model beside it, by an emitted "
         f"program itself, by every later run there): give another name, e.g. {name}_plan.py"
     )
+
+
+def _module_beside(folder: str, name: str, base: str) -> str | None:
+    """A module file ``name`` + another import suffix in ``folder`` (``helpers.py`` beside an
+    output ``helpers.so``; Python prefers extension modules, then sources, then ``.pyc``:
+    either may stand in for the other, campaign 34ak), else None."""
+    for suffix in importlib.machinery.all_suffixes():
+        candidate = os.path.join(folder, name + suffix)
+        if name + suffix != base and os.path.isfile(candidate):
+            return candidate
+    return None
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -578,13 +592,21 @@ def _stage(target: Path, text: str, private: bool = False) -> str:
 
 
 def write_atomic(
-    path: str | os.PathLike[str], text: str, *, follow_symlinks: bool = True, private: bool = False
+    path: str | os.PathLike[str],
+    text: str,
+    *,
+    follow_symlinks: bool = True,
+    private: bool = False,
+    only_ours: bool = False,
 ) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename (only over a regular
     file; a symbolic link's target is replaced, the link kept: :func:`check_output_path`; with
     ``follow_symlinks=False`` the link itself is replaced and its target left as it was).
-    ``private``: mode 0600 whatever the umask (a cache entry no other user may edit)."""
-    write_all_atomic([(path, text)], follow_symlinks=follow_symlinks, private=private)
+    ``private``: mode 0600 whatever the umask (a cache entry no other user may edit);
+    ``only_ours``: as :func:`write_all_atomic`."""
+    write_all_atomic(
+        [(path, text)], follow_symlinks=follow_symlinks, private=private, only_ours=only_ours
+    )
     return Path(path)
 
 
@@ -651,13 +673,17 @@ def write_all_atomic(
     *,
     follow_symlinks: bool = True,
     private: bool = False,
+    only_ours: bool = False,
 ) -> None:
     """Write each ``(path, text)``: every file whole, or, on any failure, none of them (files
     already replaced get their old content back; new ones are removed). A Ctrl-C, SIGTERM or
     SIGHUP arriving meanwhile is held until the files are as they were (one file already
     replaced alone stays whole-new), then acted on (campaign 34ag: one landing between two
     files left a staged ``.plan.json.*.tmp``). ``follow_symlinks``:
-    as :func:`check_output_path`; ``private``: as :func:`write_atomic`."""
+    as :func:`check_output_path`; ``private``: as :func:`write_atomic`; ``only_ours``: each
+    target is checked again right before its rename (:func:`check_replaceable`): a user's
+    file written there while the outputs were staged (seconds for a large report) is kept
+    (campaign 34ak)."""
     follow = follow_symlinks
     targets = [check_output_path(path, follow_symlinks=follow) for path, _ in files]
     staged: list[str] = []
@@ -670,6 +696,8 @@ def write_all_atomic(
                 check_output_path(target, follow_symlinks=follow)
                 if arrived:
                     raise KeyboardInterrupt  # caught below: nothing more is replaced
+                if only_ours:
+                    check_replaceable(target, str(target))
                 backup = _backup(target) if len(files) > 1 else None
                 made = not os.path.lexists(target)
                 try:

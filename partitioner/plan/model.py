@@ -506,7 +506,7 @@ class Plan:
         check_outside_kept_files(resolved, shown)
         check_not_hiding_a_module(resolved, shown)  # rows 251, 258 (campaign 34ai)
         check_replaceable(target, shown)  # last: the reasons above are more precise
-        return write_atomic(path, self.to_json())
+        return write_atomic(path, self.to_json(), only_ours=True)
 
 
 def _layer_order(
