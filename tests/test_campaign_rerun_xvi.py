@@ -652,3 +652,18 @@ def test_a_layer_whose_config_forgets_an_argument_is_placed_in_place() -> None:
     placed = plan.apply(model, devices=DEVICES[:2])
     assert placed is model
     np.testing.assert_allclose(np.asarray(placed(X)), before, rtol=1e-5, atol=1e-6)
+
+
+def test_the_time_table_of_replicas_names_the_all_reduce() -> None:
+    """34ak b (D1): for replicas, "Where the time goes" showed the gradients' all-reduce (the
+    step after replica 0's timeline) as each device's idle time, and nothing named it."""
+    from partitioner.report.tables import time_table
+
+    plan = partitioner.partition(_mlp(), gpus=4, batch_size=32, strategy="data_parallel")
+    assert plan.strategy is not None and plan.strategy.replicas > 1
+    table = time_table(plan)
+    assert table.columns[3].header == "idle + all-reduce"
+    tail = plan.step_time_s - max(e.end_s for e in plan.timeline)
+    assert tail > 0 and "is the replicas' gradient all-reduce" in table.caption
+    single = partitioner.partition(_mlp(), gpus=2, batch_size=32, strategy="placed")
+    assert time_table(single).columns[3].header == "idle"

@@ -510,10 +510,11 @@ def _time_figure(plan: Plan) -> dict[str, Any]:
     """Where the time goes: compute, transfer and idle per device and link, stacked."""
     rows = time_breakdown(plan)
     names = [_ptext(r.resource) for r in rows]
+    replicated = plan.strategy is not None and plan.strategy.replicas > 1
     parts = (
         ("compute", [r.compute_s * _MS for r in rows], "#1f77b4"),
         ("transfer", [r.transfer_s * _MS for r in rows], "#d62728"),
-        ("idle", [r.idle_s * _MS for r in rows], "#d9d9d9"),
+        ("idle + all-reduce" if replicated else "idle", [r.idle_s * _MS for r in rows], "#d9d9d9"),
     )
     return {
         "data": [

@@ -620,18 +620,29 @@ def _time_row(r: ResourceTime) -> Row:
 
 
 def time_table(plan: Plan) -> Table:
-    """Where the time goes, per device and link (rows of :func:`time_breakdown`)."""
+    """Where the time goes, per device and link (rows of :func:`time_breakdown`). The
+    timeline is replica 0's step: for replicas, the gradients' all-reduce after it is in the
+    idle column, and said so (it read as idle devices, campaign 34ak)."""
     pipelined = plan.pipeline is not None and plan.pipeline.num_microbatches > 1
+    replicated = plan.strategy is not None and plan.strategy.replicas > 1
+    idle = "idle (bubble)" if pipelined else "idle"
     columns = (
         Column("resource"),
         Column("compute", Align.RIGHT),
         Column("transfer", Align.RIGHT),
-        Column("idle (bubble)" if pipelined else "idle", Align.RIGHT),
+        Column(f"{idle} + all-reduce" if replicated else idle, Align.RIGHT),
         Column("busy"),
     )
+    caption = "from the simulated timeline" if plan.timeline else "no timeline: from the loads"
+    if replicated and plan.timeline:
+        tail = max(0.0, plan.step_time_s - max(e.end_s for e in plan.timeline))
+        caption += (
+            f"; the step's last {format_seconds(tail)} is the replicas' gradient all-reduce "
+            "(not in the timeline)"
+        )
     return Table(
         title=cell(f"Where the time goes (step {format_seconds(plan.step_time_s)})"),
         columns=columns,
         rows=tuple(_time_row(r) for r in time_breakdown(plan)),
-        caption="from the simulated timeline" if plan.timeline else "no timeline: from the loads",
+        caption=caption,
     )
