@@ -20,6 +20,7 @@ or before a plan is returned, each in one line (issue 17).
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -157,17 +158,22 @@ _PLAIN = (int, float, str, bool, type(None))
 
 
 def _dropped_by_config(layer: Any, fresh: Any) -> str | None:
-    """For a layer of the user's own class: the first plain attribute (a number, a string, a
-    tuple of them) that its rebuild from ``get_config`` (``fresh``) holds at another value, as
+    """For a layer of the user's own class: the first plain attribute named as a constructor
+    argument (a number, a string, a tuple of them) that its rebuild from ``get_config``
+    (``fresh``) holds at another value, as
     ``alpha=1.0 where the layer has alpha=3.0`` (a config that leaves a constructor argument
     out rebuilt the layer with its default, and the copy computed another function without a
     word, campaign 34ak); None when they agree. Keras's own layers are left out: their
     configs are whole, and some settle attributes in ``build``."""
     if type(layer).__module__.split(".")[0] == "keras":
         return None
+    try:
+        arguments = set(inspect.signature(type(layer).__init__).parameters) - {"self"}
+    except (TypeError, ValueError):  # no signature to read: nothing to compare by
+        return None
     mine, theirs = vars(layer), vars(fresh)
-    for key, value in mine.items():
-        if key.startswith("_") or key not in theirs or not _plain(value):
+    for key, value in mine.items():  # the constructor's own arguments, kept under their names
+        if key not in arguments or key not in theirs or not _plain(value):
             continue
         if _plain(theirs[key]) and theirs[key] != value:
             return f"{key}={theirs[key]!r} where the layer has {key}={value!r}"

@@ -696,8 +696,8 @@ def write_all_atomic(
                 check_output_path(target, follow_symlinks=follow)
                 if arrived:
                     raise KeyboardInterrupt  # caught below: nothing more is replaced
-                if only_ours:
-                    check_replaceable(target, str(target))
+                if only_ours and not (not follow and os.path.islink(target)):
+                    check_replaceable(target, str(target))  # a link itself is replaced
                 backup = _backup(target) if len(files) > 1 else None
                 made = not os.path.lexists(target)
                 try:

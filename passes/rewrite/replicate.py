@@ -614,19 +614,34 @@ def _results_of(model: keras.Model, chosen: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _flat(logs: Mapping[str, Any]) -> dict[str, Any]:
-    """``logs`` flattened as Keras's logs are (a nested dict's own keys)."""
+    """``logs`` flattened as Keras's logs are (a nested dict's own keys); the items of a list
+    or tuple under ``key`` as ``key[0]``, ``key[1]``, ... (a metric's result logged in a list
+    was missed, campaign 34al)."""
     flat: dict[str, Any] = {}
     for key, value in logs.items():
-        flat.update(_flat(value) if isinstance(value, Mapping) else {key: value})
+        flat.update(_flat(value) if isinstance(value, Mapping) else _items(key, value))
     return flat
 
 
+def _items(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, (list, tuple)):
+        return {k: v for i, item in enumerate(value) for k, v in _items(f"{key}[{i}]", item).items()}
+    return {key: value}
+
+
 def _with_leaves(logs: Mapping[str, Any], leaves: Mapping[str, Any]) -> dict[str, Any]:
-    """``logs`` with the values of ``leaves`` in place of those of their keys, nesting kept."""
+    """``logs`` with the values of ``leaves`` in place of those of their keys (as
+    :func:`_flat` names them), nesting kept."""
     return {
-        key: _with_leaves(value, leaves) if isinstance(value, Mapping) else leaves.get(key, value)
+        key: _with_leaves(value, leaves) if isinstance(value, Mapping) else _put(key, value, leaves)
         for key, value in logs.items()
     }
+
+
+def _put(key: str, value: Any, leaves: Mapping[str, Any]) -> Any:
+    if isinstance(value, (list, tuple)):
+        return type(value)(_put(f"{key}[{i}]", item, leaves) for i, item in enumerate(value))
+    return leaves.get(key, value)
 
 
 _DATA_SOURCES = ("Placeholder", "IteratorGetNext", "OptionalGetValue", "MultiDeviceIterator")
