@@ -1497,13 +1497,23 @@ def _baselines(
                     target, staged, schedule=schedule, num_microbatches=prepared.num_microbatches
                 )
         except PartitionError as exc:
-            out.append(BaselineResult(solver=name, step_time_s=None, note=str(exc)))
+            out.append(BaselineResult(solver=name, step_time_s=None, note=_baseline_note(name, exc)))
             continue
         n = costed.topology.num_devices
         notes = [] if devices is None else [f"on {len(devices)} of the {n} devices"]
         notes += [] if ev.fits else ["over the memory limit"]
         out.append(BaselineResult(solver=name, step_time_s=ev.step_time_s, note="; ".join(notes)))
     return tuple(out)
+
+
+def _baseline_note(name: str, exc: PartitionError) -> str:
+    """Why the baseline ``name`` has no step: its error, but for ``single`` (the model on one
+    device) without the device count its message advises, which the user's own is above (it
+    told a user of four devices to use gpus=2, campaign 34am)."""
+    text = str(exc)
+    if name == "single" and isinstance(exc, InfeasibleError) and "; use gpus=" in text:
+        return text.split("; use gpus=", 1)[0].removesuffix(" (have 1)") + "; one device cannot hold it"
+    return text
 
 
 def _advice(

@@ -155,6 +155,9 @@ def _hangup(signum: int, frame: object) -> None:
     raise _Hangup
 
 
+_hangup.ends_run = True  # type: ignore[attr-defined]  # as the CLI's handlers are marked
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1])
 def test_an_interrupt_during_a_write_of_several_files_leaves_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
@@ -696,3 +699,116 @@ def test_a_metric_result_logged_in_a_list_is_the_whole_batchs() -> None:
     want = reference.fit(X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False).history
     for key in ("loss", "as_list", "as_tuple"):
         np.testing.assert_allclose(np.ravel(got[key]), np.ravel(want[key]), rtol=1e-5)
+
+
+def _two_inputs() -> keras.Model:
+    keras.utils.set_random_seed(9)
+    a, b = keras.Input((8,), name="a"), keras.Input((3,), name="b")
+    joined = keras.layers.Concatenate()([keras.layers.Dense(16)(a), b])
+    model = keras.Model({"a": a, "b": b}, keras.layers.Dense(4)(joined))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def test_the_emitted_data_parallel_command_trains_a_model_of_named_inputs(tmp_path: Path) -> None:
+    """34am c (D1): the program's documented ``python THIS_FILE.py ORIGINAL.keras DATA.npz``
+    read ``x`` and ``y`` only, and no ``.npz`` holds a dict: a model of named inputs failed with
+    numpy's traceback. DATA.npz may hold one array per input name, and y; without them, one
+    line names what it needs."""
+    model = _two_inputs()
+    plan = partitioner.partition(model, gpus=2, batch_size=16, strategy="data_parallel")
+    text = emit_plan_module(model, plan, devices=DEVICES[:2])
+    module = import_emitted(write_placed_module(tmp_path / "dp_named.py", text))
+    saved = tmp_path / "original.keras"
+    model.save(saved)
+    rng = np.random.default_rng(1)
+    x = {"a": rng.normal(size=(16, 8)).astype("float32"), "b": rng.normal(size=(16, 3))}
+    y = rng.normal(size=(16, 4)).astype("float32")
+    np.savez(tmp_path / "named.npz", a=x["a"], b=x["b"].astype("float32"), y=y)
+    module.main([str(saved), str(tmp_path / "named.npz")])
+    trained = keras.saving.load_model(tmp_path / "original.trained.keras")
+    reference = _two_inputs()
+    reference.fit({"a": x["a"], "b": x["b"].astype("float32")}, y, batch_size=16, verbose=0)
+    for got, want in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.savez(tmp_path / "wrong.npz", a=x["a"], y=y)
+    with pytest.raises(SystemExit, match=r"holds neither x nor the model's inputs \['b'\]"):
+        module.main([str(saved), str(tmp_path / "wrong.npz")])
+
+
+def test_the_one_device_baseline_does_not_advise_a_device_count() -> None:
+    """34am b (D1): with ``gpus=4`` and a memory limit one device cannot meet, the ``single``
+    row said "use gpus=2 or more": the count of its own one-device run, not the user's."""
+    inputs = keras.Input((64,))
+    hidden = inputs
+    for _ in range(6):
+        hidden = keras.layers.Dense(256, activation="relu")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
+    plan = partitioner.partition(
+        model, gpus=4, device_type="h100", batch_size=64, memory_limit_bytes=3_000_000
+    )
+    note = next(b.note for b in plan.baselines if b.solver == "single")
+    assert "one device cannot hold it" in note and "gpus=" not in note, note
+
+
+def test_a_signal_the_program_ignores_leaves_the_files_written(tmp_path: Path) -> None:
+    """34am a (D1): under ``nohup`` (SIGHUP ignored), a hang-up while the outputs were written
+    undid them, and the run still said "Plan written" and exited 0. A signal whose handler does
+    not end the run is delivered after the write, which completes."""
+    import partitioner.core.files as files
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    staged = files._stage
+
+    def staged_then_hung_up(target: Path, text: str, private: bool = False) -> str:
+        tmp = staged(target, text, private)
+        os.kill(os.getpid(), signal.SIGHUP)
+        return tmp
+
+    try:
+        files._stage = staged_then_hung_up  # type: ignore[assignment]
+        files.write_all_atomic([(tmp_path / "p.json", "{}\n"), (tmp_path / "r.html", "x")])
+    finally:
+        files._stage = staged  # type: ignore[assignment]
+        signal.signal(signal.SIGHUP, before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "r.html"]
+
+
+def test_the_cp_sat_worker_does_not_import_the_working_directorys_modules(tmp_path: Path) -> None:
+    """34am a (D2): with TensorFlow imported first, CP-SAT runs in a worker started as
+    ``python -c``, which put the working directory first on its path: a ``numpy.py`` there ran.
+    The worker is started with ``-P``."""
+    (tmp_path / "numpy.py").write_text(
+        "open('RAN', 'w').write('the working directory's numpy.py ran')\nraise ImportError\n"
+    )
+    script = (
+        "import tensorflow, keras, partitioner\n"
+        "i = keras.Input((8,)); h = keras.layers.Dense(8)(i)\n"
+        "m = keras.Model(i, keras.layers.Dense(2)(keras.layers.Dense(8)(h)))\n"
+        "partitioner.partition(m, gpus=2, solver='ilp', compare_strategies=False)\n"
+        "print('planned')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", script], capture_output=True, text=True, cwd=tmp_path,
+        env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "planned" in done.stdout, done.stderr[-2000:]
+    assert not (tmp_path / "RAN").exists()
+
+
+def test_the_exported_writers_keep_a_users_file(tmp_path: Path) -> None:
+    """34am a (D3): ``write_html_report`` and ``write_placed_module`` replaced any file."""
+    from partitioner.report.html import write_html_report
+
+    plan = partitioner.partition(_mlp(), gpus=2, batch_size=8, strategy="placed")
+    (tmp_path / "mine.html").write_text("<html>my page</html>\n")
+    (tmp_path / "mine_code.py").write_text("print('mine')\n")
+    with pytest.raises(OutputError, match="is not a file partitioner wrote"):
+        write_html_report(plan, tmp_path / "mine.html")
+    with pytest.raises(OutputError, match="is not a file partitioner wrote"):
+        write_placed_module(tmp_path / "mine_code.py", "x = 1\n")
+    assert (tmp_path / "mine.html").read_text() == "<html>my page</html>\n"
+    assert (tmp_path / "mine_code.py").read_text() == "print('mine')\n"
+    write_html_report(plan, tmp_path / "ours.html")
+    write_html_report(plan, tmp_path / "ours.html")  # its own, again

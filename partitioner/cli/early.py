@@ -42,6 +42,7 @@ def interrupt_exits(note: str) -> None:
             pass
         os._exit(130)
 
+    exit_now.ends_run = True  # type: ignore[attr-defined]  # files being written are undone
     set_sigint(exit_now)
 
 

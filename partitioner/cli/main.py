@@ -1075,6 +1075,10 @@ class _Interrupts:
     ``TypeError: expected a message argument`` from a failed ImportError): after an interrupt,
     whatever ends the run is the interrupt's (one line, 130), not an internal error."""
 
+    ends_run = True
+    """For :func:`partitioner.core.files.write_all_atomic`: a signal this handler takes ends
+    the run, so files being written are put back as they were."""
+
     def __init__(self) -> None:
         self.arrived = False
 

@@ -736,29 +736,47 @@ SIGSTOP, which no process can hold, and SIGPIPE and SIGXFSZ, which Python ignore
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[list[int]]:
     """The signals of :data:`_HELD_SIGNALS` (Ctrl-C, SIGTERM, SIGHUP of a closed terminal,
-    34ah) recorded (in the list yielded), not acted on, while the block runs; then the first
-    one is raised again under the handlers that were in place (a default one ends the process,
-    its files as they were).
-    Only in the main thread with Python handlers installed (where Python runs its handlers);
-    elsewhere a no-op."""
-    signals = _HELD_SIGNALS
+    34ah) held while the block runs; those whose handler ends the run (the default action,
+    Python's ``KeyboardInterrupt``, a handler marked ``ends_run``) are recorded in the list
+    yielded, so the block undoes its files. Afterwards every held signal is raised again under
+    the handlers that were in place: one ignored (``nohup``'s SIGHUP) or handled by the
+    program's own function leaves the files written (they were undone, and the run reported
+    them written, campaign 34am). Only in the main thread with Python handlers installed
+    (where Python runs its handlers); elsewhere a no-op."""
     arrived: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield arrived
         return
-    handlers = {s: signal.getsignal(s) for s in signals}
+    handlers = {s: signal.getsignal(s) for s in _HELD_SIGNALS}
     if any(h is None for h in handlers.values()):  # installed outside Python: left alone
         yield arrived
         return
-    for s in signals:
-        signal.signal(s, lambda signum, _frame: arrived.append(signum))
+    deferred: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        (arrived if _ends_run(handlers[signum]) else deferred).append(signum)
+
+    for s in _HELD_SIGNALS:
+        signal.signal(s, hold)
     try:
         yield arrived
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+        for s in dict.fromkeys(deferred):
+            signal.raise_signal(s)
         if arrived:
             signal.raise_signal(arrived[0])
+
+
+def _ends_run(handler: Any) -> bool:
+    """Whether a signal ``handler`` ends the run: the default action (every held signal's is to
+    end the process), Python's ``KeyboardInterrupt``, or a handler marked ``ends_run``."""
+    return (
+        handler is signal.SIG_DFL
+        or handler is signal.default_int_handler
+        or bool(getattr(handler, "ends_run", False))
+    )
 
 
 class UnreadableInput(PartitionError):

@@ -787,4 +787,5 @@ def render_html(plan: Plan) -> str:
 
 def write_html_report(plan: Plan, path: str | os.PathLike[str]) -> Path:
     """Write :func:`render_html` of ``plan`` to ``path``, atomically; returns the path."""
-    return write_atomic(path, marked(render_html(plan), "<!--"))  # a later run may replace it
+    # a later run may replace it (its mark); a file of the user's is never replaced (34am)
+    return write_atomic(path, marked(render_html(plan), "<!--"), only_ours=True)

@@ -1258,7 +1258,7 @@ class _Worker:
             "ilp: TensorFlow was imported before OR-Tools; running CP-SAT in a worker process"
         )
         return subprocess.Popen(
-            [sys.executable, "-c", _WORKER_COMMAND],
+            [sys.executable, "-P", "-c", _WORKER_COMMAND],  # -P: not the cwd's modules (34am)
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

@@ -2061,7 +2061,7 @@ def train(
 
 def main(argv: list[str]) -> None:
     """``python THIS_FILE.py ORIGINAL.keras DATA.npz``: train the saved, compiled original's copy
-    for one epoch on the arrays ``x`` and ``y`` of DATA.npz; save the original with the trained
+    for one epoch on the arrays of DATA.npz (load_data); save the original with the trained
     weights as ORIGINAL.trained.keras."""
     if len(argv) != 2:
         raise SystemExit(f"usage: python {sys.argv[0]} ORIGINAL.keras DATA.npz")
@@ -2069,11 +2069,11 @@ def main(argv: list[str]) -> None:
     if original.optimizer is None:
         raise SystemExit(f"{argv[0]} was saved uncompiled: compile it, save it, run again")
     config = original.optimizer.get_config()
-    data = np.load(argv[1])
+    x, y = load_data(argv[1], original)
     model = train(
         original,
-        data["x"],
-        data["y"],
+        x,
+        y,
         optimizer=lambda: original.optimizer.__class__.from_config(config),
         loss=original.loss,
     )
@@ -2083,6 +2083,31 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])'''
+
+# DATA.npz's arrays for the command line of a data-parallel module (single or multi-worker).
+_LOAD_DATA = '''
+
+def load_data(path: str, model: keras.Model) -> tuple[Any, Any]:
+    """DATA.npz's inputs and labels: its arrays ``x`` and ``y``; for a model of several named
+    inputs (a dict or a list of them), one array per input name instead of ``x``, and ``y``."""
+    data = np.load(path)
+    struct = getattr(model, "_inputs_struct", None)
+    names = list(struct) if isinstance(struct, dict) else [t.name for t in model.inputs]
+    if "y" not in data.files:
+        raise SystemExit(f"{path} holds no array y (the labels): np.savez(path, x=..., y=...)")
+    if "x" in data.files:
+        return data["x"], data["y"]
+    missing = [name for name in names if name not in data.files]
+    if missing:
+        raise SystemExit(
+            f"{path} holds neither x nor the model's inputs {missing}: np.savez(path, x=..., "
+            f"y=...), or one array per input name ({', '.join(names)}) and y"
+        )
+    if isinstance(struct, dict):
+        return {name: data[name] for name in names}, data["y"]
+    return [data[name] for name in names], data["y"]
+'''
+
 
 # The multi-worker module's training: Keras 3's fit does not run under
 # MultiWorkerMirroredStrategy (tensorflow#72388), so it is a loop of its own.
@@ -2179,7 +2204,7 @@ def train_step(
 
 def main(argv: list[str]) -> None:
     """``TF_CONFIG=... python THIS_FILE.py ORIGINAL.keras DATA.npz`` on every worker: train the
-    saved, compiled original's copy for one epoch on the arrays ``x`` and ``y`` of DATA.npz; the
+    saved, compiled original's copy for one epoch on the arrays of DATA.npz (load_data); the
     chief saves the original with the trained weights as ORIGINAL.trained.keras."""
     if len(argv) != 2:
         raise SystemExit(f"usage: TF_CONFIG=... python {sys.argv[0]} ORIGINAL.keras DATA.npz")
@@ -2188,12 +2213,12 @@ def main(argv: list[str]) -> None:
     if original.optimizer is None:
         raise SystemExit(f"{argv[0]} was saved uncompiled: compile it, save it, run again")
     config = original.optimizer.get_config()
-    data = np.load(argv[1])
+    x, y = load_data(argv[1], original)
     chief = is_chief(strategy)
     model = train(
         original,
-        data["x"],
-        data["y"],
+        x,
+        y,
         optimizer=lambda: original.optimizer.__class__.from_config(config),
         loss=original.loss,
         verbose=chief,
@@ -2336,7 +2361,8 @@ def _launch_lines(cluster: _Cluster) -> list[str]:
     chief = "the chief" if "chief" in spec else "worker 0 (the chief)"
     lines += [
         "Every process reads its own copy of ORIGINAL.keras (a compiled Keras model) and",
-        "DATA.npz (arrays x and y, the same for every task), waits until every task has joined,",
+        "DATA.npz (arrays x and y, or one per input name and y; the same for every task), waits",
+        "until every task has joined,",
         "trains one epoch of batches of GLOBAL_BATCH_SIZE rows (in order; each task its replicas'",
         f"share of each batch), and {chief} saves the model with the trained weights",
         "as ORIGINAL.trained.keras beside ORIGINAL.keras on its host. Each task uses every device",
@@ -2361,7 +2387,8 @@ def _replicas_use_lines() -> list[str]:
         "",
         "or placed_model.train(original, x, y, optimizer='sgd', loss='mse'), which does that.",
         "Run `python THIS_FILE.py ORIGINAL.keras DATA.npz` to train a saved, compiled",
-        "model for one epoch on the arrays x and y of DATA.npz.",
+        "model for one epoch on the arrays x and y of DATA.npz (or, for several named inputs,",
+        "one array per input name and y).",
         '"""',
     ]
 
@@ -2437,7 +2464,7 @@ def emit_replicated_module(
     build = _REPLICA_GRAPH_BUILD if graph_model else _REPLICA_SUBCLASSED_BUILD
     text += build if cluster else _checking_devices(build, "REPLICA_DEVICES")
     text += "\n" + (_MULTI_WORKER_STRATEGY if cluster else _MIRRORED_STRATEGY)
-    text += "\n" + _LOAD_WEIGHTS + "\n" + (_TRAIN_LOOP if cluster else _TRAIN) + "\n"
+    text += "\n" + _LOAD_WEIGHTS + "\n" + _LOAD_DATA + (_TRAIN_LOOP if cluster else _TRAIN) + "\n"
     _compile_check(text, "<emitted module>")
     return text
 
@@ -2605,4 +2632,5 @@ def write_placed_module(path: str | os.PathLike[str], source: str) -> Path:
     from partitioner.core.files import marked, write_atomic
 
     _compile_check(source, os.fspath(path))
-    return write_atomic(path, marked(source, "#"))  # a later run may replace it (its mark)
+    # a later run may replace it (its mark); a file of the user's is never replaced (34am)
+    return write_atomic(path, marked(source, "#"), only_ours=True)
