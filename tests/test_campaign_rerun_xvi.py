@@ -121,12 +121,13 @@ class StateLogged(keras.Model):
         return [self.tracker]
 
 
-def _state_logged() -> keras.Model:
-    keras.utils.set_random_seed(1)
-    model = StateLogged()
+def _made(cls: type, seed: int = 1) -> keras.Model:
+    """A built, compiled model of the subclass ``cls`` (a step of its own), seeded."""
+    keras.utils.set_random_seed(seed)
+    model = cls()
     model(X[:1])
     model.compile(optimizer=keras.optimizers.SGD(0.1))
-    return model
+    return model  # type: ignore[no-any-return]
 
 
 def test_a_logged_metric_state_variable_of_replicas_is_named_not_exact(
@@ -135,7 +136,7 @@ def test_a_logged_metric_state_variable_of_replicas_is_named_not_exact(
     """34ag b (D1): the step logged its tracker's ``count`` beside its result; under 4 replicas
     in place every replica updates the tracker, so the count was 4 times one device's, without
     a word. The result is still the whole batch's; the count is named NOT EXACT, once."""
-    reference, model = _state_logged(), _state_logged()
+    reference, model = _made(StateLogged), _made(StateLogged)
     replicate_in_place(model, DEVICES)
     with caplog.at_level(logging.WARNING, logger="passes.rewrite.replicate"):
         logs = model.fit(X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False).history
@@ -477,14 +478,7 @@ def test_a_per_sample_log_of_replicas_is_named_not_exact(caplog: pytest.LogCaptu
     once; a value reduced over the batch of other length (the mean prediction per column) is
     one device's, and not named."""
 
-    def made() -> keras.Model:
-        keras.utils.set_random_seed(5)
-        model = PerSampleLogged()
-        model(X[:1])
-        model.compile(optimizer=keras.optimizers.SGD(0.1))
-        return model
-
-    reference, model = made(), made()
+    reference, model = _made(PerSampleLogged, 5), _made(PerSampleLogged, 5)
     replicate_in_place(model, DEVICES[:2])
     with caplog.at_level(logging.WARNING, logger="passes.rewrite.replicate"):
         got = model.train_on_batch(X, Y, return_dict=True)
@@ -686,14 +680,7 @@ def test_a_metric_result_logged_in_a_list_is_the_whole_batchs() -> None:
     own, averaged (0.89 where one device logs 0.82), while the same result under a key was the
     whole batch's. Items of lists and tuples are read across the replicas too."""
 
-    def made() -> keras.Model:
-        keras.utils.set_random_seed(1)
-        model = ResultInAList()
-        model(X[:1])
-        model.compile(optimizer=keras.optimizers.SGD(0.1))
-        return model
-
-    reference, model = made(), made()
+    reference, model = _made(ResultInAList), _made(ResultInAList)
     replicate_in_place(model, DEVICES)
     got = model.fit(X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False).history
     want = reference.fit(X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False).history
