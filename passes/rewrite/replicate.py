@@ -504,10 +504,8 @@ def _warn_per_sample(model: keras.Model, logs: Any, data: Any, kept: set[str]) -
             continue
         if (shape[0] is None or shape[0] == share) and _state_read(value) is None:
             keys.append(key)
-    warned: set[str] = vars(model).setdefault("_partitioner_row_logs_warned", set())
-    new = [key for key in keys if key not in warned]
+    new = _not_yet_warned(model, "_partitioner_row_logs_warned", keys)
     if new:
-        warned.update(new)
         logger.warning(
             "NOT EXACT: the step's logs %s have a row per sample of a replica's share, or a "
             "value the step reduced over its batch of as many entries: Keras averages the "
@@ -518,14 +516,21 @@ def _warn_per_sample(model: keras.Model, logs: Any, data: Any, kept: set[str]) -
         )  # fmt: skip
 
 
+def _not_yet_warned(model: keras.Model, attribute: str, keys: Sequence[str]) -> list[str]:
+    """Of ``keys``, those not warned about yet on ``model`` (recorded in its ``attribute``,
+    outside Keras's tracking), now recorded: every replica's step traces the same logs."""
+    warned: set[str] = vars(model).setdefault(attribute, set())
+    new = [key for key in keys if key not in warned]
+    warned.update(new)
+    return new
+
+
 def _warn_state_logged(model: keras.Model, keys: Sequence[str]) -> None:
     """The NOT EXACT warning for logged ``keys`` reading a metric's variables, once a model and
     key (every replica's step traces the same logs)."""
-    warned: set[str] = vars(model).setdefault("_partitioner_state_logs_warned", set())
-    new = [key for key in keys if key not in warned]
+    new = _not_yet_warned(model, "_partitioner_state_logs_warned", keys)
     if not new:
         return
-    warned.update(new)
     replicas = len(model.distribute_strategy.extended.worker_devices)  # in place: "1 in sync"
     logger.warning(
         "NOT EXACT: the step's logs %s read a metric's variables but are not its result(): "
